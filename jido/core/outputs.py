@@ -1,0 +1,75 @@
+"""The plain dataclasses that cross the scheduler ↔ model runner ↔ engine boundaries each step."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from jido.core.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    """A request the runner has no state for: sent in full (first step, or resumed after preemption)."""
+
+    req_id: str
+    token_ids: list[int]  # prompt + outputs so far
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    eos_token_ids: tuple[int, ...]
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    """A request the runner already holds: only what changed since its last step."""
+
+    req_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    """What to compute this step: which requests, how many tokens each, and whose state to drop."""
+
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: list[CachedRequestData]
+    num_scheduled_tokens: dict[str, int]  # in batch order
+    total_num_scheduled_tokens: int
+    finished_req_ids: set[str] = field(default_factory=set)  # finished, aborted or preempted since last step
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass
+class Logprobs:
+    """Log-probabilities at one sampled position: the sampled token's, and the top-N."""
+
+    sampled_token_id: int
+    sampled_logprob: float
+    top_token_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Tokens sampled this step, for the requests whose known tokens are now all computed."""
+
+    sampled_token_ids: dict[str, int]
+    logprobs: dict[str, Logprobs] = field(default_factory=dict)
+    model_time_s: float = 0.0
+    sample_time_s: float = 0.0
+
+
+@dataclass
+class EngineCoreOutput:
+    """One request's news from one step: its new token, and whether and why it finished."""
+
+    req_id: str
+    new_token_ids: list[int]
+    logprobs: list[Logprobs] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0

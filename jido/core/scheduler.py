@@ -1,0 +1,207 @@
+"""Scheduler: continuous batching with chunked prefill, prefix-cache hits and preemption."""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from jido.core.kv_cache_manager import KVCacheManager
+from jido.core.outputs import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
+                               SchedulerOutput)
+from jido.core.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+
+
+@dataclass
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+
+
+class Scheduler:
+    """Decides, every step, which requests compute how many tokens.
+
+    Each step first serves running requests (decodes before prefill chunks), preempting the newest
+    running request when blocks run out, then admits waiting requests in arrival order while the token
+    budget, ``max_num_seqs`` and free blocks allow. Prompts longer than the budget are prefilled in chunks.
+    """
+
+    def __init__(self, limits: SchedulerLimits, kv_cache_manager: KVCacheManager) -> None:
+        self.limits = limits
+        self.kv = kv_cache_manager
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self._runner_has: set[str] = set()  # requests whose state the runner holds
+        self._dropped: set[str] = set()  # to tell the runner next step
+
+    # -- requests in and out -------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_requests(self, req_ids: list[str], status: RequestStatus) -> None:
+        """End requests from outside the step (abort, or a stop string the detokenizer found)."""
+        for req_id in req_ids:
+            request = self.requests.get(req_id)
+            if request is not None and not request.is_finished:
+                self._finish(request, status)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(len(self.running), len(self.waiting), self.kv.usage,
+                              self.kv.prefix_cache_queries, self.kv.prefix_cache_hits, self.num_preemptions)
+
+    # -- one step ------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        num_scheduled: dict[str, int] = {}
+        new_block_ids: dict[str, list[int]] = {}
+        budget = self._schedule_running(num_scheduled, new_block_ids)
+        if not self._preempted_this_step:
+            self._schedule_waiting(num_scheduled, new_block_ids, budget)
+        return self._make_output(num_scheduled, new_block_ids)
+
+    def _schedule_running(self, num_scheduled: dict[str, int], new_block_ids: dict[str, list[int]]) -> int:
+        budget = self.limits.max_num_batched_tokens
+        self._preempted_this_step = False
+        # Decodes first, then prefill chunks; sorted() is stable, so each group keeps admission order.
+        for request in sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1):
+            if budget == 0:
+                break
+            if request.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            blocks = self._allocate_or_preempt(request, num_new, num_scheduled, new_block_ids)
+            if blocks is None:
+                continue
+            num_scheduled[request.request_id] = num_new
+            new_block_ids[request.request_id] = [b.block_id for b in blocks]
+            budget -= num_new
+        return self.limits.max_num_batched_tokens - sum(num_scheduled.values())
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, num_scheduled: dict[str, int],
+                             new_block_ids: dict[str, list[int]]):
+        while True:
+            blocks = self.kv.allocate_slots(request, num_new)
+            if blocks is not None:
+                return blocks
+            victim = self.running[-1]
+            num_scheduled.pop(victim.request_id, None)
+            new_block_ids.pop(victim.request_id, None)
+            self._preempt(victim)
+            if victim is request:
+                return None
+
+    def _schedule_waiting(self, num_scheduled: dict[str, int], new_block_ids: dict[str, list[int]],
+                          budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
+            request = self.waiting[0]
+            hits, num_hit_tokens = self.kv.get_computed_blocks(request)
+            num_new = min(request.num_tokens - num_hit_tokens, budget)
+            blocks = self.kv.allocate_slots(request, num_new, hits)
+            if blocks is None:
+                break
+            self.waiting.popleft()
+            self.running.append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit_tokens
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit_tokens
+                request.first_scheduled_time = time.monotonic()
+            num_scheduled[request.request_id] = num_new
+            new_block_ids[request.request_id] = [b.block_id for b in blocks]
+            budget -= num_new
+
+    def _make_output(self, num_scheduled: dict[str, int], new_block_ids: dict[str, list[int]]) -> SchedulerOutput:
+        new_reqs, cached_reqs = [], []
+        for req_id in num_scheduled:
+            request = self.requests[req_id]
+            if req_id in self._runner_has:
+                cached_reqs.append(CachedRequestData(req_id, new_block_ids[req_id], request.num_computed_tokens))
+                continue
+            self._runner_has.add(req_id)
+            new_reqs.append(NewRequestData(
+                req_id, list(request.all_token_ids), request.num_prompt_tokens, request.sampling_params,
+                request.eos_token_ids, self.kv.get_block_ids(req_id), request.num_computed_tokens))
+        dropped, self._dropped = self._dropped, set()
+        return SchedulerOutput(new_reqs, cached_reqs, num_scheduled, sum(num_scheduled.values()), dropped)
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """Advance each scheduled request by its computed tokens, append sampled tokens, check stops."""
+        outputs = []
+        for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+            request = self.requests.get(req_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue  # finished or preempted while the step ran
+            request.num_computed_tokens += num_tokens
+            self.kv.cache_full_blocks(request)
+            token_id = runner_output.sampled_token_ids.get(req_id)
+            if token_id is None:
+                continue  # a prefill chunk that has not reached the end of the prompt yet
+            request.append_output_token(token_id)
+            finish = self._check_stop(request)
+            if finish is not None:
+                self._finish(request, finish)
+            logprobs = runner_output.logprobs.get(req_id)
+            outputs.append(EngineCoreOutput(
+                req_id, [token_id], [logprobs] if logprobs else [], finish.value if finish else None,
+                request.stop_reason, request.num_cached_tokens))
+        return outputs
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _check_stop(self, request: Request) -> RequestStatus | None:
+        params = request.sampling_params
+        token_id = request.output_token_ids[-1]
+        if request.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token_id in request.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+            if token_id in params.stop_token_ids:
+                request.stop_reason = token_id
+                return RequestStatus.FINISHED_STOPPED
+        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if request.num_tokens >= self.limits.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self._preempted_this_step = True
+        self._forget_in_runner(request.request_id)
+        self.waiting.appendleft(request)
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = status
+        self.kv.free(request)
+        self._forget_in_runner(request.request_id)
+        del self.requests[request.request_id]
+
+    def _forget_in_runner(self, req_id: str) -> None:
+        if req_id in self._runner_has:
+            self._runner_has.discard(req_id)
+            self._dropped.add(req_id)
