@@ -1,0 +1,84 @@
+"""LLM: the offline API — ``LLM().generate(prompts, SamplingParams(...))``, as in vLLM."""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from tqdm import tqdm
+
+from jido.config import EngineConfig
+from jido.core.sampling_params import SamplingParams
+from jido.engine.llm_engine import LLMEngine, PromptType
+from jido.engine.outputs import RequestOutput
+from jido.models.tokenizer import Tokenizer
+
+
+class LLM:
+    """Loads a model once and generates for batches of prompts with continuous batching.
+
+    Keyword arguments are :class:`jido.config.EngineConfig` fields (``device``, ``dtype``,
+    ``max_model_len``, ``block_size``, ``kv_cache_memory``, ``max_num_seqs``,
+    ``max_num_batched_tokens``, ``enable_prefix_caching``, ...).
+    """
+
+    def __init__(self, model: str | None = None, **kwargs) -> None:
+        self.llm_engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self._request_counter = itertools.count()
+
+    def get_tokenizer(self) -> Tokenizer:
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for every prompt; outputs come back in prompt order.
+
+        Every prompt is validated before any is queued, so a bad one raises ValueError and leaves the
+        engine as it was.
+        """
+        prompt_list = _as_prompt_list(prompts)
+        params_list = _as_params_list(sampling_params, len(prompt_list))
+        for prompt in prompt_list:
+            self.llm_engine.check_prompt_length(self.llm_engine.process_prompt(prompt)[1])
+        request_ids = [str(next(self._request_counter)) for _ in prompt_list]
+        try:
+            for request_id, prompt, params in zip(request_ids, prompt_list, params_list):
+                self.llm_engine.add_request(request_id, prompt, params)
+            return self._run(request_ids, use_tqdm)
+        except BaseException:
+            self.llm_engine.abort_request(request_ids)
+            raise
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="generating", unit="req",
+                   disable=not use_tqdm or len(request_ids) < 2)
+        with bar:
+            while self.llm_engine.has_unfinished_requests():
+                for output in self.llm_engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        bar.update(1)
+        return [finished[r] for r in request_ids]
+
+
+def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+        return [prompts]  # one prompt given as token ids
+    if not prompts:
+        raise ValueError("no prompts given: pass a string, a list of token ids, or a list of prompts")
+    return prompts
+
+
+def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, num: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * num
+    if isinstance(params, SamplingParams):
+        return [params] * num
+    params = list(params)
+    if len(params) != num:
+        raise ValueError(f"got {len(params)} SamplingParams for {num} prompts: give one, or one per prompt")
+    return params

@@ -1,0 +1,174 @@
+"""LLMEngine: prompts in, RequestOutputs out — validation, n-way fan-out, detokenization and stop strings."""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+from jido.config import EngineConfig
+from jido.core.outputs import EngineCoreOutput, Logprobs
+from jido.core.request import Request
+from jido.core.sampling_params import SamplingParams
+from jido.engine.detokenizer import IncrementalDetokenizer
+from jido.engine.engine_core import EngineCore
+from jido.engine.outputs import CompletionOutput, RequestOutput
+from jido.models.tokenizer import Tokenizer
+
+PromptType = str | list[int] | dict
+
+
+@dataclass
+class _Sequence:
+    """One completion being generated: a child request of a parent with ``n`` completions."""
+
+    index: int
+    detokenizer: IncrementalDetokenizer
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[Logprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class _Parent:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    sequences: list[_Sequence]
+    arrival_time: float
+    first_token_time: float | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.sequences)
+
+
+class LLMEngine:
+    """The engine as seen by the offline ``LLM`` and by servers: add requests, step, read outputs."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.core = EngineCore(config)
+        self.tokenizer = Tokenizer.from_folder(self.core.executor.runner.model_folder)
+        self.max_model_len = self.core.kv_plan.max_model_len
+        self.vocab_size = self.core.model_config.vocab_size
+        self.eos_token_ids = tuple(self.tokenizer.eos_token_ids)
+        self._parents: dict[str, _Parent] = {}
+        self._child_to_parent: dict[str, tuple[str, int]] = {}
+
+    # -- input ----------------------------------------------------------------------------------
+    def process_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        """Turn a prompt into token ids, or raise ValueError saying what is wrong with it."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                prompt = prompt["prompt_token_ids"]
+            elif "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("a dict prompt needs a 'prompt' (text) or 'prompt_token_ids' (list of ints) key")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty: give a non-empty string or at least one token id")
+            return prompt, self.tokenizer.encode(prompt)
+        if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                            for t in prompt):
+            raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        self._check_token_ids(list(prompt))
+        return None, list(prompt)
+
+    def _check_token_ids(self, ids: list[int]) -> None:
+        if not ids:
+            raise ValueError("prompt is empty: give a non-empty string or at least one token id")
+        for position, token_id in enumerate(ids):
+            if not 0 <= token_id < self.vocab_size:
+                raise ValueError(f"prompt token id {token_id} at position {position} is outside the "
+                                 f"vocabulary: ids must be in [0, {self.vocab_size})")
+
+    def check_prompt_length(self, prompt_token_ids: list[int]) -> None:
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(prompt_token_ids)} tokens but max_model_len is "
+                             f"{self.max_model_len}: a prompt may have at most {self.max_model_len - 1} "
+                             "tokens, leaving room for one generated token")
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                    arrival_time: float | None = None) -> None:
+        """Validate and queue a request; on ValueError nothing was queued."""
+        if request_id in self._parents:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        text, ids = self.process_prompt(prompt)
+        self.check_prompt_length(ids)
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        children = self._child_params(params)
+        sequences = [_Sequence(i, IncrementalDetokenizer(self.tokenizer, ids, p)) for i, p in enumerate(children)]
+        self._parents[request_id] = _Parent(request_id, text, ids, params, sequences, arrival)
+        for i, child_params in enumerate(children):
+            child_id = request_id if params.n == 1 else f"{i}_{request_id}"
+            self._child_to_parent[child_id] = (request_id, i)
+            self.core.add_request(Request(child_id, ids, child_params, self.eos_token_ids, arrival))
+
+    @staticmethod
+    def _child_params(params: SamplingParams) -> list[SamplingParams]:
+        if params.n == 1:
+            return [params]
+        # Distinct seeds per child, so n seeded completions differ yet stay reproducible.
+        return [dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + i)
+                for i in range(params.n)]
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        child_ids = [c for c, (parent, _) in self._child_to_parent.items() if parent in request_ids]
+        self.core.abort_requests(child_ids)
+        for child_id in child_ids:
+            del self._child_to_parent[child_id]
+        for request_id in request_ids:
+            self._parents.pop(request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._parents)
+
+    # -- one step ---------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step; returns the (cumulative) outputs of every request that advanced."""
+        now = time.monotonic()
+        touched: dict[str, _Parent] = {}
+        for out in self.core.step():
+            parent_id, index = self._child_to_parent[out.req_id]
+            parent = self._parents[parent_id]
+            self._apply(parent, parent.sequences[index], out, now)
+            touched[parent_id] = parent
+            if parent.sequences[index].finish_reason is not None:
+                del self._child_to_parent[out.req_id]
+        results = []
+        for parent_id, parent in touched.items():
+            results.append(self._make_output(parent))
+            if parent.finished:
+                del self._parents[parent_id]
+        return results
+
+    def _apply(self, parent: _Parent, seq: _Sequence, out: EngineCoreOutput, now: float) -> None:
+        if parent.first_token_time is None:
+            parent.first_token_time = now
+            parent.num_cached_tokens = out.num_cached_tokens
+        seq.token_ids.extend(out.new_token_ids)
+        seq.logprobs.extend(out.logprobs)
+        stop = seq.detokenizer.update(out.new_token_ids)
+        if stop is not None:
+            seq.finish_reason, seq.stop_reason = "stop", stop
+            if out.finish_reason is None:
+                self.core.finish_requests([out.req_id])
+        elif out.finish_reason is not None:
+            seq.finish_reason, seq.stop_reason = out.finish_reason, out.stop_reason
+
+    def _make_output(self, parent: _Parent) -> RequestOutput:
+        want_logprobs = parent.params.logprobs is not None
+        completions = [CompletionOutput(
+            s.index, s.detokenizer.text, list(s.token_ids),
+            sum(lp.sampled_logprob for lp in s.logprobs) if want_logprobs else None,
+            list(s.logprobs) if want_logprobs else None, s.finish_reason, s.stop_reason)
+            for s in parent.sequences]
+        metrics = {"arrival_time": parent.arrival_time, "first_token_time": parent.first_token_time or 0.0}
+        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, completions,
+                             parent.finished, parent.num_cached_tokens, metrics)
