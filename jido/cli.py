@@ -1,0 +1,75 @@
+"""The ``jido`` command: generate, plan and doctor."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from jido.config import EngineConfig
+from jido.core.sampling_params import SamplingParams
+from jido.utils.cli_args import add_dataclass_arguments, dataclass_kwargs
+
+
+def _generate_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("generate", help="generate a continuation of a prompt with the local model")
+    parser.add_argument("prompt", nargs="+", help="one or more prompts")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    # --seed is the request's sampling seed here; the engine's own seed keeps its default.
+    add_dataclass_arguments(parser, EngineConfig, skip=("seed",))
+    add_dataclass_arguments(parser, SamplingParams, skip=("n",))
+    parser.set_defaults(handler=_run_generate)
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from jido.engine.llm import LLM
+
+    params = SamplingParams(**dataclass_kwargs(args, SamplingParams))
+    llm = LLM(**dataclass_kwargs(args, EngineConfig, skip=("seed",)))
+    for output in llm.generate(args.prompt, params):
+        completion = output.outputs[0]
+        if args.json:
+            print(json.dumps({"prompt": output.prompt, "prompt_token_ids": output.prompt_token_ids,
+                              "text": completion.text, "token_ids": completion.token_ids,
+                              "finish_reason": completion.finish_reason,
+                              "num_cached_tokens": output.num_cached_tokens}, ensure_ascii=False))
+        else:
+            print(output.prompt + completion.text)
+    return 0
+
+
+def _planner_parser(sub: argparse._SubParsersAction, name: str, help_text: str) -> None:
+    parser = sub.add_parser(name, help=help_text, add_help=False)
+    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    parser.set_defaults(handler=lambda args: _run_planner(name, args.rest))
+
+
+def _run_planner(name: str, argv: list[str]) -> int:
+    from jido.planner import cli as planner_cli
+
+    return (planner_cli.plan_main if name == "plan" else planner_cli.doctor_main)(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jido", description="jido: an LLM inference serving engine")
+    parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _generate_parser(sub)
+    _planner_parser(sub, "plan", "plan a heterogeneous prefill/decode deployment")
+    _planner_parser(sub, "doctor", "name the bottleneck from a bench result or /metrics")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        return args.handler(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"jido: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
