@@ -1,0 +1,27 @@
+"""Maps attention backend names to their classes, importing a backend's module only when asked for."""
+from __future__ import annotations
+
+import importlib
+
+from jido.attention.backend import AttentionBackend
+
+# name -> (module, class)
+_BACKENDS: dict[str, tuple[str, str]] = {
+    "torch": ("jido.attention.torch_backend", "TorchAttentionBackend"),
+}
+
+
+def supported_attention_backends() -> list[str]:
+    return sorted(_BACKENDS)
+
+
+def get_attention_backend(name: str = "torch") -> AttentionBackend:
+    """A new instance of the backend registered as ``name``.
+
+    Raises:
+        ValueError: no backend has that name (the message lists the known ones).
+    """
+    if name not in _BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; available: {supported_attention_backends()}")
+    module_name, class_name = _BACKENDS[name]
+    return getattr(importlib.import_module(module_name), class_name)()

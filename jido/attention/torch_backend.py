@@ -1,0 +1,172 @@
+"""The reference attention backend: gathers each request's KV blocks and runs PyTorch SDPA over them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata, write_kv
+
+
+@dataclass(frozen=True)
+class _DecodeBatch:
+    """Requests with one query token each, attended together in one padded, masked SDPA call."""
+
+    rows: torch.Tensor | None  # [num_decodes] query rows in the flat batch; None: every row, in order
+    seq_lens: torch.Tensor  # [num_decodes]
+    block_tables: torch.Tensor  # [num_decodes, max_num_blocks]
+    max_seq_len: int
+
+
+@dataclass(frozen=True)
+class _Prefill:
+    """One request with several query tokens (a prompt, or a chunk of one on top of a cached prefix)."""
+
+    req_idx: int
+    query_start: int
+    query_len: int
+    seq_len: int
+
+
+@dataclass(frozen=True)
+class _StepPlan:
+    decodes: _DecodeBatch | None
+    prefills: list[_Prefill]
+
+
+class TorchAttentionBackend(AttentionBackend):
+    """Readable, correct attention on any device: SDPA with explicit causal/window masks.
+
+    Requests with one query token (decodes) run as one batch padded to the longest context; the others
+    run one by one over exactly their visible keys. Sliding-window layers gather only the blocks that the
+    window reaches. Soft-capped layers use float32 math instead of SDPA, which has no soft-cap.
+
+    NOTE: padded decode rows read cache slots beyond a request's context (masked out). The cache must hold
+    finite values there, so allocate it with ``torch.zeros``, not ``torch.empty``: ``0 * NaN`` is NaN.
+    """
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        # The step plan depends only on the metadata, so it is built once per step, not once per layer.
+        self._plan_metadata: AttentionMetadata | None = None
+        self._plan: _StepPlan | None = None
+
+    def forward(
+        self,
+        spec: AttentionLayerSpec,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        write_kv(kv_cache, k, v, metadata.slot_mapping)
+        plan = self._step_plan(metadata)
+        num_tokens = q.shape[0]
+        q = q.view(num_tokens, spec.num_heads, spec.head_dim)
+        out = torch.empty_like(q)
+        if plan.decodes is not None:
+            decode_q = q if plan.decodes.rows is None else q[plan.decodes.rows]
+            decode_out = _decode_attention(spec, decode_q, kv_cache, plan.decodes)
+            if plan.decodes.rows is None:
+                return decode_out.view(num_tokens, -1)
+            out[plan.decodes.rows] = decode_out
+        for p in plan.prefills:
+            rows = slice(p.query_start, p.query_start + p.query_len)
+            out[rows] = _prefill_attention(spec, q[rows], kv_cache, metadata.block_tables[p.req_idx], p.seq_len)
+        return out.view(num_tokens, -1)
+
+    def _step_plan(self, metadata: AttentionMetadata) -> _StepPlan:
+        if self._plan_metadata is not metadata:
+            self._plan = _build_plan(metadata)
+            self._plan_metadata = metadata
+        return self._plan
+
+
+def _build_plan(m: AttentionMetadata) -> _StepPlan:
+    if m.is_decode_only:
+        return _StepPlan(_DecodeBatch(None, m.seq_lens, m.block_tables, max(m.seq_lens_list)), [])
+    decode_ids, prefills, start = [], [], 0
+    for i, (query_len, seq_len) in enumerate(zip(m.query_lens_list, m.seq_lens_list)):
+        if query_len == 1:
+            decode_ids.append(i)
+        else:
+            prefills.append(_Prefill(i, start, query_len, seq_len))
+        start += query_len
+    if not decode_ids:
+        return _StepPlan(None, prefills)
+    ids = torch.tensor(decode_ids, device=m.seq_lens.device)
+    rows = m.query_start_loc[ids].long()
+    max_seq_len = max(m.seq_lens_list[i] for i in decode_ids)
+    return _StepPlan(_DecodeBatch(rows, m.seq_lens[ids], m.block_tables[ids], max_seq_len), prefills)
+
+
+def _decode_attention(
+    spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor, batch: _DecodeBatch
+) -> torch.Tensor:
+    """Attention for ``q`` ``[num_decodes, num_heads, head_dim]``, one token per request, in one call."""
+    block_size = kv_cache.shape[2]
+    num_blocks = -(-batch.max_seq_len // block_size)
+    seq_lens = batch.seq_lens.long()[:, None]  # [B, 1]
+    first_block = torch.zeros_like(seq_lens)
+    if spec.sliding_window is not None:
+        # The query at seq_len - 1 sees keys >= seq_len - window: at most this many blocks.
+        num_blocks = min(num_blocks, (spec.sliding_window - 1) // block_size + 2)
+        first_block = (seq_lens - spec.sliding_window).clamp(min=0) // block_size
+    block_idx = first_block + torch.arange(num_blocks, device=q.device)  # [B, n]
+    max_idx = batch.block_tables.shape[1] - 1
+    block_ids = batch.block_tables.gather(1, block_idx.clamp(max=max_idx)).long()
+    # [B, n * block_size]: the position of every gathered key; slots past the context are masked.
+    key_pos = (block_idx[:, :, None] * block_size + torch.arange(block_size, device=q.device)).flatten(1)
+    visible = key_pos < seq_lens
+    if spec.sliding_window is not None:
+        visible &= key_pos >= seq_lens - spec.sliding_window
+    num_reqs, num_kv_heads, head_dim = q.shape[0], spec.num_kv_heads, spec.head_dim
+    # [B, n, block_size, kv_heads, head_dim] -> [B, kv_heads, n * block_size, head_dim]
+    keys = kv_cache[0][block_ids].view(num_reqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    values = kv_cache[1][block_ids].view(num_reqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    grouped_q = q.view(num_reqs, num_kv_heads, -1, head_dim)  # [B, kv_heads, group, head_dim]
+    out = _attend(spec, grouped_q, keys, values, visible[:, None, None, :])
+    return out.reshape(num_reqs, spec.num_heads, head_dim)
+
+
+def _prefill_attention(
+    spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int
+) -> torch.Tensor:
+    """Causal attention for one request's ``q`` ``[query_len, num_heads, head_dim]``, the last tokens of its context."""
+    block_size = kv_cache.shape[2]
+    query_len, num_kv_heads, head_dim = q.shape[0], spec.num_kv_heads, spec.head_dim
+    first_query = seq_len - query_len
+    first_key = 0 if spec.sliding_window is None else max(0, first_query - spec.sliding_window + 1)
+    first_block = first_key // block_size
+    block_ids = block_table[first_block : -(-seq_len // block_size)].long()
+    keep = slice(first_key - first_block * block_size, seq_len - first_block * block_size)
+    # [n, block_size, kv_heads, head_dim] -> [kv_heads, num_keys, head_dim]
+    keys = kv_cache[0][block_ids].flatten(0, 1)[keep].transpose(0, 1)
+    values = kv_cache[1][block_ids].flatten(0, 1)[keep].transpose(0, 1)
+    q_pos = torch.arange(first_query, seq_len, device=q.device)[:, None]
+    k_pos = torch.arange(first_key, seq_len, device=q.device)[None, :]
+    visible = k_pos <= q_pos  # [query_len, num_keys]
+    if spec.sliding_window is not None:
+        visible &= k_pos > q_pos - spec.sliding_window
+    group = spec.num_heads // num_kv_heads
+    # Fold the query heads that share a KV head into the rows: [kv_heads, group * query_len, head_dim],
+    # so GQA needs no copy of K/V per query head.
+    grouped_q = q.view(query_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(num_kv_heads, -1, head_dim)
+    out = _attend(spec, grouped_q, keys, values, visible.repeat(group, 1))
+    # [kv_heads, group * query_len, head_dim] -> [query_len, num_heads, head_dim]
+    return out.view(num_kv_heads, group, query_len, head_dim).permute(2, 0, 1, 3).reshape(query_len, -1, head_dim)
+
+
+def _attend(
+    spec: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
+) -> torch.Tensor:
+    """``softmax(q k^T * scale [soft-capped], masked) v`` over the last two dims; ``visible`` broadcasts."""
+    if spec.logit_softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=spec.scale)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * spec.scale
+    scores = torch.tanh(scores / spec.logit_softcap) * spec.logit_softcap
+    probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+    return torch.matmul(probs, v.float()).to(q.dtype)
