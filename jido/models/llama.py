@@ -1,0 +1,216 @@
+"""Llama: the decoder the other families build on (GQA, RoPE, gated MLP, RMSNorm), with HF weight names."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
+from jido.layers.activation import get_gated_activation
+from jido.layers.linear import Embedding, Linear, MergedLinear
+from jido.layers.rms_norm import RMSNorm
+from jido.layers.rotary import RotaryEmbedding, apply_rotary
+from jido.models.config import ModelArchConfig
+
+RopeCosSin = tuple[torch.Tensor, torch.Tensor]
+
+# HF projection name -> (our fused module, shard name inside it).
+_FUSED_SHARDS = {
+    "q_proj": ("qkv_proj", "q_proj"),
+    "k_proj": ("qkv_proj", "k_proj"),
+    "v_proj": ("qkv_proj", "v_proj"),
+    "gate_proj": ("gate_up_proj", "gate_proj"),
+    "up_proj": ("gate_up_proj", "up_proj"),
+}
+
+
+class LlamaAttention(nn.Module):
+    """Fused QKV projection, optional per-head q/k RMSNorm, RoPE, then the paged attention backend."""
+
+    def __init__(self, config: ModelArchConfig, layer_idx: int, backend: AttentionBackend, unit_offset_norm: bool = False):
+        super().__init__()
+        c = config
+        self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        sizes = {"q_proj": self.q_size, "k_proj": self.kv_size, "v_proj": self.kv_size}
+        self.qkv_proj = MergedLinear(c.hidden_size, sizes, bias=c.qkv_bias)
+        self.o_proj = Linear(self.q_size, c.hidden_size, bias=c.o_bias)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, unit_offset_norm)
+            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, unit_offset_norm)
+        self.backend = backend
+        self.spec = AttentionLayerSpec(
+            num_heads=c.num_heads,
+            num_kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim,
+            scale=c.attn_scale,
+            sliding_window=c.sliding_windows[layer_idx],
+            logit_softcap=c.attn_logit_softcapping,
+        )
+
+    def forward(self, x: torch.Tensor, rope: RopeCosSin, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        num_tokens, head_dim = x.shape[0], self.spec.head_dim
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, -1, head_dim)  # [num_tokens, num_heads, head_dim]
+        k = k.view(num_tokens, -1, head_dim)  # [num_tokens, num_kv_heads, head_dim]
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        out = self.backend.forward(self.spec, q.view(num_tokens, -1), k.view(num_tokens, -1), v, kv_cache, metadata)
+        return self.o_proj(out)
+
+
+class LlamaMLP(nn.Module):
+    """``down(act(gate(x)) * up(x))`` with gate and up fused into one matmul."""
+
+    def __init__(self, config: ModelArchConfig):
+        super().__init__()
+        sizes = {"gate_proj": config.intermediate_size, "up_proj": config.intermediate_size}
+        self.gate_up_proj = MergedLinear(config.hidden_size, sizes)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
+        self.act = get_gated_activation(config.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, config: ModelArchConfig, layer_idx: int, backend: AttentionBackend):
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_idx, backend)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, rope: RopeCosSin, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, metadata)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers and final norm; HF's ``model.*`` parameter names."""
+
+    def __init__(self, config: ModelArchConfig, backend: AttentionBackend, layer_cls: type[nn.Module], unit_offset_norm: bool):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([layer_cls(config, i, backend) for i in range(config.num_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset_norm)
+        # One table per distinct (base, scaling); each layer looks its table up by key.
+        ropes = {config.layer_rope(i) for i in range(config.num_layers)}
+        self.ropes = nn.ModuleList([RotaryEmbedding(config.head_dim, theta, scaling) for theta, scaling in ropes])
+        rope_keys = list(ropes)
+        self.layer_rope_idx = [rope_keys.index(config.layer_rope(i)) for i in range(config.num_layers)]
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        x = self.embed(input_ids)
+        max_len = max(metadata.seq_lens_list)
+        ropes = [rope(positions, max_len) for rope in self.ropes]
+        for layer, rope_idx, kv_cache in zip(self.layers, self.layer_rope_idx, kv_caches):
+            x = layer(x, ropes[rope_idx], kv_cache, metadata)
+        return self.norm(x)
+
+
+class LlamaForCausalLM(nn.Module):
+    """A decoder-only LM over a flat batch of many requests and a paged KV cache (see ``forward``)."""
+
+    model_cls: type[LlamaModel] = LlamaModel
+    layer_cls: type[nn.Module] = LlamaDecoderLayer
+    unit_offset_norm = False  # Gemma's norms scale by (1 + w)
+
+    def __init__(self, config: ModelArchConfig, attn_backend: AttentionBackend):
+        super().__init__()
+        self.config = config
+        self.model = self.model_cls(config, attn_backend, self.layer_cls, self.unit_offset_norm)
+        # NOTE: tied embeddings have no lm_head; compute_logits and load_weights use the embedding instead.
+        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_layers
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        """Shape of one layer's cache: ``[2, num_blocks, block_size, num_kv_heads, head_dim]``."""
+        return (2, num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        """Run a flat batch ``[num_tokens]`` (token ids and positions); returns hidden states ``[num_tokens, hidden]``.
+
+        Writes this step's K/V into ``kv_caches`` (one tensor per layer, :meth:`kv_cache_shape`) at
+        ``metadata.slot_mapping``.
+        """
+        return self.model(input_ids, positions, kv_caches, metadata)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits ``[N, vocab]`` for the rows the caller samples from, soft-capped if configured."""
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        logits = torch.matmul(hidden, weight.t()).float()
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def hf_name(self, name: str) -> str | None:
+        """Normalise a checkpoint name to ours' HF layout; ``None`` for tensors we do not use."""
+        return None if "rotary_emb.inv_freq" in name else name
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into the model, fusing q/k/v and gate/up as they arrive.
+
+        Raises:
+            ValueError: a name we have no parameter for, a shape mismatch, or parameters left unloaded
+                (all named in the message).
+        """
+        params = dict(self.named_parameters())
+        expected = self._expected_hf_names(params)
+        loaded, unexpected = set(), []
+        for raw_name, tensor in weights:
+            name = self.hf_name(raw_name)
+            if name is None:
+                continue
+            if name not in expected:
+                unexpected.append(raw_name)
+                continue
+            self._load_one(params, name, tensor)
+            loaded.add(name)
+        optional = {"lm_head.weight"} if self.lm_head is None else set()
+        missing = sorted(expected - loaded - optional)
+        if unexpected or missing:
+            raise ValueError(f"checkpoint does not match {type(self).__name__}: missing {missing}, unexpected {unexpected}")
+
+    def _expected_hf_names(self, params: dict[str, nn.Parameter]) -> set[str]:
+        """HF names of every tensor we load; a fused parameter stands for each of its shards."""
+        names = set()
+        for name in params:
+            module_name, _, param_name = name.rpartition(".")
+            module = self.get_submodule(module_name)
+            if isinstance(module, MergedLinear):
+                prefix = module_name.rpartition(".")[0]
+                names.update(f"{prefix}.{shard}.{param_name}" for shard in module.shard_rows)
+            else:
+                names.add(name)
+        if self.lm_head is None:
+            names.add("lm_head.weight")  # tied: an alias of the embedding, loaded only if present
+        return names
+
+    def _load_one(self, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> None:
+        prefix, _, param_name = name.rpartition(".")
+        module_prefix, _, proj = prefix.rpartition(".")
+        if proj in _FUSED_SHARDS:
+            fused, shard = _FUSED_SHARDS[proj]
+            self.get_submodule(f"{module_prefix}.{fused}").load_shard(shard, param_name, tensor)
+            return
+        target = params["model.embed_tokens.weight" if name == "lm_head.weight" and self.lm_head is None else name]
+        if target.shape != tensor.shape:
+            raise ValueError(f"{name}: expected shape {tuple(target.shape)}, got {tuple(tensor.shape)}")
+        target.copy_(tensor)
