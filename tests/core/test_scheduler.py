@@ -1,0 +1,156 @@
+"""Scheduler: token budget, chunked prefill, decodes first, prefix hits, preemption of the newest."""
+from __future__ import annotations
+
+from jido.core.kv_cache_manager import KVCacheManager
+from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
+from jido.core.request import Request, RequestStatus
+from jido.core.sampling_params import SamplingParams
+from jido.core.scheduler import Scheduler, SchedulerLimits
+
+
+def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, budget=64, max_model_len=256, caching=True):
+    kv = KVCacheManager(num_blocks, block_size, caching)
+    return Scheduler(SchedulerLimits(max_num_seqs, budget, max_model_len), kv)
+
+
+def add(scheduler: Scheduler, req_id: str, num_tokens: int, max_tokens: int = 4, first: int = 0, **kw) -> Request:
+    request = Request(req_id, list(range(first, first + num_tokens)), SamplingParams(max_tokens=max_tokens, **kw),
+                      eos_token_ids=(1000,))
+    scheduler.add_request(request)
+    return request
+
+
+def run_step(scheduler: Scheduler, token: int = 7) -> tuple[SchedulerOutput, list]:
+    """Schedule, pretend the model sampled ``token`` for every request that reached its end."""
+    out = scheduler.schedule()
+    sampled = {}
+    for req_id, n in out.num_scheduled_tokens.items():
+        request = scheduler.requests[req_id]
+        if request.num_computed_tokens + n == request.num_tokens:
+            sampled[req_id] = token
+    return out, scheduler.update_from_output(out, ModelRunnerOutput(sampled))
+
+
+def test_long_prompt_is_prefilled_in_budget_sized_chunks():
+    scheduler = make_scheduler(budget=16)
+    request = add(scheduler, "a", 40)
+    chunks = [run_step(scheduler)[0].num_scheduled_tokens["a"] for _ in range(3)]
+    assert chunks == [16, 16, 8]
+    assert request.output_token_ids == [7] and request.num_computed_tokens == 40
+
+
+def test_decodes_are_scheduled_before_prefill_chunks_and_new_requests():
+    scheduler = make_scheduler(budget=10)
+    add(scheduler, "a", 4)
+    run_step(scheduler)  # a prefilled, now decoding
+    add(scheduler, "b", 30)
+    out, _ = run_step(scheduler)
+    assert out.num_scheduled_tokens == {"a": 1, "b": 9}
+    out, _ = run_step(scheduler)
+    assert list(out.num_scheduled_tokens.items()) == [("a", 1), ("b", 9)]
+
+
+def test_new_requests_are_sent_in_full_then_as_diffs():
+    scheduler = make_scheduler()
+    add(scheduler, "a", 6)
+    out, _ = run_step(scheduler)
+    assert [r.req_id for r in out.scheduled_new_reqs] == ["a"] and out.scheduled_new_reqs[0].block_ids == [0, 1]
+    out, _ = run_step(scheduler)
+    assert out.scheduled_new_reqs == [] and out.scheduled_cached_reqs[0].num_computed_tokens == 6
+    assert out.scheduled_cached_reqs[0].new_block_ids == []
+
+
+def test_max_num_seqs_bounds_the_running_set():
+    scheduler = make_scheduler(max_num_seqs=2)
+    for name in "abc":
+        add(scheduler, name, 4)
+    out, _ = run_step(scheduler)
+    assert set(out.num_scheduled_tokens) == {"a", "b"} and len(scheduler.waiting) == 1
+
+
+def test_prefix_hit_skips_cached_tokens_and_is_recorded():
+    scheduler = make_scheduler()
+    add(scheduler, "a", 12, max_tokens=1)
+    run_step(scheduler)
+    b = add(scheduler, "b", 14, max_tokens=1)
+    out, _ = run_step(scheduler)
+    assert out.num_scheduled_tokens == {"b": 2}
+    assert b.num_cached_tokens == 12 and out.scheduled_new_reqs[0].num_computed_tokens == 12
+
+
+def test_stop_conditions_finish_requests_and_free_blocks():
+    scheduler = make_scheduler()
+    add(scheduler, "eos", 4, max_tokens=10)
+    add(scheduler, "len", 4, max_tokens=1, first=50, ignore_eos=True)
+    _, outputs = run_step(scheduler, token=1000)
+    reasons = {o.req_id: o.finish_reason for o in outputs}
+    assert reasons == {"eos": "stop", "len": "length"}
+    assert scheduler.kv.usage == 0.0 and not scheduler.has_unfinished_requests()
+    assert scheduler.schedule().finished_req_ids == {"eos", "len"}
+
+
+def test_min_tokens_and_ignore_eos_defer_the_eos_stop():
+    scheduler = make_scheduler()
+    add(scheduler, "a", 4, max_tokens=5, min_tokens=2)
+    add(scheduler, "b", 4, max_tokens=2, ignore_eos=True, first=50)
+    _, outputs = run_step(scheduler, token=1000)
+    assert all(o.finish_reason is None for o in outputs)
+    _, outputs = run_step(scheduler, token=1000)
+    assert {o.req_id: o.finish_reason for o in outputs} == {"a": "stop", "b": "length"}
+
+
+def test_stop_token_ids_record_the_stop_reason():
+    scheduler = make_scheduler()
+    add(scheduler, "a", 4, max_tokens=5, stop_token_ids=[7])
+    _, outputs = run_step(scheduler, token=7)
+    assert outputs[0].finish_reason == "stop" and outputs[0].stop_reason == 7
+
+
+def test_max_model_len_ends_generation():
+    scheduler = make_scheduler(max_model_len=6)
+    add(scheduler, "a", 4, max_tokens=100)
+    run_step(scheduler)
+    _, outputs = run_step(scheduler)
+    assert outputs[0].finish_reason == "length"
+
+
+def test_newest_running_request_is_preempted_when_blocks_run_out():
+    scheduler = make_scheduler(num_blocks=4, block_size=4)
+    a = add(scheduler, "a", 8, max_tokens=20)
+    b = add(scheduler, "b", 7, max_tokens=20, first=100)
+    run_step(scheduler)  # a: 2 blocks, b: 2 blocks (8 tokens with its first output)
+    out, _ = run_step(scheduler)  # a needs a third block: b, the newest, is preempted
+    assert b.status == RequestStatus.PREEMPTED
+    assert out.num_scheduled_tokens == {"a": 1} and out.finished_req_ids == {"b"}
+    assert scheduler.num_preemptions == 1 and b.num_computed_tokens == 0 and b.output_token_ids == [7]
+    assert scheduler.waiting[0] is b
+    out, _ = run_step(scheduler)
+    assert "b" not in out.num_scheduled_tokens and a.num_output_tokens == 3
+
+
+def test_preempted_request_resumes_with_its_tokens_and_finishes():
+    scheduler = make_scheduler(num_blocks=5, block_size=4)
+    a = add(scheduler, "a", 8, max_tokens=6)
+    b = add(scheduler, "b", 7, max_tokens=6, first=100)
+    resumed = None
+    for _ in range(30):
+        out, _ = run_step(scheduler)
+        for new in out.scheduled_new_reqs:
+            if new.req_id == "b" and b.num_preemptions:
+                resumed = new
+        if not scheduler.has_unfinished_requests():
+            break
+    assert scheduler.num_preemptions >= 1
+    assert resumed is not None and resumed.token_ids[:7] == list(range(100, 107)) and len(resumed.token_ids) > 7
+    assert a.num_output_tokens == 6 and b.num_output_tokens == 6
+    assert a.status == RequestStatus.FINISHED_LENGTH and b.status == RequestStatus.FINISHED_LENGTH
+
+
+def test_abort_frees_blocks_and_tells_the_runner():
+    scheduler = make_scheduler()
+    add(scheduler, "a", 10, max_tokens=50)
+    run_step(scheduler)
+    assert scheduler.kv.usage > 0
+    scheduler.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
+    assert scheduler.kv.usage == 0.0
+    assert scheduler.schedule().finished_req_ids == {"a"}
