@@ -1,0 +1,177 @@
+"""The torch attention backend against a float64 dense reference, over paged caches of random shapes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from jido.attention.backend import AttentionLayerSpec, AttentionMetadata
+from jido.attention.registry import get_attention_backend
+from jido.attention.torch_backend import TorchAttentionBackend, _prefill_attention
+
+HEAD_DIM = 16
+MIXED = [(0, 7), (5, 3), (13, 1), (2, 9), (20, 1)]  # (cached prefix length, query length) per request
+DECODES = [(0, 1), (6, 1), (17, 1), (33, 1)]
+
+
+@dataclass
+class Case:
+    """One step: queries and new K/V for a flat batch, a cache holding the cached prefixes, and the metadata."""
+
+    q: torch.Tensor  # [num_tokens, num_heads * head_dim]
+    k: torch.Tensor  # [num_tokens, num_kv_heads * head_dim]
+    v: torch.Tensor
+    kv_cache: torch.Tensor  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    metadata: AttentionMetadata
+    full_k: list[torch.Tensor]  # per request, its whole context [seq_len, num_kv_heads, head_dim]
+    full_v: list[torch.Tensor]
+
+
+def make_case(requests: list[tuple[int, int]], num_heads: int, num_kv_heads: int, block_size: int, seed: int = 0) -> Case:
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [cached + query for cached, query in requests]
+    tables = _block_tables(seq_lens, block_size, gen)
+    num_blocks = 1 + sum(len(t) for t in tables)
+    kv_cache = torch.zeros(2, num_blocks, block_size, num_kv_heads, HEAD_DIM)
+    full_k = [torch.randn(n, num_kv_heads, HEAD_DIM, generator=gen) for n in seq_lens]
+    full_v = [torch.randn(n, num_kv_heads, HEAD_DIM, generator=gen) for n in seq_lens]
+    slots, new_k, new_v = [], [], []
+    for (cached, _), n, table, k, v in zip(requests, seq_lens, tables, full_k, full_v):
+        req_slots = torch.tensor([table[p // block_size] * block_size + p % block_size for p in range(n)])
+        # The cached prefix was written by earlier steps; this step's tokens go through the backend.
+        kv_cache[0].view(-1, num_kv_heads, HEAD_DIM)[req_slots[:cached]] = k[:cached]
+        kv_cache[1].view(-1, num_kv_heads, HEAD_DIM)[req_slots[:cached]] = v[:cached]
+        slots.append(req_slots[cached:])
+        new_k.append(k[cached:].flatten(1))
+        new_v.append(v[cached:].flatten(1))
+    query_lens = [query for _, query in requests]
+    q = torch.randn(sum(query_lens), num_heads * HEAD_DIM, generator=gen)
+    metadata = _metadata(query_lens, seq_lens, tables, torch.cat(slots), block_size)
+    return Case(q, torch.cat(new_k), torch.cat(new_v), kv_cache, metadata, full_k, full_v)
+
+
+def _block_tables(seq_lens: list[int], block_size: int, gen: torch.Generator) -> list[list[int]]:
+    """Shuffled, non-contiguous block ids; id 0 stays unused (it pads the block tables)."""
+    needed = [-(-n // block_size) for n in seq_lens]
+    ids = (torch.randperm(sum(needed), generator=gen) + 1).tolist()
+    return [[ids.pop() for _ in range(n)] for n in needed]
+
+
+def _metadata(query_lens: list[int], seq_lens: list[int], tables: list[list[int]], slots: torch.Tensor, block_size: int) -> AttentionMetadata:
+    width = max(len(t) for t in tables)
+    return AttentionMetadata(
+        query_start_loc=torch.tensor([0] + query_lens).cumsum(0).to(torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+        slot_mapping=slots,
+        block_size=block_size,
+        query_lens_list=query_lens,
+        seq_lens_list=seq_lens,
+    )
+
+
+def reference(spec: AttentionLayerSpec, case: Case) -> torch.Tensor:
+    """Dense float64 attention per request with explicit causal and window masks."""
+    outs, start = [], 0
+    for query_len, seq_len, k, v in zip(case.metadata.query_lens_list, case.metadata.seq_lens_list, case.full_k, case.full_v):
+        q = case.q[start : start + query_len].double().view(query_len, spec.num_heads, HEAD_DIM).transpose(0, 1)
+        group = spec.num_heads // spec.num_kv_heads
+        k = k.double().repeat_interleave(group, dim=1).transpose(0, 1)  # [num_heads, seq_len, head_dim]
+        v = v.double().repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = q @ k.transpose(1, 2) * spec.scale
+        if spec.logit_softcap is not None:
+            scores = torch.tanh(scores / spec.logit_softcap) * spec.logit_softcap
+        q_pos = torch.arange(seq_len - query_len, seq_len)[:, None]
+        k_pos = torch.arange(seq_len)[None, :]
+        visible = k_pos <= q_pos
+        if spec.sliding_window is not None:
+            visible &= k_pos > q_pos - spec.sliding_window
+        out = scores.masked_fill(~visible, float("-inf")).softmax(-1) @ v
+        outs.append(out.transpose(0, 1).reshape(query_len, -1))
+        start += query_len
+    return torch.cat(outs).float()
+
+
+def run(spec: AttentionLayerSpec, case: Case) -> torch.Tensor:
+    return TorchAttentionBackend().forward(spec, case.q, case.k, case.v, case.kv_cache, case.metadata)
+
+
+def _spec(num_heads: int, num_kv_heads: int, window: int | None = None, softcap: float | None = None) -> AttentionLayerSpec:
+    return AttentionLayerSpec(num_heads, num_kv_heads, HEAD_DIM, HEAD_DIM**-0.5, window, softcap)
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(4, 4), (4, 2), (4, 1)], ids=["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("softcap", [None, 2.0])
+@pytest.mark.parametrize("requests", [MIXED, DECODES], ids=["mixed", "decode_only"])
+def test_matches_float64_reference(block_size: int, num_heads: int, num_kv_heads: int, window: int | None,
+                                   softcap: float | None, requests: list[tuple[int, int]]) -> None:
+    spec = _spec(num_heads, num_kv_heads, window, softcap)
+    case = make_case(requests, num_heads, num_kv_heads, block_size)
+    torch.testing.assert_close(run(spec, case), reference(spec, case), atol=2e-5, rtol=0)
+
+
+def test_new_keys_and_values_land_in_their_slots() -> None:
+    case = make_case(MIXED, 4, 2, block_size=4)
+    run(_spec(4, 2), case)
+    for cache, new in ((case.kv_cache[0], case.k), (case.kv_cache[1], case.v)):
+        torch.testing.assert_close(cache.reshape(-1, 2 * HEAD_DIM)[case.metadata.slot_mapping], new, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_batched_decode_path_equals_per_request_path(window: int | None) -> None:
+    spec = _spec(4, 2, window)
+    case = make_case(DECODES, 4, 2, block_size=4)
+    batched = run(spec, case).view(len(DECODES), 4, HEAD_DIM)
+    for i, seq_len in enumerate(case.metadata.seq_lens_list):
+        q = case.q[i].view(1, 4, HEAD_DIM)
+        alone = _prefill_attention(spec, q, case.kv_cache, case.metadata.block_tables[i], seq_len)
+        torch.testing.assert_close(batched[i : i + 1], alone, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("requests", [MIXED, DECODES], ids=["mixed", "decode_only"])
+def test_request_output_is_the_same_batched_or_alone(requests: list[tuple[int, int]]) -> None:
+    spec = _spec(4, 2, window=5, softcap=None)
+    together = run(spec, make_case(requests, 4, 2, block_size=4)).split([q for _, q in requests])
+    for i in range(len(requests)):
+        alone = _only(make_case(requests, 4, 2, block_size=4), i)
+        torch.testing.assert_close(run(spec, alone), together[i], atol=0, rtol=0)
+
+
+def _only(case: Case, i: int) -> Case:
+    """The same cache and blocks, with a batch holding request ``i`` alone."""
+    m = case.metadata
+    start, end = m.query_start_loc[i].item(), m.query_start_loc[i + 1].item()
+    metadata = AttentionMetadata(
+        query_start_loc=torch.tensor([0, end - start], dtype=torch.int32),
+        seq_lens=m.seq_lens[i : i + 1],
+        block_tables=m.block_tables[i : i + 1],
+        slot_mapping=m.slot_mapping[start:end],
+        block_size=m.block_size,
+        query_lens_list=[end - start],
+        seq_lens_list=[m.seq_lens_list[i]],
+    )
+    return Case(case.q[start:end], case.k[start:end], case.v[start:end], case.kv_cache, metadata, case.full_k[i : i + 1], case.full_v[i : i + 1])
+
+
+@pytest.mark.parametrize("requests", [MIXED, DECODES], ids=["mixed", "decode_only"])
+def test_sliding_window_reads_only_blocks_inside_the_window(requests: list[tuple[int, int]]) -> None:
+    window, block_size = 5, 4
+    spec = _spec(4, 2, window)
+    case = make_case(requests, 4, 2, block_size)
+    for table, seq_len, query_len in zip(case.metadata.block_tables, case.metadata.seq_lens_list, case.metadata.query_lens_list):
+        first_visible = max(0, seq_len - query_len - window + 1)
+        # Blocks wholly before the first visible key must not be read: poison them.
+        case.kv_cache[:, table[: first_visible // block_size].long()] = float("nan")
+    out = run(spec, case)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, reference(spec, case), atol=2e-5, rtol=0)
+
+
+def test_registry_returns_the_torch_backend_and_rejects_unknown_names() -> None:
+    assert isinstance(get_attention_backend(), TorchAttentionBackend)
+    assert get_attention_backend("torch").name == "torch"
+    with pytest.raises(ValueError, match="unknown attention backend 'flash'.*available: \\['torch'\\]"):
+        get_attention_backend("flash")

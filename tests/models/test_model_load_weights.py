@@ -1,0 +1,41 @@
+"""load_weights takes HF names, fuses projections, and names what does not fit."""
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_hf_models import tiny_models
+from tiny_paged_batch import TinyPagedRunner
+
+from jido.attention.registry import get_attention_backend
+
+
+def _logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
+    return TinyPagedRunner(model).step({"req": tokens})["req"]
+
+
+def test_missing_and_unexpected_weights_are_named() -> None:
+    hf, ours = tiny_models("qwen2")
+    weights = dict(hf.state_dict())
+    del weights["model.layers.1.self_attn.k_proj.bias"]
+    weights["model.layers.0.mlp.extra.weight"] = torch.zeros(1)
+    with pytest.raises(ValueError, match=r"missing \['model.layers.1.self_attn.k_proj.bias'\], unexpected \['model.layers.0.mlp.extra.weight'\]"):
+        ours.load_weights(weights.items())
+
+
+def test_tied_embeddings_need_no_lm_head_and_gemma3_multimodal_names_load_the_text_model() -> None:
+    hf, ours = tiny_models("gemma3")
+    fresh = type(ours)(ours.config, get_attention_backend()).eval()
+    # transformers-5 multimodal layout: the text model under model.language_model, plus vision weights.
+    weights = {n.replace("model.", "model.language_model.", 1): t for n, t in hf.state_dict().items() if n != "lm_head.weight"}
+    weights["model.vision_tower.patch_embedding.weight"] = torch.zeros(1)
+    fresh.load_weights(weights.items())
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6]
+    torch.testing.assert_close(_logits(fresh, tokens), _logits(ours, tokens), atol=0, rtol=0)
+
+
+def test_q_k_v_are_fused_into_one_projection() -> None:
+    hf, ours = tiny_models("llama")
+    attn = ours.model.layers[0].self_attn
+    hf_attn = hf.model.layers[0].self_attn
+    expected = torch.cat([hf_attn.q_proj.weight, hf_attn.k_proj.weight, hf_attn.v_proj.weight])
+    torch.testing.assert_close(attn.qkv_proj.weight, expected, atol=0, rtol=0)
