@@ -1,0 +1,116 @@
+"""The runtime tokenizer: a checkpoint folder's tokenizer.json on the `tokenizers` library."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as Backend
+
+from jido.models.loader import generation_eos_ids, load_config
+
+
+class Tokenizer:
+    """Text <-> token ids for one model, with the ids the engine needs (BOS, EOS, pad, special)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        bos_token_id: int | None,
+        eos_token_ids: list[int],
+        pad_token_id: int | None,
+        chat_template: str | None = None,
+    ) -> None:
+        self._backend = backend
+        self._bos_token_id = bos_token_id
+        self._eos_token_ids = list(eos_token_ids)
+        self._pad_token_id = pad_token_id
+        self._chat_template = chat_template
+        self._all_special_ids = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> Tokenizer:
+        """Load tokenizer.json plus tokenizer_config.json, config.json and generation_config.json.
+
+        Raises FileNotFoundError when the folder has no tokenizer.json.
+        """
+        folder = Path(folder)
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{folder}: no tokenizer.json (jido reads tokenizers' JSON format only)")
+        backend = Backend.from_file(str(path))
+        settings = _read_json(folder / "tokenizer_config.json")
+        config = load_config(folder)
+
+        def token_id(config_key: str, name: str) -> int | None:
+            if config.get(config_key) is not None:
+                return config[config_key]
+            token = _token_str(settings.get(name))
+            return backend.token_to_id(token) if token is not None else None
+
+        eos_ids = generation_eos_ids(folder) or [i for i in [token_id("eos_token_id", "eos_token")] if i is not None]
+        return cls(
+            backend,
+            bos_token_id=token_id("bos_token_id", "bos_token"),
+            eos_token_ids=eos_ids,
+            pad_token_id=token_id("pad_token_id", "pad_token"),
+            chat_template=_chat_template(folder, settings),
+        )
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids for `text`; with add_special_tokens, BOS (and EOS) as the model's tokenizer adds them."""
+        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [self._backend.id_to_token(i) for i in ids]
+
+    @property
+    def vocab_size(self) -> int:
+        """Tokens the tokenizer knows, added ones included (a model's embedding may have more rows)."""
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return self._bos_token_id
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Every id that ends generation, e.g. Gemma's <eos> and <end_of_turn>."""
+        return list(self._eos_token_ids)
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._pad_token_id
+
+    @property
+    def all_special_ids(self) -> set[int]:
+        """Ids of the special added tokens: the ones decode(skip_special_tokens=True) drops."""
+        return set(self._all_special_ids)
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._chat_template
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _token_str(token: str | dict | None) -> str | None:
+    # HF tokenizer_config.json writes a special token either as a string or as a serialized AddedToken.
+    return token.get("content") if isinstance(token, dict) else token
+
+
+def _chat_template(folder: Path, settings: dict[str, Any]) -> str | None:
+    jinja = folder / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    template = settings.get("chat_template")
+    if isinstance(template, list):
+        # Several named templates: the engine renders the default one.
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    return template
