@@ -1,0 +1,221 @@
+"""`jido doctor`: name the serving bottleneck from a bench result or /metrics, with evidence and a knob."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Mapping
+
+from jido.planner.prometheus import Metrics
+from jido.planner.workloads import Slo
+
+DEFAULT_SLO = Slo(ttft_ms=1000.0, tpot_ms=50.0)
+LONG_PROMPT_TOKENS = 2000
+TAIL_RATIO = 3.0
+
+
+@dataclass(frozen=True)
+class Observations:
+    """What was measured; None where the source did not say. Latencies in ms, usage as a 0-1 fraction."""
+
+    completed: float | None = None
+    request_throughput: float | None = None
+    output_throughput: float | None = None
+    mean_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
+    mean_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    p99_itl_ms: float | None = None
+    mean_queue_time_ms: float | None = None
+    kv_cache_usage: float | None = None
+    num_preemptions: float | None = None
+    prefix_cache_hit_rate: float | None = None
+    mean_input_len: float | None = None
+    mean_output_len: float | None = None
+    num_requests_waiting: float | None = None
+    num_requests_running: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_usage is not None and not 0 <= self.kv_cache_usage <= 1:
+            raise ValueError(f"kv_cache_usage must be a fraction in [0, 1], got {self.kv_cache_usage}")
+
+    def known(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+def observations_from_bench(result: Mapping[str, Any]) -> Observations:
+    """Keys as in `vllm bench serve` / `jido bench` result JSON; unknown keys are ignored."""
+    names = {f.name for f in fields(Observations)}
+    values = {k: float(v) for k, v in result.items() if k in names and isinstance(v, (int, float))}
+    completed = result.get("completed")
+    if "mean_input_len" not in values and completed and "total_input_tokens" in result:
+        values["mean_input_len"] = result["total_input_tokens"] / completed
+    if "mean_output_len" not in values and completed and "total_output_tokens" in result:
+        values["mean_output_len"] = result["total_output_tokens"] / completed
+    if values.get("kv_cache_usage", 0) > 1:  # given in percent
+        values["kv_cache_usage"] /= 100
+    return Observations(**values)
+
+
+def observations_from_metrics(m: Metrics) -> Observations:
+    """vLLM metric names (v0 and v1 spellings); histograms give means and p99."""
+    ttft = "vllm:time_to_first_token_seconds"
+    itl = _first_present(m, "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+    tpot = _first_present(m, "vllm:request_time_per_output_token_seconds") or itl
+    usage = m.total("vllm:kv_cache_usage_perc")
+    usage = m.total("vllm:gpu_cache_usage_perc") if usage is None else usage
+    queries = m.total("vllm:prefix_cache_queries") or m.total("vllm:gpu_prefix_cache_queries")
+    hits = m.total("vllm:prefix_cache_hits") or m.total("vllm:gpu_prefix_cache_hits")
+    return Observations(
+        completed=m.total("vllm:request_success"),
+        mean_ttft_ms=_ms(m.histogram_mean(ttft)),
+        p99_ttft_ms=_ms(m.histogram_quantile(ttft, 0.99)),
+        mean_tpot_ms=_ms(m.histogram_mean(tpot)) if tpot else None,
+        p99_tpot_ms=_ms(m.histogram_quantile(tpot, 0.99)) if tpot else None,
+        p99_itl_ms=_ms(m.histogram_quantile(itl, 0.99)) if itl else None,
+        mean_queue_time_ms=_ms(m.histogram_mean("vllm:request_queue_time_seconds")),
+        kv_cache_usage=usage / 100 if usage is not None and usage > 1 else usage,
+        num_preemptions=m.total("vllm:num_preemptions"),
+        prefix_cache_hit_rate=hits / queries if queries and hits is not None else None,
+        mean_input_len=m.histogram_mean("vllm:request_prompt_tokens"),
+        mean_output_len=m.histogram_mean("vllm:request_generation_tokens"),
+        num_requests_waiting=m.total("vllm:num_requests_waiting"),
+        num_requests_running=m.total("vllm:num_requests_running"),
+    )
+
+
+def _first_present(m: Metrics, *names: str) -> str | None:
+    return next((n for n in names if f"{n}_count" in m.samples), None)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One diagnosis: how strongly it applies, the numbers behind it, and what to try next."""
+
+    name: str
+    score: float
+    summary: str
+    evidence: tuple[str, ...]
+    knobs: tuple[str, ...]
+
+
+def _fmt(obs: Observations, *names: str) -> tuple[str, ...]:
+    values = obs.known()
+    return tuple(f"{n}={values[n]:.4g}" for n in names if n in values)
+
+
+def _memory_pressure(o: Observations, slo: Slo) -> Finding | None:
+    preempted = (o.num_preemptions or 0) > 0
+    full = (o.kv_cache_usage or 0) >= 0.9
+    if not (preempted or full):
+        return None
+    share = (o.num_preemptions or 0) / max(o.completed or 1, 1)
+    return Finding("kv-memory-pressure", 3.0 + 10 * share + 5 * max(0.0, (o.kv_cache_usage or 0) - 0.9),
+                   "the KV cache is full: requests are preempted and recomputed under concurrency",
+                   _fmt(o, "num_preemptions", "completed", "kv_cache_usage", "mean_input_len", "num_requests_running"),
+                   ("--kv-cache-dtype fp8 (halves KV bytes per token)", "lower --max-model-len or --max-num-seqs",
+                    "raise --gpu-memory-utilization, or add memory (TP, a bigger device, CPU offload)"))
+
+
+def _batching_limit(o: Observations, slo: Slo) -> Finding | None:
+    queued = (o.num_requests_waiting or 0) > 0 or (o.mean_queue_time_ms or 0) > 0.5 * slo.ttft_ms
+    if not queued or o.kv_cache_usage is None or o.kv_cache_usage >= 0.5:
+        return None
+    pressure = (o.mean_queue_time_ms or 0) / slo.ttft_ms + (o.num_requests_waiting or 0) / 10
+    return Finding("batching-limit", 2.0 + pressure,
+                   "requests wait in the queue while the KV cache sits mostly empty: the batch is capped",
+                   _fmt(o, "num_requests_waiting", "mean_queue_time_ms", "kv_cache_usage", "num_requests_running"),
+                   ("raise --max-num-seqs", "raise --max-num-batched-tokens (token budget per step)"))
+
+
+def _slow_first_token(o: Observations, slo: Slo) -> Finding | None:
+    ttft = o.p99_ttft_ms if o.p99_ttft_ms is not None else o.mean_ttft_ms
+    if ttft is None or ttft <= slo.ttft_ms:
+        return None
+    score = ttft / slo.ttft_ms
+    queue = o.mean_queue_time_ms
+    if queue is not None and o.mean_ttft_ms and queue >= 0.5 * o.mean_ttft_ms:
+        return Finding("prefill-queueing", score, "first tokens are late because prompts wait in the queue",
+                       _fmt(o, "mean_ttft_ms", "p99_ttft_ms", "mean_queue_time_ms", "num_requests_waiting"),
+                       ("add prefill capacity (more replicas or prefill instances; see `jido plan`)",
+                        "admission control / rate limiting at the load balancer"))
+    long_prompts = (o.mean_input_len or 0) >= LONG_PROMPT_TOKENS
+    if long_prompts and (o.prefix_cache_hit_rate is None or o.prefix_cache_hit_rate < 0.3):
+        return Finding("prefill-compute-no-prefix-reuse", score,
+                       "first tokens are late on long prompts that the prefix cache does not reuse",
+                       _fmt(o, "mean_ttft_ms", "p99_ttft_ms", "mean_input_len", "prefix_cache_hit_rate"),
+                       ("--enable-prefix-caching and put shared context (system prompt, documents) first",
+                        "--enable-chunked-prefill so long prompts do not block the step"))
+    return Finding("prefill-compute", score, "first tokens are late: prompt processing is slow",
+                   _fmt(o, "mean_ttft_ms", "p99_ttft_ms", "mean_input_len", "prefix_cache_hit_rate"),
+                   ("--enable-chunked-prefill with a larger --max-num-batched-tokens",
+                    "FP8 weights or a faster prefill accelerator (`jido plan`)"))
+
+
+def _slow_decode(o: Observations, slo: Slo) -> Finding | None:
+    tpot = o.mean_tpot_ms
+    if tpot is None or tpot <= slo.tpot_ms:
+        return None
+    knobs = ["--speculative-config (draft model or n-gram) to emit several tokens per step",
+             "FP8/INT8 weights: decode reads every weight each step"]
+    if (o.mean_input_len or 0) >= LONG_PROMPT_TOKENS:
+        knobs.insert(0, "--kv-cache-dtype fp8: long contexts make KV reads dominate the step")
+    if (o.num_requests_running or 0) >= 64:
+        knobs.insert(0, "lower --max-num-seqs or add decode capacity: the decode batch is too large")
+    return Finding("slow-decode", tpot / slo.tpot_ms, "token-to-token latency is over the SLO: decode is "
+                   "bound by reading weights and KV", _fmt(o, "mean_tpot_ms", "p99_tpot_ms", "p99_itl_ms",
+                                                           "num_requests_running", "mean_input_len"), tuple(knobs))
+
+
+def _tail_latency(o: Observations, slo: Slo) -> Finding | None:
+    ratios = []
+    if o.mean_ttft_ms and o.p99_ttft_ms:
+        ratios.append(o.p99_ttft_ms / o.mean_ttft_ms)
+    if o.mean_tpot_ms and (o.p99_itl_ms or o.p99_tpot_ms):
+        ratios.append((o.p99_itl_ms or o.p99_tpot_ms) / o.mean_tpot_ms)
+    worst = max(ratios, default=0.0)
+    if worst < TAIL_RATIO:
+        return None
+    return Finding("tail-latency", 0.8 * worst / TAIL_RATIO,
+                   "throughput and means look fine but p99 is far above the mean: some requests stall behind "
+                   "long prompts", _fmt(o, "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p99_itl_ms",
+                                        "request_throughput"),
+                   ("lower --max-num-batched-tokens so one long prefill chunk cannot stall decode steps",
+                    "isolate long requests (a separate pool, or P/D disaggregation)"))
+
+
+RULES: tuple[Callable[[Observations, Slo], Finding | None], ...] = (
+    _memory_pressure, _batching_limit, _slow_first_token, _slow_decode, _tail_latency)
+
+
+def diagnose(obs: Observations, slo: Slo = DEFAULT_SLO) -> list[Finding]:
+    """Every finding that applies, strongest first; a single 'healthy' finding when none does."""
+    findings = sorted(filter(None, (rule(obs, slo) for rule in RULES)), key=lambda f: -f.score)
+    if findings:
+        return findings
+    return [Finding("healthy", 0.0, "no bottleneck: latencies are within the SLO and nothing queues or preempts",
+                    _fmt(obs, "mean_ttft_ms", "mean_tpot_ms", "request_throughput", "kv_cache_usage"), ())]
+
+
+def findings_to_dict(obs: Observations, findings: list[Finding], slo: Slo) -> dict[str, Any]:
+    return {
+        "bottleneck": findings[0].name,
+        "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms},
+        "observations": obs.known(),
+        "findings": [{"name": f.name, "score": f.score, "summary": f.summary, "evidence": list(f.evidence),
+                      "knobs": list(f.knobs)} for f in findings],
+    }
+
+
+def format_findings(data: dict[str, Any]) -> str:
+    lines = [f"bottleneck: {data['bottleneck']}"]
+    for f in data["findings"]:
+        lines.append(f"- {f['name']} (score {f['score']:.2f}): {f['summary']}")
+        if f["evidence"]:
+            lines.append(f"    because {', '.join(f['evidence'])}")
+        for knob in f["knobs"]:
+            lines.append(f"    try: {knob}")
+    return "\n".join(lines)
