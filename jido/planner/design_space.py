@@ -46,7 +46,8 @@ class Config:
     @property
     def label(self) -> str:
         if self.placement == "colocated":
-            return f"pool={self.prefill.label},kv={self.residency}"
+            roles = self.prefill.label if self.prefill == self.decode else f"{self.prefill.label}+{self.decode.label}"
+            return f"pool={roles},kv={self.residency}"
         return (f"p={self.prefill.label},d={self.decode.label},link={self.link},"
                 f"wire={self.wire},kv={self.residency},own={self.ownership}")
 
@@ -55,8 +56,8 @@ class Config:
         """Inverse of `label`; wire, kv and own default to raw, hbm and push."""
         items = dict(_split_item(item) for item in label.split(",") if item)
         if "pool" in items:
-            role = Role.parse(items.pop("pool"))
-            config = cls("colocated", role, role, items.pop("kv", "hbm"))
+            roles = [Role.parse(text) for text in items.pop("pool").split("+", 1)]
+            config = cls("colocated", roles[0], roles[-1], items.pop("kv", "hbm"))
         elif {"p", "d", "link"} <= set(items):
             config = cls("disaggregated", Role.parse(items.pop("p")), Role.parse(items.pop("d")),
                          items.pop("kv", "hbm"), items.pop("link"), items.pop("wire", "raw"),

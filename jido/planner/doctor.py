@@ -100,6 +100,7 @@ class Finding:
     summary: str
     evidence: tuple[str, ...]
     knobs: tuple[str, ...]
+    root_cause: bool = False  # explains the latency symptoms, so it outranks them
 
 
 def _fmt(obs: Observations, *names: str) -> tuple[str, ...]:
@@ -113,11 +114,12 @@ def _memory_pressure(o: Observations, slo: Slo) -> Finding | None:
     if not (preempted or full):
         return None
     share = (o.num_preemptions or 0) / max(o.completed or 1, 1)
-    return Finding("kv-memory-pressure", 3.0 + 10 * share + 5 * max(0.0, (o.kv_cache_usage or 0) - 0.9),
+    return Finding("kv-memory-pressure", 1.0 + 10 * share + 5 * max(0.0, (o.kv_cache_usage or 0) - 0.9),
                    "the KV cache is full: requests are preempted and recomputed under concurrency",
                    _fmt(o, "num_preemptions", "completed", "kv_cache_usage", "mean_input_len", "num_requests_running"),
                    ("--kv-cache-dtype fp8 (halves KV bytes per token)", "lower --max-model-len or --max-num-seqs",
-                    "raise --gpu-memory-utilization, or add memory (TP, a bigger device, CPU offload)"))
+                    "raise --gpu-memory-utilization, or add memory (TP, a bigger device, CPU offload)"),
+                   root_cause=True)
 
 
 def _batching_limit(o: Observations, slo: Slo) -> Finding | None:
@@ -125,10 +127,11 @@ def _batching_limit(o: Observations, slo: Slo) -> Finding | None:
     if not queued or o.kv_cache_usage is None or o.kv_cache_usage >= 0.5:
         return None
     pressure = (o.mean_queue_time_ms or 0) / slo.ttft_ms + (o.num_requests_waiting or 0) / 10
-    return Finding("batching-limit", 2.0 + pressure,
+    return Finding("batching-limit", 1.0 + pressure,
                    "requests wait in the queue while the KV cache sits mostly empty: the batch is capped",
                    _fmt(o, "num_requests_waiting", "mean_queue_time_ms", "kv_cache_usage", "num_requests_running"),
-                   ("raise --max-num-seqs", "raise --max-num-batched-tokens (token budget per step)"))
+                   ("raise --max-num-seqs", "raise --max-num-batched-tokens (token budget per step)"),
+                   root_cause=True)
 
 
 def _slow_first_token(o: Observations, slo: Slo) -> Finding | None:
@@ -192,8 +195,8 @@ RULES: tuple[Callable[[Observations, Slo], Finding | None], ...] = (
 
 
 def diagnose(obs: Observations, slo: Slo = DEFAULT_SLO) -> list[Finding]:
-    """Every finding that applies, strongest first; a single 'healthy' finding when none does."""
-    findings = sorted(filter(None, (rule(obs, slo) for rule in RULES)), key=lambda f: -f.score)
+    """Every finding that applies, root causes first, then strongest first; 'healthy' when none does."""
+    findings = sorted(filter(None, (rule(obs, slo) for rule in RULES)), key=lambda f: (not f.root_cause, -f.score))
     if findings:
         return findings
     return [Finding("healthy", 0.0, "no bottleneck: latencies are within the SLO and nothing queues or preempts",
@@ -205,8 +208,8 @@ def findings_to_dict(obs: Observations, findings: list[Finding], slo: Slo) -> di
         "bottleneck": findings[0].name,
         "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms},
         "observations": obs.known(),
-        "findings": [{"name": f.name, "score": f.score, "summary": f.summary, "evidence": list(f.evidence),
-                      "knobs": list(f.knobs)} for f in findings],
+        "findings": [{"name": f.name, "score": f.score, "root_cause": f.root_cause, "summary": f.summary,
+                      "evidence": list(f.evidence), "knobs": list(f.knobs)} for f in findings],
     }
 
 
