@@ -29,7 +29,7 @@ def plot_pareto(result: PlanResult, path: Path | str) -> Path:
         ax.step(*zip(*front), where="post", color="red", label="Pareto front (simulated)")
     ax.set_xscale("log")
     ax.set_xlabel("USD per million tokens")
-    ax.set_ylabel("TTFT p90 (ms)")
+    ax.set_ylabel("TTFT ms (analytic: mean estimate; simulated: p90)")
     ax.set_title(f"{result.inputs.model.name} / {result.inputs.workload.name} at {result.inputs.rate:g} req/s")
     ax.legend(fontsize=8)
     out = Path(path)

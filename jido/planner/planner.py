@@ -188,8 +188,10 @@ def heterogeneous_saving(ranked: list[Ranked], inputs: PlanInputs) -> Saving:
     percent = (hom.cost_per_mtok - het.cost_per_mtok) / hom.cost_per_mtok * 100
     why = _phase_costs(het, hom, inputs)
     if percent <= 0:
-        return Saving(None, het, hom, f"no saving: the best homogeneous design is {-percent:.1f}% cheaper per "
-                                      f"token than the best heterogeneous one; {why}")
+        if hom.config.placement == "colocated":
+            why += "; the co-located pool time-shares each device between phases, so neither idles"
+        return Saving(None, het, hom, f"no saving: the best heterogeneous design costs {-percent:.1f}% more per "
+                                      f"token than the best homogeneous one; {why}")
     return Saving(percent, het, hom, f"heterogeneous saves {percent:.1f}% per token; {why}")
 
 

@@ -118,10 +118,6 @@ class Instance:
         return max(0.0, usable - self.weight_bytes)
 
     @property
-    def num_gpus(self) -> int:
-        return self.tp
-
-    @property
     def price_per_hour(self) -> float:
         return self.tp * self.accelerator.price_per_hour
 

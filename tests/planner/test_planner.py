@@ -35,7 +35,7 @@ def test_when_a_homogeneous_pool_is_cheapest_the_report_says_no_saving(catalog, 
     result = _plan(catalog, fast_settings)
     assert result.ranked[0].config.label == "pool=L40S:fp8:fp8,kv=hbm"
     assert result.saving.percent is None
-    assert result.saving.explanation.startswith("no saving: the best homogeneous design is")
+    assert result.saving.explanation.startswith("no saving: the best heterogeneous design costs")
 
 
 def test_ranked_configurations_meeting_the_slo_come_first_cheapest_first(catalog, fast_settings):
