@@ -43,7 +43,8 @@ class MergedLinear(Linear):
         """Copy the HF tensor ``{shard_name}.{param_name}`` (``weight`` or ``bias``) into its rows."""
         target = getattr(self, param_name)[self.shard_rows[shard_name]]
         if target.shape != tensor.shape:
-            raise ValueError(f"{shard_name}.{param_name}: expected shape {tuple(target.shape)}, got {tuple(tensor.shape)}")
+            expected = tuple(target.shape)
+            raise ValueError(f"{shard_name}.{param_name}: expected shape {expected}, got {tuple(tensor.shape)}")
         target.copy_(tensor)
 
 

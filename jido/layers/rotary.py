@@ -46,12 +46,13 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = Non
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
-    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    old_len = s.original_max_position_embeddings
+    low_freq_wavelen = old_len / s.low_freq_factor
+    high_freq_wavelen = old_len / s.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
     # Between the two wavelengths, blend the scaled and unscaled frequency smoothly.
-    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
     smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
     is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
     return torch.where(is_medium, smoothed, scaled)
@@ -64,7 +65,9 @@ class RotaryEmbedding(nn.Module):
     and sin are computed in float32 and then cast to the model dtype.
     """
 
-    def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None = None, initial_len: int = 4096) -> None:
+    def __init__(
+        self, head_dim: int, theta: float, scaling: RopeScaling | None = None, initial_len: int = 4096
+    ) -> None:
         super().__init__()
         self.head_dim = head_dim
         # A plain attribute, not a buffer: it must stay float32 when the model is cast to half precision.

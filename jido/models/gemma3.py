@@ -10,7 +10,11 @@ from jido.models.config import ModelArchConfig
 from jido.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel, RopeCosSin
 
 # Multimodal checkpoints nest the text model (transformers 5 and 4 layouts); our names are the text-only ones.
-_TEXT_PREFIXES = {"model.language_model.": "model.", "language_model.model.": "model.", "language_model.lm_head.": "lm_head."}
+_TEXT_PREFIXES = {
+    "model.language_model.": "model.",
+    "language_model.model.": "model.",
+    "language_model.lm_head.": "lm_head.",
+}
 _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 
 
@@ -27,7 +31,9 @@ class Gemma3DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(hidden, eps, unit_offset=True)
         self.post_feedforward_layernorm = RMSNorm(hidden, eps, unit_offset=True)
 
-    def forward(self, x: torch.Tensor, rope: RopeCosSin, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: RopeCosSin, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope, kv_cache, metadata))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
@@ -35,7 +41,9 @@ class Gemma3DecoderLayer(nn.Module):
 class Gemma3Model(LlamaModel):
     """Llama's model body with embeddings scaled by ``sqrt(hidden_size)``."""
 
-    def __init__(self, config: ModelArchConfig, backend: AttentionBackend, layer_cls: type[nn.Module], unit_offset_norm: bool):
+    def __init__(
+        self, config: ModelArchConfig, backend: AttentionBackend, layer_cls: type[nn.Module], unit_offset_norm: bool
+    ):
         super().__init__(config, backend, layer_cls, unit_offset_norm)
         # A buffer so that it takes the model dtype: HF rounds the scale to that dtype (55.5 in bf16, not 55.43).
         self.register_buffer("embed_scale", torch.tensor(config.hidden_size**0.5), persistent=False)

@@ -28,7 +28,9 @@ _FUSED_SHARDS = {
 class LlamaAttention(nn.Module):
     """Fused QKV projection, optional per-head q/k RMSNorm, RoPE, then the paged attention backend."""
 
-    def __init__(self, config: ModelArchConfig, layer_idx: int, backend: AttentionBackend, unit_offset_norm: bool = False):
+    def __init__(
+        self, config: ModelArchConfig, layer_idx: int, backend: AttentionBackend, unit_offset_norm: bool = False
+    ):
         super().__init__()
         c = config
         self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -48,7 +50,9 @@ class LlamaAttention(nn.Module):
             logit_softcap=c.attn_logit_softcapping,
         )
 
-    def forward(self, x: torch.Tensor, rope: RopeCosSin, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: RopeCosSin, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
         num_tokens, head_dim = x.shape[0], self.spec.head_dim
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, -1, head_dim)  # [num_tokens, num_heads, head_dim]
@@ -84,7 +88,9 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, rope: RopeCosSin, kv_cache: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: RopeCosSin, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, metadata)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -92,7 +98,9 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Embedding, decoder layers and final norm; HF's ``model.*`` parameter names."""
 
-    def __init__(self, config: ModelArchConfig, backend: AttentionBackend, layer_cls: type[nn.Module], unit_offset_norm: bool):
+    def __init__(
+        self, config: ModelArchConfig, backend: AttentionBackend, layer_cls: type[nn.Module], unit_offset_norm: bool
+    ):
         super().__init__()
         self.config = config
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
@@ -108,7 +116,11 @@ class LlamaModel(nn.Module):
         return self.embed_tokens(input_ids)
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], metadata: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        metadata: AttentionMetadata,
     ) -> torch.Tensor:
         x = self.embed(input_ids)
         max_len = max(metadata.seq_lens_list)
@@ -141,7 +153,11 @@ class LlamaForCausalLM(nn.Module):
         return (2, num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], metadata: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        metadata: AttentionMetadata,
     ) -> torch.Tensor:
         """Run a flat batch ``[num_tokens]`` (token ids and positions); returns hidden states ``[num_tokens, hidden]``.
 
@@ -186,7 +202,9 @@ class LlamaForCausalLM(nn.Module):
         optional = {"lm_head.weight"} if self.lm_head is None else set()
         missing = sorted(expected - loaded - optional)
         if unexpected or missing:
-            raise ValueError(f"checkpoint does not match {type(self).__name__}: missing {missing}, unexpected {unexpected}")
+            raise ValueError(
+                f"checkpoint does not match {type(self).__name__}: missing {missing}, unexpected {unexpected}"
+            )
 
     def _expected_hf_names(self, params: dict[str, nn.Parameter]) -> set[str]:
         """HF names of every tensor we load; a fused parameter stands for each of its shards."""

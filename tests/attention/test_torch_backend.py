@@ -28,7 +28,9 @@ class Case:
     full_v: list[torch.Tensor]
 
 
-def make_case(requests: list[tuple[int, int]], num_heads: int, num_kv_heads: int, block_size: int, seed: int = 0) -> Case:
+def make_case(
+    requests: list[tuple[int, int]], num_heads: int, num_kv_heads: int, block_size: int, seed: int = 0
+) -> Case:
     gen = torch.Generator().manual_seed(seed)
     seq_lens = [cached + query for cached, query in requests]
     tables = _block_tables(seq_lens, block_size, gen)
@@ -58,7 +60,9 @@ def _block_tables(seq_lens: list[int], block_size: int, gen: torch.Generator) ->
     return [[ids.pop() for _ in range(n)] for n in needed]
 
 
-def _metadata(query_lens: list[int], seq_lens: list[int], tables: list[list[int]], slots: torch.Tensor, block_size: int) -> AttentionMetadata:
+def _metadata(
+    query_lens: list[int], seq_lens: list[int], tables: list[list[int]], slots: torch.Tensor, block_size: int
+) -> AttentionMetadata:
     width = max(len(t) for t in tables)
     return AttentionMetadata(
         query_start_loc=torch.tensor([0] + query_lens).cumsum(0).to(torch.int32),
@@ -74,7 +78,8 @@ def _metadata(query_lens: list[int], seq_lens: list[int], tables: list[list[int]
 def reference(spec: AttentionLayerSpec, case: Case) -> torch.Tensor:
     """Dense float64 attention per request with explicit causal and window masks."""
     outs, start = [], 0
-    for query_len, seq_len, k, v in zip(case.metadata.query_lens_list, case.metadata.seq_lens_list, case.full_k, case.full_v):
+    m = case.metadata
+    for query_len, seq_len, k, v in zip(m.query_lens_list, m.seq_lens_list, case.full_k, case.full_v):
         q = case.q[start : start + query_len].double().view(query_len, spec.num_heads, HEAD_DIM).transpose(0, 1)
         group = spec.num_heads // spec.num_kv_heads
         k = k.double().repeat_interleave(group, dim=1).transpose(0, 1)  # [num_heads, seq_len, head_dim]
@@ -97,7 +102,9 @@ def run(spec: AttentionLayerSpec, case: Case) -> torch.Tensor:
     return TorchAttentionBackend().forward(spec, case.q, case.k, case.v, case.kv_cache, case.metadata)
 
 
-def _spec(num_heads: int, num_kv_heads: int, window: int | None = None, softcap: float | None = None) -> AttentionLayerSpec:
+def _spec(
+    num_heads: int, num_kv_heads: int, window: int | None = None, softcap: float | None = None
+) -> AttentionLayerSpec:
     return AttentionLayerSpec(num_heads, num_kv_heads, HEAD_DIM, HEAD_DIM**-0.5, window, softcap)
 
 
@@ -153,7 +160,11 @@ def _only(case: Case, i: int) -> Case:
         query_lens_list=[end - start],
         seq_lens_list=[m.seq_lens_list[i]],
     )
-    return Case(case.q[start:end], case.k[start:end], case.v[start:end], case.kv_cache, metadata, case.full_k[i : i + 1], case.full_v[i : i + 1])
+    rows = slice(start, end)
+    only_i = slice(i, i + 1)
+    return Case(
+        case.q[rows], case.k[rows], case.v[rows], case.kv_cache, metadata, case.full_k[only_i], case.full_v[only_i]
+    )
 
 
 @pytest.mark.parametrize("requests", [MIXED, DECODES], ids=["mixed", "decode_only"])
@@ -161,7 +172,8 @@ def test_sliding_window_reads_only_blocks_inside_the_window(requests: list[tuple
     window, block_size = 5, 4
     spec = _spec(4, 2, window)
     case = make_case(requests, 4, 2, block_size)
-    for table, seq_len, query_len in zip(case.metadata.block_tables, case.metadata.seq_lens_list, case.metadata.query_lens_list):
+    m = case.metadata
+    for table, seq_len, query_len in zip(m.block_tables, m.seq_lens_list, m.query_lens_list):
         first_visible = max(0, seq_len - query_len - window + 1)
         # Blocks wholly before the first visible key must not be read: poison them.
         case.kv_cache[:, table[: first_visible // block_size].long()] = float("nan")

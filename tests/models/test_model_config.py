@@ -24,7 +24,8 @@ def test_gemma3_270m_has_five_sliding_layers_of_six_with_their_own_rope_base() -
     assert c.sliding_windows == (512, 512, 512, 512, 512, None) * 3
     assert [c.layer_rope(i) for i in (0, 5)] == [(10_000.0, None), (1_000_000.0, None)]
     assert (c.head_dim, c.num_kv_heads, c.attn_scale, c.qk_norm) == (256, 1, 256**-0.5, True)
-    assert (c.tie_word_embeddings, c.hidden_act, c.bos_token_id, c.eos_token_ids) == (True, "gelu_pytorch_tanh", 2, (1, 106))
+    assert (c.tie_word_embeddings, c.hidden_act) == (True, "gelu_pytorch_tanh")
+    assert (c.bos_token_id, c.eos_token_ids) == (2, (1, 106))
 
 
 def test_gemma3_layer_types_take_precedence_over_the_pattern() -> None:
@@ -71,7 +72,8 @@ def test_qwen2_has_qkv_bias_and_ignores_a_disabled_sliding_window() -> None:
 
 
 def test_unsupported_architecture_lists_the_supported_ones() -> None:
-    with pytest.raises(ValueError, match=r"unsupported model architecture 'MistralForCausalLM'; supported: .*LlamaForCausalLM"):
+    expected = r"unsupported model architecture 'MistralForCausalLM'; supported: .*LlamaForCausalLM"
+    with pytest.raises(ValueError, match=expected):
         ModelArchConfig.from_hf_config({"architectures": ["MistralForCausalLM"], **_SHAPES})
 
 

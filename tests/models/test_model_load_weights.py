@@ -18,7 +18,8 @@ def test_missing_and_unexpected_weights_are_named() -> None:
     weights = dict(hf.state_dict())
     del weights["model.layers.1.self_attn.k_proj.bias"]
     weights["model.layers.0.mlp.extra.weight"] = torch.zeros(1)
-    with pytest.raises(ValueError, match=r"missing \['model.layers.1.self_attn.k_proj.bias'\], unexpected \['model.layers.0.mlp.extra.weight'\]"):
+    expected = r"missing \['model.layers.1.self_attn.k_proj.bias'\], unexpected \['model.layers.0.mlp.extra.weight'\]"
+    with pytest.raises(ValueError, match=expected):
         ours.load_weights(weights.items())
 
 
@@ -26,7 +27,8 @@ def test_tied_embeddings_need_no_lm_head_and_gemma3_multimodal_names_load_the_te
     hf, ours = tiny_models("gemma3")
     fresh = type(ours)(ours.config, get_attention_backend()).eval()
     # transformers-5 multimodal layout: the text model under model.language_model, plus vision weights.
-    weights = {n.replace("model.", "model.language_model.", 1): t for n, t in hf.state_dict().items() if n != "lm_head.weight"}
+    text_weights = {n: t for n, t in hf.state_dict().items() if n != "lm_head.weight"}
+    weights = {n.replace("model.", "model.language_model.", 1): t for n, t in text_weights.items()}
     weights["model.vision_tower.patch_embedding.weight"] = torch.zeros(1)
     fresh.load_weights(weights.items())
     tokens = [3, 1, 4, 1, 5, 9, 2, 6]

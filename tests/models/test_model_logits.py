@@ -25,7 +25,9 @@ def _hf_logits(hf: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
     return hf(torch.tensor([tokens])).logits[0].float()
 
 
-def _run_schedule(ours: torch.nn.Module, tokens: dict[str, list[int]], schedule: list[dict[str, int]]) -> dict[str, torch.Tensor]:
+def _run_schedule(
+    ours: torch.nn.Module, tokens: dict[str, list[int]], schedule: list[dict[str, int]]
+) -> dict[str, torch.Tensor]:
     """Run steps that feed each listed request its next ``n`` tokens; return each request's logits in order."""
     runner = TinyPagedRunner(ours)
     fed = {req_id: 0 for req_id in tokens}

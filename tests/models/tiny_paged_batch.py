@@ -49,7 +49,9 @@ class TinyPagedRunner:
             table.append(self.free_blocks.pop())
         return table
 
-    def _metadata(self, req_ids: list[str], slots: list[int], query_lens: list[int], seq_lens: list[int]) -> AttentionMetadata:
+    def _metadata(
+        self, req_ids: list[str], slots: list[int], query_lens: list[int], seq_lens: list[int]
+    ) -> AttentionMetadata:
         max_blocks = max(len(self.block_tables[r]) for r in req_ids)
         block_tables = [self.block_tables[r] + [0] * (max_blocks - len(self.block_tables[r])) for r in req_ids]
         query_start_loc = torch.tensor([0] + query_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
