@@ -50,6 +50,7 @@ class TorchAttentionBackend(AttentionBackend):
 
     def __init__(self) -> None:
         # The step plan depends only on the metadata, so it is built once per step, not once per layer.
+        # NOTE: keyed on object identity: build a new AttentionMetadata each step, never mutate one in place.
         self._plan_metadata: AttentionMetadata | None = None
         self._plan: _StepPlan | None = None
 
