@@ -1,0 +1,60 @@
+"""Continuous batching, chunked prefill, prefix caching and preemption never change greedy tokens."""
+from __future__ import annotations
+
+import pytest
+
+from jido import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+def mixed_prompts(tokenizer, gemma_reference) -> list[list[int]]:
+    """16 prompts from 3 to ~700 tokens, cut from real text."""
+    long_ids = next(g["prompt_ids"] for g in gemma_reference["generations"] if len(g["prompt_ids"]) > 512)
+    lengths = [3, 5, 9, 17, 31, 40, 64, 100, 130, 200, 257, 300, 420, 513, 600, len(long_ids)]
+    return [long_ids[:n] for n in lengths]
+
+
+def token_ids(outputs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def alone(llm, gemma_reference) -> list[list[int]]:
+    llm.llm_engine.core.scheduler.kv.reset_prefix_cache()
+    prompts = mixed_prompts(llm.get_tokenizer(), gemma_reference)
+    return [token_ids(llm.generate([p], GREEDY, use_tqdm=False))[0] for p in prompts]
+
+
+def test_batched_equals_unbatched(llm, gemma_reference, alone):
+    llm.llm_engine.core.scheduler.kv.reset_prefix_cache()
+    together = llm.generate(mixed_prompts(llm.get_tokenizer(), gemma_reference), GREEDY, use_tqdm=False)
+    assert token_ids(together) == alone
+
+
+def test_chunked_prefill_equals_whole_prefill(gemma_reference, alone):
+    chunked = LLM(kv_cache_memory="160MiB", max_num_batched_tokens=48, enable_prefix_caching=False)
+    outputs = chunked.generate(mixed_prompts(chunked.get_tokenizer(), gemma_reference), GREEDY, use_tqdm=False)
+    assert token_ids(outputs) == alone
+
+
+def test_prefix_cache_hit_gives_the_same_tokens_and_is_visible(llm, gemma_reference, alone):
+    prompts = mixed_prompts(llm.get_tokenizer(), gemma_reference)
+    llm.llm_engine.core.scheduler.kv.reset_prefix_cache()
+    first = llm.generate([prompts[-1]], GREEDY, use_tqdm=False)[0]
+    second = llm.generate([prompts[-1]], GREEDY, use_tqdm=False)[0]
+    assert first.num_cached_tokens == 0
+    assert second.num_cached_tokens == (len(prompts[-1]) - 1) // 16 * 16
+    assert second.outputs[0].token_ids == first.outputs[0].token_ids == alone[-1]
+
+
+def test_small_kv_pool_preempts_and_every_request_finishes_with_the_same_tokens(llm, gemma_reference):
+    # 48 blocks of 16 = 768 tokens for ~3.3k tokens of prompts plus 40 outputs each: requests take turns,
+    # and decodes that cross a block boundary with no block free preempt the newest request.
+    longer = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompts = mixed_prompts(llm.get_tokenizer(), gemma_reference)
+    small = LLM(kv_cache_memory=48 * 16 * 36864, max_model_len=768)
+    outputs = small.generate(prompts, longer, use_tqdm=False)
+    assert small.llm_engine.core.scheduler.num_preemptions > 0
+    assert small.llm_engine.core.scheduler.kv.usage == 0.0
+    assert token_ids(outputs) == token_ids(llm.generate(prompts, longer, use_tqdm=False))
