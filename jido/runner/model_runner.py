@@ -52,7 +52,8 @@ class ModelRunner:
     def _load_model(self, backend_name: str) -> torch.nn.Module:
         start = time.perf_counter()
         model_class = get_model_class(self.model_config.architecture)
-        model = model_class(self.model_config, get_attention_backend(backend_name))
+        self.attn_backend = get_attention_backend(backend_name)
+        model = model_class(self.model_config, self.attn_backend)
         model.load_weights(iter_weights(self.model_folder))
         model = model.to(device=self.device, dtype=self.dtype).eval()
         logger.info("loaded %s (%s, %s) in %.1f s", self.model_folder.name, self.device, self.dtype,

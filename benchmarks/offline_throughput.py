@@ -1,0 +1,152 @@
+"""Offline throughput: jido against transformers' generate on the same prompts, in the same run.
+
+(a) batch 1: one ~32-token prompt, 128 greedy tokens: TTFT and decode tokens/s;
+(b) batched: 32 prompts of ~256 tokens, 128 greedy tokens each, submitted together: output tokens/s.
+Every figure is the median of ``--repeats`` runs; jido's step time is split into model (of which
+attention), sampling and the rest (scheduling, input building, detokenization: Python overhead).
+
+    .venv/bin/python benchmarks/offline_throughput.py [--repeats 3] [--dtype float32]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import inspect
+import json
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from jido import LLM, SamplingParams
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def corpus_token_ids(llm: LLM) -> list[int]:
+    """Real English text from the standard library's documentation, tokenized once."""
+    import argparse as a, collections, email, json as j, logging, textwrap, unittest
+    text = "\n\n".join(inspect.getdoc(m) or "" for m in (a, collections, email, j, logging, textwrap, unittest))
+    text += "\n\n" + inspect.getsource(textwrap)
+    return llm.get_tokenizer().encode(text, add_special_tokens=False)
+
+
+def make_prompts(ids: list[int], bos: int, num: int, length: int) -> list[list[int]]:
+    return [[bos] + ids[i * length:(i + 1) * length - 1] for i in range(num)]
+
+
+class AttentionTimer:
+    """Wraps the attention backend's forward to add up the time spent in it."""
+
+    def __init__(self, llm: LLM) -> None:
+        self.total = 0.0
+        backend = llm.llm_engine.core.executor.runner.attn_backend
+        inner = backend.forward
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            out = inner(*args, **kwargs)
+            self.total += time.perf_counter() - start
+            return out
+
+        backend.forward = timed
+
+
+def run_jido(llm: LLM, prompts: list[list[int]], max_tokens: int, timer: AttentionTimer) -> dict:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    engine = llm.llm_engine
+    engine.core.scheduler.kv.reset_prefix_cache()
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"bench-{time.perf_counter_ns()}-{i}", prompt, params)
+    split = {"schedule": 0.0, "model": 0.0, "sample": 0.0, "update": 0.0}
+    timer.total = 0.0
+    start, first_token, steps = time.perf_counter(), None, 0
+    num_out = 0
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        steps += 1
+        if first_token is None and outputs:
+            first_token = time.perf_counter()
+        num_out += sum(len(o.outputs[0].token_ids) for o in outputs if o.finished)
+        last = engine.core.last_step
+        for key in split:
+            split[key] += getattr(last, f"{key}_s")
+    elapsed = time.perf_counter() - start
+    return {"elapsed_s": elapsed, "ttft_s": first_token - start, "output_tokens": num_out, "steps": steps,
+            "decode_tok_s": (num_out - len(prompts)) / (elapsed - (first_token - start)),
+            "output_tok_s": num_out / elapsed, "attention_s": timer.total,
+            "other_s": elapsed - sum(split.values()), **{f"{k}_s": v for k, v in split.items()}}
+
+
+def run_transformers(model, prompts: list[list[int]], max_tokens: int, pad_id: int) -> dict:
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])  # left padding
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.inference_mode():
+        start = time.perf_counter()
+        model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=1, min_new_tokens=1,
+                       do_sample=False, pad_token_id=pad_id)
+        ttft = time.perf_counter() - start
+        start = time.perf_counter()
+        out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_tokens,
+                             min_new_tokens=max_tokens, do_sample=False, pad_token_id=pad_id)
+        elapsed = time.perf_counter() - start
+    num_out = (out.shape[1] - width) * len(prompts)
+    return {"elapsed_s": elapsed, "ttft_s": ttft, "output_tokens": num_out, "output_tok_s": num_out / elapsed,
+            "decode_tok_s": (num_out - len(prompts)) / max(elapsed - ttft, 1e-9)}
+
+
+def median_run(fn, repeats: int) -> dict:
+    runs = [fn() for _ in range(repeats)]
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+
+
+def machine() -> dict:
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
+    return {"cpu": model, "cores": torch.get_num_threads(), "python": platform.python_version(),
+            "torch": torch.__version__}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--skip-transformers", action="store_true")
+    args = parser.parse_args()
+
+    llm = LLM(dtype=args.dtype, kv_cache_memory="2GiB")
+    timer = AttentionTimer(llm)
+    ids = corpus_token_ids(llm)
+    bos = llm.get_tokenizer().bos_token_id
+    single = make_prompts(ids, bos, 1, 32)
+    batch = make_prompts(ids[32:], bos, 32, 256)
+    run_jido(llm, single, 8, timer)  # warm-up
+    results = {"jido": {"batch1": median_run(lambda: run_jido(llm, single, 128, timer), args.repeats),
+                        "batch32": median_run(lambda: run_jido(llm, batch, 128, timer), args.repeats)}}
+    if not args.skip_transformers:
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(llm.llm_engine.core.executor.runner.model_folder,
+                                                     dtype=getattr(torch, args.dtype)).eval()
+        pad = llm.get_tokenizer().pad_token_id or 0
+        results["transformers"] = {
+            "batch1": median_run(lambda: run_transformers(model, single, 128, pad), args.repeats),
+            "batch32": median_run(lambda: run_transformers(model, batch, 128, pad), args.repeats)}
+        results["ratio_jido_over_transformers"] = {
+            "batch1_decode_tok_s": results["jido"]["batch1"]["decode_tok_s"] / results["transformers"]["batch1"]["decode_tok_s"],
+            "batch1_ttft": results["transformers"]["batch1"]["ttft_s"] / results["jido"]["batch1"]["ttft_s"],
+            "batch32_output_tok_s": results["jido"]["batch32"]["output_tok_s"] / results["transformers"]["batch32"]["output_tok_s"]}
+    record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine(),
+              "dtype": args.dtype, "repeats": args.repeats, "results": results}
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"offline_throughput-{datetime.date.today()}-{args.dtype}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(record, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
