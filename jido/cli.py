@@ -1,4 +1,4 @@
-"""The ``jido`` command: generate, plan and doctor."""
+"""The ``jido`` command: generate, serve, plan and doctor."""
 from __future__ import annotations
 
 import argparse
@@ -38,6 +38,23 @@ def _run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    from jido.server.config import ServerConfig
+
+    parser = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    add_dataclass_arguments(parser, EngineConfig)
+    add_dataclass_arguments(parser, ServerConfig)
+    parser.set_defaults(handler=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from jido.server.config import ServerConfig
+    from jido.server.launcher import serve
+
+    server_config = ServerConfig(**dataclass_kwargs(args, ServerConfig))
+    return serve(EngineConfig(**dataclass_kwargs(args, EngineConfig)), server_config)
+
+
 def _planner_parser(sub: argparse._SubParsersAction, name: str, help_text: str) -> None:
     parser = sub.add_parser(name, help=help_text, add_help=False)
     parser.add_argument("rest", nargs=argparse.REMAINDER)
@@ -55,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING)")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
+    _serve_parser(sub)
     _planner_parser(sub, "plan", "plan a heterogeneous prefill/decode deployment")
     _planner_parser(sub, "doctor", "name the bottleneck from a bench result or /metrics")
     return parser

@@ -1,0 +1,249 @@
+"""AsyncEngine: runs an LLMEngine's step loop in its own thread and streams its outputs to asyncio tasks."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from jido.core.request import Request
+from jido.core.sampling_params import SamplingParams
+from jido.core.scheduler import SchedulerStats
+from jido.engine.engine_core import StepTimes
+from jido.engine.llm_engine import LLMEngine, PromptType
+from jido.engine.outputs import RequestOutput
+
+logger = logging.getLogger("jido")
+
+
+class EngineOverloadedError(RuntimeError):
+    """The waiting queue is full; the caller should retry later."""
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine is draining or has stopped (or its loop died) and takes no new requests."""
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """The engine after one loop iteration, for metrics; ``times`` is None when no step ran."""
+
+    times: StepTimes | None
+    stats: SchedulerStats
+    queue_times_s: tuple[float, ...]  # arrival -> first scheduled, for requests first scheduled now
+    num_added: int  # sequences the engine has taken in since it started
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt: PromptType
+    params: SamplingParams
+    arrival_time: float
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+_STOP = object()
+
+
+class RequestStream:
+    """One request's outputs as an async iterator of cumulative RequestOutputs.
+
+    Outputs are cumulative, so a consumer that falls behind gets only the latest one (bigger deltas,
+    nothing lost). Leaving the ``with`` block before the last output aborts the request in the engine.
+    """
+
+    def __init__(self, request_id: str, engine: AsyncEngine) -> None:
+        self.request_id = request_id
+        self.finished = False
+        self._engine = engine
+        self._latest: RequestOutput | BaseException | None = None
+        self._ready = asyncio.Event()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        if not isinstance(self._latest, BaseException):  # an error is final: keep it
+            self._latest = item
+        self._ready.set()
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        await self._ready.wait()
+        self._ready.clear()
+        item, self._latest = self._latest, None
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        self.finished = item.finished
+        return item
+
+    def __enter__(self) -> RequestStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._engine.release(self.request_id, abort=not self.finished)
+
+
+class AsyncEngine:
+    """Owns an LLMEngine on a background thread; asyncio code adds requests and reads RequestStreams.
+
+    NOTE: after ``start()`` only the engine thread touches the LLMEngine's request state. The event loop
+    thread may call the tokenizer and the engine's read-only validators (``process_prompt``,
+    ``check_prompt_length``). Torch releases the GIL inside its ops, so the event loop keeps serving
+    HTTP while a step computes.
+    """
+
+    def __init__(self, engine: LLMEngine, max_waiting_requests: int,
+                 on_report: Callable[[StepReport], None] | None = None) -> None:
+        if not isinstance(max_waiting_requests, int) or max_waiting_requests < 1:
+            raise ValueError(f"max_waiting_requests must be a positive integer, got {max_waiting_requests!r}")
+        self.engine = engine
+        self.max_waiting_requests = max_waiting_requests
+        self._on_report = on_report
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, RequestStream] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._num_submitted = 0  # sequences, counted on the event loop
+        self._num_added = 0  # sequences, counted on the engine thread
+        self.last_report = StepReport(None, engine.core.scheduler.stats(), (), 0)
+        self.accepting = True
+        self.error: BaseException | None = None
+
+    # -- event loop side --------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread; call from the event loop that will read the streams."""
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="jido-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences accepted but not yet running: queued for the engine thread or in its waiting queue."""
+        return self._num_submitted - self.last_report.num_added + self.last_report.stats.num_waiting
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                    arrival_time: float | None = None) -> RequestStream:
+        """Queue a request and return its stream.
+
+        Raises EngineStoppedError while draining or after a failure, and EngineOverloadedError when
+        ``max_waiting_requests`` sequences already wait. Invalid input surfaces as a ValueError raised
+        by the stream.
+        """
+        if not self.accepting or self.error is not None:
+            raise EngineStoppedError("the engine is shutting down" if self.error is None
+                                     else f"the engine loop failed: {self.error}")
+        if self.num_waiting + params.n > self.max_waiting_requests:
+            raise EngineOverloadedError(f"{self.num_waiting} sequences are already waiting (the limit is "
+                                        f"{self.max_waiting_requests}); retry later")
+        stream = RequestStream(request_id, self)
+        self._streams[request_id] = stream
+        self._num_submitted += params.n
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        self._inbox.put(_Add(request_id, prompt, params, arrival))
+        return stream
+
+    def release(self, request_id: str, abort: bool) -> None:
+        """Forget a stream; with ``abort`` also stop the request and free its KV blocks."""
+        self._streams.pop(request_id, None)
+        if abort:
+            self._inbox.put(_Abort(request_id))
+
+    async def shutdown(self) -> None:
+        """Abort what is left and stop the engine thread."""
+        self.accepting = False
+        for request_id in list(self._streams):
+            self.release(request_id, abort=True)
+        self._inbox.put(_STOP)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+
+    def _publish(self, outputs: list[RequestOutput], report: StepReport) -> None:
+        self.last_report = report
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is not None:
+                stream.put(output)
+        if self._on_report is not None:
+            self._on_report(report)
+
+    def _fail(self, request_id: str, error: BaseException) -> None:
+        stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.put(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        self.error = error
+        for stream in self._streams.values():
+            stream.put(EngineStoppedError(f"the engine loop failed: {error}"))
+
+    # -- engine thread ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while self._take_commands(block=not self.engine.has_unfinished_requests()):
+                if self.engine.has_unfinished_requests():
+                    self._step()
+                else:
+                    self._report([], None, ())  # idle: publish the state an abort just left
+        except Exception as exc:  # noqa: BLE001 - every request must hear that the loop died
+            logger.exception("engine loop failed")
+            self._call(self._fail_all, exc)
+
+    def _take_commands(self, block: bool) -> bool:
+        """Apply queued adds and aborts; False once told to stop."""
+        try:
+            command = self._inbox.get(block=block)
+        except queue.Empty:
+            return True
+        while True:
+            if command is _STOP:
+                return False
+            self._apply(command)
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _apply(self, command: _Add | _Abort) -> None:
+        if isinstance(command, _Abort):
+            self.engine.abort_request([command.request_id])
+            return
+        self._num_added += command.params.n
+        try:
+            self.engine.add_request(command.request_id, command.prompt, command.params, command.arrival_time)
+        except ValueError as exc:
+            self._call(self._fail, command.request_id, exc)
+
+    def _step(self) -> None:
+        unscheduled = [r for r in self.engine.core.scheduler.waiting if r.first_scheduled_time is None]
+        outputs = self.engine.step()
+        self._report(outputs, self.engine.core.last_step, _queue_times(unscheduled))
+
+    def _report(self, outputs: list[RequestOutput], times: StepTimes | None, queue_times: tuple[float, ...]) -> None:
+        report = StepReport(times, self.engine.core.scheduler.stats(), queue_times, self._num_added)
+        self._call(self._publish, outputs, report)
+
+    def _call(self, fn: Callable, *args: object) -> None:
+        assert self._loop is not None
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            pass  # the event loop already closed: nobody is listening any more
+
+
+def _queue_times(requests: list[Request]) -> tuple[float, ...]:
+    return tuple(r.first_scheduled_time - r.arrival_time for r in requests if r.first_scheduled_time is not None)

@@ -1,0 +1,87 @@
+"""The FastAPI app: routes, error mapping and the engine's lifetime."""
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from jido.engine.async_engine import AsyncEngine
+from jido.engine.chat_template import load_chat_template
+from jido.engine.llm_engine import LLMEngine
+from jido.server.config import ServerConfig
+from jido.server.errors import APIError, http_error
+from jido.server.metrics import ServerMetrics
+from jido.server.middleware import GuardMiddleware
+from jido.server.serving import OpenAIServing
+
+logger = logging.getLogger("jido")
+_PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def create_app(llm: LLMEngine, config: ServerConfig) -> FastAPI:
+    """An app serving ``llm``; the engine thread starts and stops with the app's lifespan.
+
+    Raises FileNotFoundError or ValueError when the chat template cannot be loaded.
+    """
+    model_name = config.model_name(llm.config.model)
+    template = load_chat_template(llm.tokenizer, llm.core.model_config.architecture, config.chat_template)
+    metrics = ServerMetrics(model_name, llm.max_model_len)
+    engine = AsyncEngine(llm, config.max_waiting_requests,
+                         on_report=lambda report: metrics.on_report(report, engine.num_waiting))
+    serving = OpenAIServing(engine, model_name, template, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        yield
+        await engine.shutdown()
+
+    app = FastAPI(title="jido", lifespan=lifespan)
+    app.state.serving = serving
+    _add_routes(app, serving)
+    _add_error_handlers(app)
+    app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_request_body_bytes)
+    return app
+
+
+def _add_routes(app: FastAPI, serving: OpenAIServing) -> None:
+    @app.get("/health")
+    async def health() -> Response:
+        if serving.engine.error is not None:
+            return http_error(503, f"the engine loop failed: {serving.engine.error}", "engine_dead").response()
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return PlainTextResponse(serving.metrics.render(), media_type=_PROMETHEUS_TEXT)
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return JSONResponse(serving.models())
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serving.completions(request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serving.chat(request)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> Response:
+        return exc.response()
+
+    @app.exception_handler(HTTPException)
+    async def http_exception(request: Request, exc: HTTPException) -> Response:
+        return http_error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}").response()
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        logger.exception("unhandled error on %s", request.url.path)
+        return APIError(500, f"internal server error: {exc}", "server_error").response()

@@ -1,0 +1,62 @@
+"""ASGI guards in front of every route: the API key and the request body size limit."""
+from __future__ import annotations
+
+import hmac
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from jido.server.errors import APIError, http_error
+
+_OPEN_PATHS = ("/health",)
+
+
+class GuardMiddleware:
+    """Refuses a request before the app parses it: a wrong or missing API key (401, nothing about the
+    model) or a body over ``max_body_bytes`` (413, from Content-Length or while the body streams in).
+    """
+
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
+        self.app = app
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        error = self._check_headers(scope)
+        if error is not None:
+            await error.response()(scope, receive, send)
+            return
+        await self.app(scope, self._limited(receive), send)
+
+    def _check_headers(self, scope: Scope) -> APIError | None:
+        headers = dict(scope["headers"])
+        if self.api_key is not None and scope["path"] not in _OPEN_PATHS:
+            given = headers.get(b"authorization", b"").decode("latin-1")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+                return http_error(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                                  "invalid_api_key")
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            return self._too_large()
+        return None
+
+    def _too_large(self) -> APIError:
+        return http_error(413, f"request body is larger than the limit of {self.max_body_bytes} bytes",
+                          "request_too_large")
+
+    def _limited(self, receive: Receive) -> Receive:
+        """``receive`` that raises a 413 APIError (rendered by the app) once the body passes the limit."""
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise self._too_large()
+            return message
+
+        return limited_receive

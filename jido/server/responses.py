@@ -1,0 +1,135 @@
+"""OpenAI response bodies and stream chunks for completions and chat, built from RequestOutputs."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from jido.core.outputs import Logprobs
+from jido.engine.outputs import CompletionOutput, RequestOutput
+from jido.models.tokenizer import Tokenizer
+
+
+def usage(output: RequestOutput) -> dict:
+    num_prompt = len(output.prompt_token_ids)
+    num_completion = sum(len(c.token_ids) for c in output.outputs)
+    return {"prompt_tokens": num_prompt, "completion_tokens": num_completion,
+            "total_tokens": num_prompt + num_completion,
+            "prompt_tokens_details": {"cached_tokens": output.num_cached_tokens}}
+
+
+@dataclass
+class StreamCursor:
+    """How much of one completion a stream has sent; text that may begin a stop string waits."""
+
+    holdback: int
+    num_chars: int = 0
+    num_tokens: int = 0
+    done: bool = False
+
+    def advance(self, completion: CompletionOutput) -> tuple[str, slice] | None:
+        """The next text delta and the slice of new tokens, or None when there is nothing to send."""
+        if self.done:
+            return None
+        self.done = completion.finish_reason is not None
+        end = len(completion.text) if self.done else max(self.num_chars, len(completion.text) - self.holdback)
+        delta, tokens = completion.text[self.num_chars:end], slice(self.num_tokens, len(completion.token_ids))
+        self.num_chars, self.num_tokens = end, len(completion.token_ids)
+        return (delta, tokens) if delta or self.done or tokens.stop > tokens.start else None
+
+
+@dataclass
+class ResponseFormat:
+    """What completions and chat share: ids, the envelope of bodies and chunks, and token text."""
+
+    request_id: str
+    model: str
+    tokenizer: Tokenizer
+    created: int = field(default_factory=lambda: int(time.time()))
+    object_name = "text_completion"
+    chunk_object_name = "text_completion"
+
+    def envelope(self, object_name: str, choices: list[dict]) -> dict:
+        return {"id": self.request_id, "object": object_name, "created": self.created, "model": self.model,
+                "choices": choices}
+
+    def response(self, output: RequestOutput) -> dict:
+        body = self.envelope(self.object_name, [self.choice(c) for c in output.outputs])
+        body["usage"] = usage(output)
+        return body
+
+    def chunk(self, choices: list[dict], output: RequestOutput | None = None) -> dict:
+        body = self.envelope(self.chunk_object_name, choices)
+        if output is not None:  # the final usage-only chunk of stream_options.include_usage
+            body["usage"] = usage(output)
+        return body
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def choice(self, completion: CompletionOutput) -> dict:
+        raise NotImplementedError
+
+    def delta_choice(self, completion: CompletionOutput, text: str, tokens: slice) -> dict:
+        raise NotImplementedError
+
+
+class CompletionFormat(ResponseFormat):
+    """/v1/completions: ``text`` per choice, legacy logprobs (tokens, token_logprobs, top_logprobs)."""
+
+    def choice(self, completion: CompletionOutput) -> dict:
+        return self._choice(completion, completion.text, slice(0, len(completion.token_ids)))
+
+    def delta_choice(self, completion: CompletionOutput, text: str, tokens: slice) -> dict:
+        return self._choice(completion, text, tokens)
+
+    def _choice(self, completion: CompletionOutput, text: str, tokens: slice) -> dict:
+        logprobs = None if completion.logprobs is None else self._logprobs(completion.logprobs[tokens])
+        return {"index": completion.index, "text": text, "logprobs": logprobs,
+                "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason}
+
+    def _logprobs(self, entries: list[Logprobs]) -> dict:
+        tokens = [self.token_text(e.sampled_token_id) for e in entries]
+        offsets, offset = [], 0
+        for token in tokens:
+            offsets.append(offset)
+            offset += len(token)
+        return {"tokens": tokens, "token_logprobs": [e.sampled_logprob for e in entries],
+                "top_logprobs": [{self.token_text(t): lp for t, lp in zip(e.top_token_ids, e.top_logprobs)}
+                                 for e in entries],
+                "text_offset": offsets}
+
+
+class ChatFormat(ResponseFormat):
+    """/v1/chat/completions: an assistant ``message`` per choice (``delta`` when streaming)."""
+
+    object_name = "chat.completion"
+    chunk_object_name = "chat.completion.chunk"
+
+    def choice(self, completion: CompletionOutput) -> dict:
+        return {"index": completion.index, "message": {"role": "assistant", "content": completion.text},
+                "logprobs": self._logprobs(completion, slice(0, len(completion.token_ids))),
+                "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason}
+
+    def role_choice(self, index: int) -> dict:
+        return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                "finish_reason": None}
+
+    def delta_choice(self, completion: CompletionOutput, text: str, tokens: slice) -> dict:
+        return {"index": completion.index, "delta": {"content": text} if text else {},
+                "logprobs": self._logprobs(completion, tokens), "finish_reason": completion.finish_reason,
+                "stop_reason": completion.stop_reason}
+
+    def _logprobs(self, completion: CompletionOutput, tokens: slice) -> dict | None:
+        if completion.logprobs is None:
+            return None
+        return {"content": [self._token_logprob(e.sampled_token_id, e.sampled_logprob,
+                                                [self._token_logprob(t, lp) for t, lp in
+                                                 zip(e.top_token_ids, e.top_logprobs)])
+                            for e in completion.logprobs[tokens]]}
+
+    def _token_logprob(self, token_id: int, logprob: float, top: list[dict] | None = None) -> dict:
+        text = self.token_text(token_id)
+        entry = {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        if top is not None:
+            entry["top_logprobs"] = top
+        return entry

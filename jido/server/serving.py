@@ -1,0 +1,206 @@
+"""OpenAIServing: turns completion and chat requests into engine requests and their outputs into responses."""
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from jido.core.sampling_params import SamplingParams
+from jido.engine.async_engine import AsyncEngine, EngineOverloadedError, EngineStoppedError, RequestStream
+from jido.engine.chat_template import ChatTemplate
+from jido.engine.detokenizer import IncrementalDetokenizer
+from jido.engine.outputs import RequestOutput
+from jido.server.errors import APIError, bad_request, from_validation_error, parse_json
+from jido.server.metrics import RequestTimer, ServerMetrics
+from jido.server.protocol import ChatCompletionRequest, CompletionRequest
+from jido.server.responses import ChatFormat, CompletionFormat, ResponseFormat, StreamCursor
+
+_RETRY_AFTER_S = "1"
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+class OpenAIServing:
+    """The /v1 endpoints over one AsyncEngine and the model it serves."""
+
+    def __init__(self, engine: AsyncEngine, model_name: str, chat_template: ChatTemplate,
+                 metrics: ServerMetrics) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.chat_template = chat_template
+        self.metrics = metrics
+        self.llm = engine.engine
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
+                                            "owned_by": "jido", "max_model_len": self.llm.max_model_len}]}
+
+    async def completions(self, http_request: Request) -> Response:
+        timer = RequestTimer()
+        body = _validate(CompletionRequest, parse_json(await http_request.body()))
+        self._check_model(body.model)
+        prompt = body.prompt
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # a batch of one, as the openai client may send it
+        elif isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            raise bad_request("batched prompts are not supported: send one prompt per request", "prompt")
+        prompt_ids = self._prompt_ids(prompt)
+        params = self._params(body, prompt_ids, body.max_tokens, body.logprobs)
+        fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer)
+        return await self._respond(http_request, fmt, prompt_ids, params, body.stream, body.include_usage, timer)
+
+    async def chat(self, http_request: Request) -> Response:
+        timer = RequestTimer()
+        body = _validate(ChatCompletionRequest, parse_json(await http_request.body()))
+        self._check_model(body.model)
+        if not body.messages:
+            raise bad_request("messages is empty: give at least one message", "messages")
+        try:
+            text = self.chat_template.render(body.template_messages(), body.add_generation_prompt)
+        except ValueError as exc:
+            raise bad_request(str(exc), "messages") from exc
+        # The template already wrote the special tokens (BOS), as transformers' apply_chat_template does.
+        prompt_ids = self._prompt_ids(self.llm.tokenizer.encode(text, add_special_tokens=False))
+        params = self._params(body, prompt_ids, body.requested_max_tokens, body.num_logprobs)
+        fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer)
+        return await self._respond(http_request, fmt, prompt_ids, params, body.stream, body.include_usage, timer)
+
+    # -- request checks ---------------------------------------------------------------------------
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+
+    def _prompt_ids(self, prompt: object) -> list[int]:
+        try:
+            _, ids = self.llm.process_prompt(prompt)
+            self.llm.check_prompt_length(ids)
+        except ValueError as exc:
+            raise bad_request(str(exc), "prompt") from exc
+        return ids
+
+    def _params(self, body: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int],
+                max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        room = self.llm.max_model_len - len(prompt_ids)
+        if max_tokens is not None and max_tokens > room:
+            raise bad_request(f"max_tokens={max_tokens} is too large: the prompt has {len(prompt_ids)} tokens "
+                              f"and max_model_len is {self.llm.max_model_len}, so at most {room} tokens "
+                              "can be generated", "max_tokens")
+        max_n = self.llm.config.max_num_seqs
+        if isinstance(body.n, int) and body.n > max_n:
+            raise bad_request(f"n={body.n} is too large: at most {max_n} (the engine's max_num_seqs)", "n")
+        try:
+            return body.sampling_params(room if max_tokens is None else max_tokens, logprobs)
+        except ValueError as exc:
+            raise bad_request(str(exc)) from exc
+
+    # -- running ----------------------------------------------------------------------------------
+    async def _respond(self, http_request: Request, fmt: ResponseFormat, prompt_ids: list[int],
+                       params: SamplingParams, stream: bool, include_usage: bool, timer: RequestTimer) -> Response:
+        outputs = self._submit(fmt.request_id, prompt_ids, params, timer)
+        if stream:
+            holdback = IncrementalDetokenizer(self.llm.tokenizer, [], params).holdback()
+            return StreamingResponse(self._sse(outputs, fmt, params.n, holdback, include_usage, timer),
+                                     media_type="text/event-stream")
+        final = await self._collect(http_request, outputs, timer)
+        return JSONResponse(fmt.response(final))
+
+    def _submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                timer: RequestTimer) -> RequestStream:
+        try:
+            return self.engine.add_request(request_id, prompt_ids, params, timer.arrival)
+        except EngineOverloadedError as exc:
+            self.metrics.on_rejected("overload")
+            raise APIError(503, str(exc), "service_unavailable", code="overloaded",
+                           headers={"Retry-After": _RETRY_AFTER_S}) from exc
+        except EngineStoppedError as exc:
+            self.metrics.on_rejected("stopped")
+            raise APIError(503, str(exc), "service_unavailable", code="unavailable",
+                           headers={"Retry-After": _RETRY_AFTER_S}) from exc
+
+    async def _outputs(self, outputs: RequestStream, timer: RequestTimer) -> AsyncIterator[RequestOutput]:
+        """The stream's outputs, recorded in the metrics; aborts the request if left early."""
+        with outputs:
+            try:
+                async for output in outputs:
+                    self.metrics.on_output(timer, output)
+                    yield output
+            finally:
+                if not outputs.finished:
+                    self.metrics.on_aborted()
+
+    async def _collect(self, http_request: Request, outputs: RequestStream, timer: RequestTimer) -> RequestOutput:
+        """The final output; abandons the request if the client hangs up first."""
+        collect = asyncio.ensure_future(self._last(outputs, timer))
+        hang_up = asyncio.ensure_future(_disconnected(http_request))
+        try:
+            await asyncio.wait((collect, hang_up), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hang_up.cancel()
+            if not collect.done():
+                collect.cancel()
+        if not collect.done() or collect.cancelled():
+            raise APIError(499, "client closed the request", code="client_closed")
+        return _engine_result(collect)
+
+    async def _last(self, outputs: RequestStream, timer: RequestTimer) -> RequestOutput:
+        final = None
+        async with aclosing(self._outputs(outputs, timer)) as stream:
+            async for final in stream:
+                pass
+        return final
+
+    async def _sse(self, outputs: RequestStream, fmt: ResponseFormat, n: int, holdback: int,
+                   include_usage: bool, timer: RequestTimer) -> AsyncIterator[str]:
+        cursors = [StreamCursor(holdback) for _ in range(n)]
+        if isinstance(fmt, ChatFormat):
+            yield _event(fmt.chunk([fmt.role_choice(i) for i in range(n)]))
+        output = None
+        try:
+            async with aclosing(self._outputs(outputs, timer)) as stream:
+                async for output in stream:
+                    choices = [fmt.delta_choice(c, *step) for c, cursor in zip(output.outputs, cursors)
+                               if (step := cursor.advance(c)) is not None]
+                    if choices:
+                        yield _event(fmt.chunk(choices))
+        except (ValueError, EngineStoppedError) as exc:
+            yield _event(_engine_error(exc).body())
+        if include_usage and output is not None:
+            yield _event(fmt.chunk([], output))
+        yield "data: [DONE]\n\n"
+
+
+def _validate(model: type[_Body], data: dict) -> _Body:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from exc
+
+
+async def _disconnected(http_request: Request) -> None:
+    # The body is read, so the next ASGI message is the client going away.
+    while (await http_request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _engine_result(collect: asyncio.Future) -> RequestOutput:
+    try:
+        return collect.result()
+    except (ValueError, EngineStoppedError) as exc:
+        raise _engine_error(exc) from exc
+
+
+def _engine_error(exc: Exception) -> APIError:
+    if isinstance(exc, ValueError):
+        return bad_request(str(exc))
+    return APIError(503, str(exc), "service_unavailable", code="unavailable")
+
+
+def _event(body: dict) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
