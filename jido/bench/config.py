@@ -1,0 +1,117 @@
+"""BenchConfig: one benchmark run's settings, validated on creation; the ``jido bench`` flags come from it."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+DATASETS = ("random", "conversation", "shared-prefix", "long-doc-qa", "jsonl")
+SLO_KEYS = ("ttft", "tpot", "e2el")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to send, to whom, and how fast; names follow ``vllm bench serve`` where it has one."""
+
+    base_url: str = "http://127.0.0.1:8000"
+    model: str | None = None  # None: the first id the server lists at /v1/models
+    endpoint: str = "/v1/completions"  # or /v1/chat/completions
+    dataset_name: str = "random"
+    dataset_path: str | None = None  # the JSONL file for --dataset-name jsonl
+    tokenizer: str | None = None  # a tokenizer.json that counts prompt tokens exactly; else words count
+    num_prompts: int = 100
+    max_concurrency: int | None = None
+    request_rate: float = math.inf  # requests/s of a Poisson process; inf sends all at once
+    burstiness: float = 1.0  # gamma shape of the gaps: 1 is Poisson, lower is burstier
+    random_input_len: int = 1024
+    random_output_len: int = 128
+    random_range_ratio: float = 0.0  # lengths uniform in [len * (1 - r), len * (1 + r)]
+    num_prefixes: int = 4  # shared-prefix: distinct system prompts
+    prefix_len: int = 512  # shared-prefix: tokens in each system prompt
+    num_documents: int = 4  # long-doc-qa: distinct documents, asked several questions each
+    document_len: int = 2048  # long-doc-qa: tokens in each document
+    goodput: str | None = None  # SLOs in ms, "ttft=500,tpot=50" (vLLM's "ttft:500 tpot:50" works too)
+    temperature: float = 0.0
+    ignore_eos: bool = False
+    seed: int = 0
+    sweep_concurrency: str | None = None  # "1,4,16": one run per concurrency
+    sweep_rate: str | None = None  # "1,2,inf": one run per request rate
+    save_result: bool = False
+    result_dir: str | None = None
+    result_filename: str | None = None
+    plots: bool = True  # PNGs beside a saved result
+    disable_tqdm: bool = False
+    request_timeout_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, got {self.base_url!r}")
+        if not self.endpoint.startswith("/"):
+            raise ValueError(f"endpoint must be a path starting with '/', got {self.endpoint!r}")
+        if self.dataset_name not in DATASETS:
+            raise ValueError(f"dataset_name must be one of {', '.join(DATASETS)}, got {self.dataset_name!r}")
+        if self.dataset_name == "jsonl" and not self.dataset_path:
+            raise ValueError("dataset_name 'jsonl' needs --dataset-path FILE.jsonl")
+        for name in ("num_prompts", "random_input_len", "random_output_len", "num_prefixes", "prefix_len",
+                     "num_documents", "document_len"):
+            _check_positive(name, getattr(self, name))
+        if self.max_concurrency is not None:
+            _check_positive("max_concurrency", self.max_concurrency)
+        if not self.request_rate > 0:
+            raise ValueError(f"request_rate must be > 0 (inf sends every request at once), got {self.request_rate}")
+        if not self.burstiness > 0:
+            raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
+        if not 0 <= self.random_range_ratio < 1:
+            raise ValueError(f"random_range_ratio must be in [0, 1), got {self.random_range_ratio}")
+        if self.sweep_concurrency and self.sweep_rate:
+            raise ValueError("give --sweep-concurrency or --sweep-rate, not both")
+        parse_slos(self.goodput)
+        self.sweep_points()
+
+    @property
+    def is_chat(self) -> bool:
+        return self.endpoint.rstrip("/").endswith("chat/completions")
+
+    @property
+    def slos_ms(self) -> dict[str, float]:
+        return parse_slos(self.goodput)
+
+    def sweep_points(self) -> list[BenchConfig]:
+        """One config per load level of the sweep; just this one when there is no sweep."""
+        if self.sweep_concurrency:
+            return [replace(self, max_concurrency=int(v), sweep_concurrency=None)
+                    for v in _parse_list(self.sweep_concurrency, "sweep_concurrency", int)]
+        if self.sweep_rate:
+            return [replace(self, request_rate=v, sweep_rate=None)
+                    for v in _parse_list(self.sweep_rate, "sweep_rate", float)]
+        return [self]
+
+
+def parse_slos(text: str | None) -> dict[str, float]:
+    """'ttft=500,tpot=50' or 'ttft:500 tpot:50' -> {'ttft': 500.0, 'tpot': 50.0} (milliseconds)."""
+    slos: dict[str, float] = {}
+    for item in (text or "").replace(",", " ").split():
+        key, sep, value = item.replace(":", "=").partition("=")
+        if not sep or key not in SLO_KEYS:
+            raise ValueError(f"SLO {item!r} must look like KEY=MS with KEY one of {', '.join(SLO_KEYS)}")
+        try:
+            slos[key] = float(value)
+        except ValueError:
+            raise ValueError(f"SLO {item!r}: {value!r} is not a number of milliseconds") from None
+        if slos[key] <= 0:
+            raise ValueError(f"SLO {item!r} must be a positive number of milliseconds")
+    return slos
+
+
+def _parse_list(text: str, name: str, kind: type) -> list:
+    try:
+        values = [kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated {kind.__name__}s like '1,4,16', got {text!r}") from None
+    if not values or any(not v > 0 for v in values):
+        raise ValueError(f"{name} must list positive values like '1,4,16', got {text!r}")
+    return values
+
+
+def _check_positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")

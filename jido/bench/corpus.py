@@ -1,0 +1,43 @@
+"""Real English text that installs with Python: the language reference behind ``help()`` (pydoc_data)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from pydoc_data.topics import topics
+
+from jido.bench.tokens import TokenCounter
+
+
+def reference_text() -> str:
+    """Every pydoc topic in name order: ~465k characters of prose, grammar and examples."""
+    return "\n\n".join(topics[name].strip() for name in sorted(topics))
+
+
+@dataclass
+class Corpus:
+    """Text with its token offsets, so a prompt of exactly n tokens starts at any token."""
+
+    text: str
+    counter: TokenCounter
+
+    @cached_property
+    def spans(self) -> list[tuple[int, int]]:
+        spans = self.counter.spans(self.text)
+        if len(spans) < 2:
+            raise ValueError("the corpus has fewer than 2 tokens")
+        return spans
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.spans)
+
+    def window(self, start: int, num_tokens: int) -> str:
+        """num_tokens tokens of text from token `start`, wrapping to the beginning at the end."""
+        pieces, start = [], start % self.num_tokens
+        while num_tokens > 0:
+            take = min(num_tokens, self.num_tokens - start)
+            pieces.append(self.text[self.spans[start][0]:self.spans[start + take - 1][1]])
+            num_tokens -= take
+            start = 0
+        return "\n\n".join(pieces)

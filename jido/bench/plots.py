@@ -1,0 +1,60 @@
+"""PNG plots of a result: latency CDFs of one run, throughput and p99 TTFT versus load for a sweep."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _pyplot():
+    # matplotlib is optional and slow to import: only plotting pays for it.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_cdfs(result: dict[str, Any], path: Path) -> Path:
+    """TTFT, TPOT, ITL and E2E latency CDFs of one run, side by side."""
+    plt = _pyplot()
+    ok = [not e for e in result["errors"]]
+    series = {"TTFT": _ms(result["ttfts"], ok), "TPOT": _ms(result["tpots"], ok),
+              "ITL": [g * 1000 for gaps, good in zip(result["itls"], ok) if good for g in gaps],
+              "E2E latency": _ms(result["e2els"], ok)}
+    fig, axes = plt.subplots(1, len(series), figsize=(3.6 * len(series), 3.2))
+    for ax, (name, values) in zip(axes, series.items()):
+        values = sorted(values)
+        ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], drawstyle="steps-post")
+        ax.set(title=f"{name} CDF", xlabel="ms", ylabel="fraction of samples", ylim=(0, 1.02))
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{result['model_id']}  {result['dataset_name']}  concurrency={result['max_concurrency']}  "
+                 f"rate={result['request_rate']}", fontsize=9)
+    return _save(plt, fig, path)
+
+
+def _ms(values: Sequence[float | None], ok: Sequence[bool]) -> list[float]:
+    return [v * 1000 for v, good in zip(values, ok) if good and v is not None]
+
+
+def plot_sweep(results: Sequence[dict[str, Any]], key: str, path: Path) -> Path:
+    """Output throughput and p99 TTFT against the swept load (max_concurrency or request_rate)."""
+    plt = _pyplot()
+    loads = [r[key] if r[key] != "inf" else float("nan") for r in results]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+    left.plot(loads, [r["output_throughput"] for r in results], marker="o")
+    left.set(title="output throughput", xlabel=key, ylabel="tokens/s")
+    right.plot(loads, [r["p99_ttft_ms"] for r in results], marker="o", color="tab:red")
+    right.set(title="p99 TTFT", xlabel=key, ylabel="ms")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    return _save(plt, fig, path)
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

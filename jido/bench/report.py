@@ -1,0 +1,88 @@
+"""Shows and saves results: the terminal table, the JSON file, and a one-line-per-run sweep table."""
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from jido.bench.config import BenchConfig
+from jido.bench.summary import LATENCIES, PERCENTILES
+
+_TITLES = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
+           "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
+_SERVER_ROWS = (("server_mean_queue_time_ms", "Mean queue time (ms)"),
+                ("server_mean_kv_cache_usage", "Mean KV cache usage"),
+                ("server_max_kv_cache_usage", "Max KV cache usage"),
+                ("server_prefix_cache_hit_rate", "Prefix cache hit rate"),
+                ("server_num_preemptions", "Preemptions"))
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """vLLM's result block, with jido's server-side figures when /metrics gave them."""
+    rows = [_banner("Serving Benchmark Result"),
+            _row("Successful requests", result["completed"]), _row("Failed requests", result["failed"]),
+            _row("Maximum request concurrency", result.get("max_concurrency")),
+            _row("Request rate (req/s)", result.get("request_rate")),
+            _row("Benchmark duration (s)", result["duration"]),
+            _row("Total input tokens", result["total_input_tokens"]),
+            _row("Total generated tokens", result["total_output_tokens"]),
+            _row("Request throughput (req/s)", result["request_throughput"])]
+    if result.get("request_goodput") is not None:
+        rows.append(_row("Request goodput (req/s)", result["request_goodput"]))
+    rows += [_row("Output token throughput (tok/s)", result["output_throughput"]),
+             _row("Total token throughput (tok/s)", result["total_token_throughput"])]
+    for name in LATENCIES:
+        rows.append(_banner(_TITLES[name], "-"))
+        rows += [_row(f"Mean {name.upper()} (ms)", result[f"mean_{name}_ms"]),
+                 _row(f"Median {name.upper()} (ms)", result[f"median_{name}_ms"])]
+        rows += [_row(f"P{p} {name.upper()} (ms)", result[f"p{p}_{name}_ms"]) for p in PERCENTILES]
+    if result.get("server_metrics_available"):
+        rows.append(_banner("Server /metrics over the run", "-"))
+        rows += [_row(label, result.get(key)) for key, label in _SERVER_ROWS]
+    rows += _error_rows(result.get("errors", []))
+    rows.append("=" * 50)
+    return "\n".join(rows)
+
+
+def format_sweep(results: Sequence[dict[str, Any]]) -> str:
+    """One line per load level: concurrency, rate, throughputs, p99 TTFT and TPOT, failures."""
+    header = f"{'concurrency':>11} {'rate':>6} {'req/s':>7} {'out tok/s':>9} {'p99 TTFT ms':>11} " \
+             f"{'p99 TPOT ms':>11} {'failed':>6}"
+    lines = [header]
+    for r in results:
+        lines.append(f"{str(r.get('max_concurrency') or 'inf'):>11} {str(r['request_rate']):>6} "
+                     f"{r['request_throughput']:>7.2f} {r['output_throughput']:>9.1f} {r['p99_ttft_ms']:>11.1f} "
+                     f"{r['p99_tpot_ms']:>11.1f} {r['failed']:>6}")
+    return "\n".join(lines)
+
+
+def result_path(config: BenchConfig, sweep: bool) -> Path:
+    """--result-dir/--result-filename, else a name saying dataset, load and time, as vLLM does."""
+    if config.result_filename:
+        name = config.result_filename
+    else:
+        load = (f"sweep-{'concurrency' if config.sweep_concurrency else 'rate'}" if sweep else
+                f"{config.request_rate}qps-concurrency{config.max_concurrency or 'inf'}")
+        name = f"jido-bench-{config.dataset_name}-{load}-{datetime.datetime.now():%Y%m%d-%H%M%S}.json"
+    return Path(config.result_dir or ".") / name
+
+
+def save_result(path: Path, result: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+
+
+def _banner(title: str, fill: str = "=") -> str:
+    return f"{' ' + title + ' ':{fill}^50}"
+
+
+def _row(label: str, value: Any) -> str:
+    text = "-" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
+    return f"{label + ':':<40}{text:>10}"
+
+
+def _error_rows(errors: Sequence[str]) -> list[str]:
+    distinct = sorted({e for e in errors if e})
+    return [f"error ({errors.count(e)}x): {e[:200]}" for e in distinct[:5]]

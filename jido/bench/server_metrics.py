@@ -1,0 +1,79 @@
+"""What the server says about the run through vLLM-style /metrics: queue time, KV usage, prefix hits."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from jido.planner.prometheus import Metrics, MetricsError, parse_metrics
+
+QUEUE_TIME = "vllm:request_queue_time_seconds"
+PREFIX_HITS, PREFIX_QUERIES = "vllm:prefix_cache_hits", "vllm:prefix_cache_queries"
+PREEMPTIONS = "vllm:num_preemptions"
+# vLLM v1 names the gauge kv_cache_usage_perc; older releases used gpu_cache_usage_perc. Both are 0..1.
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+WAITING, RUNNING = "vllm:num_requests_waiting", "vllm:num_requests_running"
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> Metrics | None:
+    """The parsed /metrics, or None when the server has none (or not in Prometheus text)."""
+    try:
+        async with session.get(url) as response:
+            if response.status != 200:
+                return None
+            return parse_metrics(await response.text())
+    except (aiohttp.ClientError, TimeoutError, MetricsError, UnicodeDecodeError):
+        return None
+
+
+@dataclass
+class GaugeSampler:
+    """Polls /metrics while the run goes, keeping the gauges that a before/after diff cannot show."""
+
+    session: aiohttp.ClientSession
+    url: str
+    interval_s: float = 1.0
+    samples: list[Metrics] = field(default_factory=list)
+
+    async def run(self) -> None:
+        while True:
+            metrics = await scrape(self.session, self.url)
+            if metrics is not None:
+                self.samples.append(metrics)
+            await asyncio.sleep(self.interval_s)
+
+
+def run_metrics(before: Metrics | None, after: Metrics | None, samples: list[Metrics]) -> dict[str, Any]:
+    """jido's server-side keys over the run: counters as after - before, gauges as mean and max of samples."""
+    if before is None or after is None:
+        return {"server_metrics_available": False}
+    result: dict[str, Any] = {"server_metrics_available": True}
+    queue_s = _delta(before, after, f"{QUEUE_TIME}_sum")
+    queue_n = _delta(before, after, f"{QUEUE_TIME}_count")
+    result["server_mean_queue_time_ms"] = queue_s / queue_n * 1000 if queue_s is not None and queue_n else None
+    hits, queries = _delta(before, after, PREFIX_HITS), _delta(before, after, PREFIX_QUERIES)
+    result["server_prefix_cache_hit_rate"] = hits / queries if hits is not None and queries else None
+    result["server_num_preemptions"] = _delta(before, after, PREEMPTIONS)
+    for key, names in (("kv_cache_usage", KV_USAGE), ("num_requests_waiting", (WAITING,)),
+                       ("num_requests_running", (RUNNING,))):
+        values = [v for v in (_gauge(m, names) for m in [*samples, after]) if v is not None]
+        result[f"server_mean_{key}"] = sum(values) / len(values) if values else None
+        result[f"server_max_{key}"] = max(values) if values else None
+    return result
+
+
+def _delta(before: Metrics, after: Metrics, name: str) -> float | None:
+    start, end = before.total(name), after.total(name)
+    if end is None:
+        return None
+    return end - (start or 0.0)
+
+
+def _gauge(metrics: Metrics, names: tuple[str, ...]) -> float | None:
+    for name in names:
+        value = metrics.total(name)
+        if value is not None:
+            return value
+    return None
