@@ -98,7 +98,9 @@ class OpenAIServing:
         try:
             return body.sampling_params(room if max_tokens is None else max_tokens, logprobs)
         except ValueError as exc:
-            raise bad_request(str(exc)) from exc
+            # SamplingParams' messages start with the field's name ("temperature must be >= 0, ...").
+            name = str(exc).split(" ", 1)[0]
+            raise bad_request(str(exc), name if name in type(body).model_fields else None) from exc
 
     # -- running ----------------------------------------------------------------------------------
     async def _respond(self, http_request: Request, fmt: ResponseFormat, prompt_ids: list[int],
