@@ -101,7 +101,7 @@ class ServerMetrics:
         ):
             self._families[name] = _Family(name, kind, help_text, buckets)
         for name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
-                     "vllm:prompt_tokens", "vllm:generation_tokens"):
+                     "vllm:prompt_tokens", "vllm:generation_tokens", "jido:requests_aborted"):
             self._families[name].set(0.0, self._labels)
 
     def __getitem__(self, name: str) -> _Family:
