@@ -17,12 +17,16 @@ logger = logging.getLogger("jido")
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A bound TCP socket; ``port=0`` takes a free one (read it back with ``getsockname``)."""
+    """A listening TCP socket; ``port=0`` takes a free one (read it back with ``getsockname``).
+
+    Connections made before the server starts wait in the backlog rather than being refused.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(2048)
     except OSError as exc:
         sock.close()
         raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc

@@ -194,6 +194,5 @@ def _labels(labels: Labels) -> str:
 
 
 def _number(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+    # As prometheus_client writes them, so bucket labels read le="5.0" exactly as vLLM's do.
+    return "+Inf" if math.isinf(value) else repr(float(value))

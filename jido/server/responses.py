@@ -27,14 +27,19 @@ class StreamCursor:
     done: bool = False
 
     def advance(self, completion: CompletionOutput) -> tuple[str, slice] | None:
-        """The next text delta and the slice of new tokens, or None when there is nothing to send."""
+        """The next text delta and the tokens since the last one sent, or None while there is no new text.
+
+        Tokens that added no text yet (part of a multi-byte character) go out with the next delta.
+        """
         if self.done:
             return None
         self.done = completion.finish_reason is not None
         end = len(completion.text) if self.done else max(self.num_chars, len(completion.text) - self.holdback)
+        if end == self.num_chars and not self.done:
+            return None
         delta, tokens = completion.text[self.num_chars:end], slice(self.num_tokens, len(completion.token_ids))
         self.num_chars, self.num_tokens = end, len(completion.token_ids)
-        return (delta, tokens) if delta or self.done or tokens.stop > tokens.start else None
+        return delta, tokens
 
 
 @dataclass

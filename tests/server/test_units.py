@@ -1,0 +1,61 @@
+"""The server's pieces without a model: metrics exposition, stream holdback, config validation."""
+from __future__ import annotations
+
+import pytest
+
+from jido.engine.outputs import CompletionOutput
+from jido.planner.prometheus import parse_metrics
+from jido.server.config import ServerConfig
+from jido.server.metrics import ServerMetrics
+from jido.server.responses import StreamCursor
+
+
+def test_histograms_render_cumulative_buckets_that_prometheus_parsers_read():
+    metrics = ServerMetrics('my "model"', max_model_len=100)
+    for seconds in (0.003, 0.03, 3.0):
+        metrics["vllm:time_to_first_token_seconds"].observe(seconds, (("model_name", "m"),))
+    parsed = parse_metrics(metrics.render())
+    buckets = {labels["le"]: v for labels, v in parsed.samples["vllm:time_to_first_token_seconds_bucket"]}
+    assert (buckets["0.001"], buckets["0.005"], buckets["0.04"], buckets["5.0"], buckets["+Inf"]) == (0, 1, 2, 3, 3)
+    assert parsed.total("vllm:time_to_first_token_seconds_sum") == pytest.approx(3.033)
+    assert parsed.total("vllm:prompt_tokens") == 0  # counters start at 0, exported with _total
+    assert '{model_name="my \\"model\\""}' in metrics.render()
+
+
+def test_token_histograms_use_1_2_5_buckets_up_to_max_model_len():
+    assert ServerMetrics("m", max_model_len=600)["vllm:request_prompt_tokens"].buckets == (
+        1, 2, 5, 10, 20, 50, 100, 200, 500)
+
+
+def _completion(text: str, num_tokens: int, finish_reason: str | None = None) -> CompletionOutput:
+    return CompletionOutput(0, text, list(range(num_tokens)), None, None, finish_reason)
+
+
+def test_stream_cursor_holds_back_text_that_may_begin_a_stop_string():
+    cursor = StreamCursor(holdback=len("STOP") - 1)
+    assert cursor.advance(_completion("Hello ST", 2)) == ("Hello", slice(0, 2))
+    assert cursor.advance(_completion("Hello STA", 3)) == (" ", slice(2, 3))
+    assert cursor.advance(_completion("Hello STAR", 4, "stop")) == ("STAR", slice(3, 4))
+    assert cursor.advance(_completion("Hello STAR", 4, "stop")) is None
+
+
+def test_stream_cursor_sends_tokens_that_added_no_text_with_the_next_delta():
+    cursor = StreamCursor(holdback=0)
+    assert cursor.advance(_completion("ab", 1)) == ("ab", slice(0, 1))
+    assert cursor.advance(_completion("ab", 2)) is None  # half of a multi-byte character
+    assert cursor.advance(_completion("abé", 3)) == ("é", slice(1, 3))
+
+
+@pytest.mark.parametrize("kwargs, words", [({"port": 70000}, "port must be"), ({"api_key": ""}, "api_key"),
+                                           ({"max_waiting_requests": 0}, "max_waiting_requests"),
+                                           ({"drain_timeout_s": -1}, "drain_timeout_s")])
+def test_server_config_rejects_bad_values(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        ServerConfig(**kwargs)
+
+
+def test_served_model_name_defaults_to_the_model_name(tmp_path):
+    assert ServerConfig().model_name(None) == "gemma-3-270m"
+    assert ServerConfig().model_name(str(tmp_path / "qwen3-0.6b-q8_0.gguf")) == "qwen3-0.6b-q8_0"
+    assert ServerConfig().model_name(str(tmp_path)) == tmp_path.name
+    assert ServerConfig(served_model_name="mine").model_name(None) == "mine"
