@@ -132,10 +132,6 @@ class AsyncEngine:
         """Sequences accepted but not yet running: queued for the engine thread or in its waiting queue."""
         return self._num_submitted - self.last_report.num_added + self.last_report.stats.num_waiting
 
-    @property
-    def num_in_flight(self) -> int:
-        return len(self._streams)
-
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                     arrival_time: float | None = None) -> RequestStream:
         """Queue a request and return its stream.

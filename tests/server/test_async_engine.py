@@ -1,0 +1,106 @@
+"""AsyncEngine over a scripted fake engine: waiting-queue accounting, aborts on early exit, a dying loop."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from jido.core.sampling_params import SamplingParams
+from jido.core.scheduler import SchedulerStats
+from jido.engine.async_engine import AsyncEngine, EngineOverloadedError, EngineStoppedError
+from jido.engine.engine_core import StepTimes
+from jido.engine.outputs import CompletionOutput, RequestOutput
+
+
+class FakeEngine:
+    """Finishes each request one step after it is added; ``step`` blocks until the test allows it."""
+
+    def __init__(self, fail_step: bool = False) -> None:
+        self.pending: list[str] = []
+        self.aborted: list[str] = []
+        self.fail_step = fail_step
+        self.may_step = threading.Semaphore(0)
+        self.core = SimpleNamespace(scheduler=SimpleNamespace(waiting=[], stats=self._stats), last_step=StepTimes())
+
+    def _stats(self) -> SchedulerStats:
+        return SchedulerStats(0, len(self.pending), 0.0, 0, 0, 0)
+
+    def add_request(self, request_id, prompt, params, arrival_time=None) -> None:
+        if prompt == "bad":
+            raise ValueError("prompt is bad")
+        self.pending.append(request_id)
+
+    def abort_request(self, request_ids) -> None:
+        self.aborted += request_ids
+        self.pending = [r for r in self.pending if r not in request_ids]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.pending)
+
+    def step(self) -> list[RequestOutput]:
+        self.may_step.acquire()
+        if self.fail_step:
+            raise RuntimeError("device lost")
+        done, self.pending = self.pending, []
+        return [RequestOutput(r, None, [1], [CompletionOutput(0, "ok", [7], None, None, "length")], True)
+                for r in done]
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_requests_past_the_waiting_limit_are_refused_until_the_queue_moves():
+    async def scenario():
+        fake = FakeEngine()
+        engine = AsyncEngine(fake, max_waiting_requests=2)
+        engine.start()
+        first = engine.add_request("a", "x", SamplingParams(n=2))
+        with pytest.raises(EngineOverloadedError, match="limit is 2"):
+            engine.add_request("b", "x", SamplingParams())
+        fake.may_step.release()
+        with first:
+            outputs = [o async for o in first]
+        assert [o.outputs[0].text for o in outputs] == ["ok"]
+        assert engine.num_waiting == 0
+        fake.may_step.release()
+        with engine.add_request("c", "x", SamplingParams(n=2)) as again:  # room again
+            assert [o.finished async for o in again] == [True]
+        await engine.shutdown()
+        with pytest.raises(EngineStoppedError, match="shutting down"):
+            engine.add_request("d", "x", SamplingParams())
+
+    run(scenario())
+
+
+def test_leaving_a_stream_early_aborts_its_request_and_bad_input_raises_from_the_stream():
+    async def scenario():
+        fake = FakeEngine()
+        engine = AsyncEngine(fake, max_waiting_requests=8)
+        engine.start()
+        with engine.add_request("left", "x", SamplingParams()):
+            pass
+        with engine.add_request("bad", "bad", SamplingParams()) as stream, pytest.raises(ValueError, match="is bad"):
+            await anext(stream)
+        await engine.shutdown()
+        assert fake.aborted == ["left"]
+
+    run(scenario())
+
+
+def test_a_dying_engine_loop_fails_every_stream_and_refuses_new_requests():
+    async def scenario():
+        fake = FakeEngine(fail_step=True)
+        engine = AsyncEngine(fake, max_waiting_requests=8)
+        engine.start()
+        fake.may_step.release()
+        with engine.add_request("a", "x", SamplingParams()) as stream:
+            with pytest.raises(EngineStoppedError, match="device lost"):
+                await anext(stream)
+        with pytest.raises(EngineStoppedError, match="loop failed"):
+            engine.add_request("b", "x", SamplingParams())
+        await engine.shutdown()
+
+    run(scenario())
