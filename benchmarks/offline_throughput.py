@@ -1,7 +1,8 @@
 """Offline throughput: jido against transformers' generate on the same prompts, in the same run.
 
 (a) batch 1: one ~32-token prompt, 128 greedy tokens: TTFT and decode tokens/s;
-(b) batched: 32 prompts of ~256 tokens, 128 greedy tokens each, submitted together: output tokens/s.
+(b) batched: 32 prompts of ~256 tokens (192 to 320, seeded), 128 greedy tokens each, submitted together:
+    output tokens/s. transformers pads them on the left to the longest; jido's flat batches do not pad.
 Every figure is the median of ``--repeats`` runs; jido's step time is split into model (of which
 attention), sampling and the rest (scheduling, input building, detokenization: Python overhead).
 
@@ -14,6 +15,7 @@ import datetime
 import inspect
 import json
 import platform
+import random
 import statistics
 import subprocess
 import time
@@ -34,8 +36,12 @@ def corpus_token_ids(llm: LLM) -> list[int]:
     return llm.get_tokenizer().encode(text, add_special_tokens=False)
 
 
-def make_prompts(ids: list[int], bos: int, num: int, length: int) -> list[list[int]]:
-    return [[bos] + ids[i * length:(i + 1) * length - 1] for i in range(num)]
+def make_prompts(ids: list[int], bos: int, num: int, length: int, spread: float = 0.0) -> list[list[int]]:
+    """``num`` distinct windows of the corpus, lengths uniform in length * (1 ± spread), seeded."""
+    rng = random.Random(0)
+    lengths = [round(length * (1 + rng.uniform(-spread, spread))) for _ in range(num)]
+    starts = [sum(lengths[:i]) for i in range(num)]
+    return [[bos] + ids[s:s + n - 1] for s, n in zip(starts, lengths)]
 
 
 class AttentionTimer:
@@ -123,7 +129,7 @@ def main() -> None:
     ids = corpus_token_ids(llm)
     bos = llm.get_tokenizer().bos_token_id
     single = make_prompts(ids, bos, 1, 32)
-    batch = make_prompts(ids[32:], bos, 32, 256)
+    batch = make_prompts(ids[32:], bos, 32, 256, spread=0.25)
     run_jido(llm, single, 8, timer)  # warm-up
     results = {"jido": {"batch1": median_run(lambda: run_jido(llm, single, 128, timer), args.repeats),
                         "batch32": median_run(lambda: run_jido(llm, batch, 128, timer), args.repeats)}}
