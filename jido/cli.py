@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import sys
@@ -55,16 +56,26 @@ def _run_serve(args: argparse.Namespace) -> int:
     return serve(EngineConfig(**dataclass_kwargs(args, EngineConfig)), server_config)
 
 
-def _planner_parser(sub: argparse._SubParsersAction, name: str, help_text: str) -> None:
+# Subcommands with parsers of their own: "module:function" taking the remaining argv, imported lazily so
+# that `jido plan` and `jido bench` never load torch.
+_DELEGATES = {
+    "plan": ("jido.planner.cli:plan_main", "plan a heterogeneous prefill/decode deployment"),
+    "doctor": ("jido.planner.cli:doctor_main", "name the bottleneck from a bench result or /metrics"),
+    "bench": ("jido.bench.cli:bench_main", "load-test any OpenAI-compatible server"),
+    "roofline": ("jido.runner.roofline:roofline_main", "this machine's limits for the model, next to jido's figures"),
+}
+
+
+def _delegate_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    target, help_text = _DELEGATES[name]
     parser = sub.add_parser(name, help=help_text, add_help=False)
     parser.add_argument("rest", nargs=argparse.REMAINDER)
-    parser.set_defaults(handler=lambda args: _run_planner(name, args.rest))
+    parser.set_defaults(handler=lambda args: _run_delegate(target, args.rest))
 
 
-def _run_planner(name: str, argv: list[str]) -> int:
-    from jido.planner import cli as planner_cli
-
-    return (planner_cli.plan_main if name == "plan" else planner_cli.doctor_main)(argv)
+def _run_delegate(target: str, argv: list[str]) -> int:
+    module_name, function = target.split(":")
+    return getattr(importlib.import_module(module_name), function)(argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,13 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
     _serve_parser(sub)
-    _planner_parser(sub, "plan", "plan a heterogeneous prefill/decode deployment")
-    _planner_parser(sub, "doctor", "name the bottleneck from a bench result or /metrics")
+    for name in _DELEGATES:
+        _delegate_parser(sub, name)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in _DELEGATES:
+        # argparse's REMAINDER cannot hand over a leading "--flag", so delegates get their argv directly.
+        args = argparse.Namespace(log_level="INFO", handler=lambda a: _run_delegate(_DELEGATES[argv[0]][0], argv[1:]))
+    else:
+        args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     try:
