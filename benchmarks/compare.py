@@ -71,7 +71,7 @@ WORKLOADS = {w.name: w for w in (
     Workload("batch1", "random", 3, 1, 128, 128),
     Workload("random-c16", "random", 32, 16, 256, 128),
     Workload("shared-prefix-c16", "shared-prefix", 32, 16, 256, 128),
-    Workload("conversation-c16", "conversation", 32, 16, 0, 0),
+    Workload("conversation-c16", "conversation", 32, 16, 256, 128),  # lengths come from the dataset
 )}
 DEFAULT_WORKLOADS = ("batch1", "random-c16")
 
@@ -393,9 +393,9 @@ def run_peer(name: str, peer: Peer, workloads: list[Workload], prompts: dict, to
             record["dtype"] = transformers_dtype
             record["results"] = run_transformers(workloads, prompts, transformers_dtype)
         else:
-            record["command"] = " ".join(peer.command(PORT)[0])
-            record["env"] = peer.command(PORT)[1]
-            with running_server(name, peer.command(PORT), peer.startup_s) as base_url:
+            command = peer.command(PORT)
+            record.update(command=" ".join(command[0]), env=command[1])
+            with running_server(name, command, peer.startup_s) as base_url:
                 record["results"] = bench_server(base_url, workloads, prompts, tokenizer)
         if name == "llama.cpp":
             record["llama_bench"] = llama_bench()
@@ -511,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
                                      args.transformers_dtype)
         print(f"{name}: {records[name]['status']} {records[name].get('error', '')[:300]}", flush=True)
     if not args.setup_only:
-        print(f"wrote {save(records, workloads, args.jido_dtype)}")
+        with machine_lock("compare roofline"):  # measures the machine once if jido roofline has not yet
+            print(f"wrote {save(records, workloads, args.jido_dtype)}")
     return 0
 
 
