@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "compare.py"
 def compare():
     spec = importlib.util.spec_from_file_location("compare", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules["compare"] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module
 
