@@ -130,6 +130,9 @@ class LlamaModel(nn.Module):
         return self.norm(x)
 
 
+_FEW_ROWS = 16  # up to this many rows, compute_logits multiplies in the weight-major orientation
+
+
 class LlamaForCausalLM(nn.Module):
     """A decoder-only LM over a flat batch of many requests and a paged KV cache (see ``forward``)."""
 
@@ -169,9 +172,13 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits ``[N, vocab]`` for the rows the caller samples from, soft-capped if configured."""
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        # [vocab, hidden] @ [hidden, N], returned as a transposed view: with a huge vocab and few rows,
-        # BLAS runs this orientation 1.2x (32 rows) to 2.4x (8 rows) faster than hidden @ weight.T on CPU.
-        logits = torch.matmul(weight, hidden.t()).t().float()
+        if hidden.shape[0] <= _FEW_ROWS:
+            # [vocab, hidden] @ [hidden, N]: with a huge vocab and a few rows, BLAS runs this orientation
+            # ~2x faster than hidden @ weight.T on CPU (measured: 36 vs 79 ms for 8 rows of Gemma 3's head).
+            logits = torch.matmul(weight, hidden.t()).t().contiguous()
+        else:
+            logits = torch.nn.functional.linear(hidden, weight)
+        logits = logits.float()
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

@@ -35,9 +35,6 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[list[int], list[Logprobs | None]]:
         """Sample one token per row of ``logits`` ([num_rows, vocab], float32)."""
-        if not all(row.params.is_greedy and row.params.logprobs is None for row in rows):
-            # Row-wise softmax, sort and top-k want each row contiguous; the model may return a transposed view.
-            logits = logits.contiguous()
         raw_logprobs = None
         if any(row.params.logprobs is not None for row in rows):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
