@@ -199,9 +199,11 @@ def version(name):
 
 
 metadata.version = version
-from vllm.entrypoints.cli.main import main  # noqa: E402
 
-main()
+if __name__ == "__main__":  # vLLM spawns its engine process, which imports this file again
+    from vllm.entrypoints.cli.main import main
+
+    main()
 '''
 
 
@@ -439,23 +441,27 @@ def roofline_share(records: dict[str, Any], dtype: str) -> dict[str, Any] | None
             "bandwidth_gb_s": peaks.bandwidth_bytes_s / 1e9, "dtype": str(torch_dtype).removeprefix("torch.")}
 
 
+def jido_profile(records: dict[str, Any]) -> dict[str, Any]:
+    """Where jido's time goes: its server's queue time per workload and the newest offline step breakdown
+    (benchmarks/offline_throughput.py: model forward, attention inside it, sampling, scheduling)."""
+    queue = {w: r.get("server_mean_queue_time_ms") for w, r in records.get("jido", {}).get("results", {}).items()}
+    profile: dict[str, Any] = {"server_mean_queue_time_ms": queue}
+    offline = sorted(RESULTS.glob("offline_throughput-*.json"), key=lambda p: p.stat().st_mtime)
+    if offline:
+        runs = json.loads(offline[-1].read_text()).get("results", {}).get("jido", {})
+        profile["offline_step_seconds"] = {"source": offline[-1].name, **{
+            run: {k: v for k, v in figures.items() if k.endswith("_s") and not k.endswith("tok_s")}
+            for run, figures in runs.items()}}
+    return profile
+
+
 def markdown(doc: dict[str, Any]) -> str:
     lines = [f"# jido vs peers — {doc['date']}", "",
              f"Machine: {doc['machine']['cpu_model']}, {doc['machine']['num_cpus']} CPUs, {doc['machine']['platform']}.",
              "Same prompts for every engine (cut from Python's pydoc text, counted with the model's tokenizer.json),"
              " greedy, EOS ignored. Ratios are jido ÷ peer.", ""]
     for workload in doc["workloads"]:
-        lines += [f"## {workload}", "", "| engine | out tok/s | req/s | mean TTFT ms | p99 TTFT ms | median TPOT ms "
-                  "| p99 ITL ms | failed |", "|---|---|---|---|---|---|---|---|"]
-        for name, record in doc["peers"].items():
-            r = (record.get("results") or {}).get(workload)
-            if r:
-                lines.append(f"| {name} | " + " | ".join(_fmt(r.get(k)) for k in (
-                    "output_throughput", "request_throughput", "mean_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
-                    "p99_itl_ms", "failed")) + " |")
-        for name, ratio in doc["ratios"].get(workload, {}).items():
-            lines.append(f"\njido ÷ {name}: " + ", ".join(f"{k} {v:.2f}×" for k, v in ratio.items()))
-        lines.append("")
+        lines += _workload_section(doc, workload)
     lines += ["## Engines", ""]
     for name, record in doc["peers"].items():
         lines.append(f"- **{name}** ({record.get('status')}): {record.get('version', '')}")
@@ -465,9 +471,26 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(f"  - llama-bench: {record['llama_bench']}")
         if record.get("error"):
             lines += ["  - error at " + record.get("stage", "?") + ":", "", "```", record["error"], "```", ""]
-    if doc.get("roofline"):
-        lines += ["", f"Roofline: {doc['roofline']}"]
+    lines += ["", "## Where jido's time goes", "", f"- roofline: {doc.get('roofline')}",
+              f"- profile: {json.dumps(doc.get('jido_profile'))}"]
     return "\n".join(lines) + "\n"
+
+
+def _workload_section(doc: dict[str, Any], workload: str) -> list[str]:
+    lines = [f"## {workload}", "", "| engine | out tok/s | req/s | mean TTFT ms | p99 TTFT ms | median TPOT ms "
+             "| p99 ITL ms | failed |", "|---|---|---|---|---|---|---|---|"]
+    errors = []
+    for name, record in doc["peers"].items():
+        r = (record.get("results") or {}).get(workload)
+        if r:
+            lines.append(f"| {name} | " + " | ".join(_fmt(r.get(k)) for k in (
+                "output_throughput", "request_throughput", "mean_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
+                "p99_itl_ms", "failed")) + " |")
+            errors += [f"- {name} errors: {'; '.join(r['errors'])}"] if r.get("errors") else []
+    lines += [""] + errors
+    for name, ratio in doc["ratios"].get(workload, {}).items():
+        lines.append(f"\njido ÷ {name}: " + ", ".join(f"{k} {v:.2f}×" for k, v in ratio.items()))
+    return lines + [""]
 
 
 def _fmt(value: Any) -> str:
@@ -481,7 +504,8 @@ def save(records: dict[str, Any], workloads: list[Workload], jido_dtype: str) ->
     doc["peers"].update(records)
     doc["workloads"].update({w.name: dataclasses.asdict(w) for w in workloads})
     doc.update(date=now_iso(), machine=machine_info(), python=sys.version.split()[0],
-               ratios=ratios(doc["peers"]), roofline=roofline_share(doc["peers"], jido_dtype))
+               ratios=ratios(doc["peers"]), roofline=roofline_share(doc["peers"], jido_dtype),
+               jido_profile=jido_profile(doc["peers"]))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
     path.with_suffix(".md").write_text(markdown(doc))

@@ -65,15 +65,36 @@ async def send_request(session: aiohttp.ClientSession, url: str, payload: dict[s
     """POST a streaming request; never raises for server or network errors, which land in `error`."""
     outcome = RequestOutcome(prompt_len=prompt_len, start=time.perf_counter())
     try:
-        async with session.post(url, json=payload) as response:
-            if response.status != 200:
-                body = (await response.text())[:_ERROR_CHARS]
-                outcome.error = f"HTTP {response.status}: {body}"
-                return outcome
-            await _read_stream(response, outcome)
-    except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError, ValueError) as exc:
-        outcome.error = f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
+        response = await _post(session, url, payload)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return _failed(outcome, exc)
+    async with response:
+        try:
+            await _read_response(response, outcome)
+        except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError, ValueError) as exc:
+            _failed(outcome, exc)
     return outcome
+
+
+async def _post(session: aiohttp.ClientSession, url: str, payload: dict[str, Any]) -> aiohttp.ClientResponse:
+    try:
+        return await session.post(url, json=payload)
+    except aiohttp.ServerDisconnectedError:
+        # The server closed a kept-alive connection before answering (cpp-httplib under llama-server does
+        # after a few requests, without saying so): nothing was generated, so send it again, once.
+        return await session.post(url, json=payload)
+
+
+def _failed(outcome: RequestOutcome, exc: BaseException) -> RequestOutcome:
+    outcome.success, outcome.error = False, f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
+    return outcome
+
+
+async def _read_response(response: aiohttp.ClientResponse, outcome: RequestOutcome) -> None:
+    if response.status != 200:
+        outcome.error = f"HTTP {response.status}: {(await response.text())[:_ERROR_CHARS]}"
+        return
+    await _read_stream(response, outcome)
 
 
 async def _read_stream(response: aiohttp.ClientResponse, outcome: RequestOutcome) -> None:

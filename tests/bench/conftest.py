@@ -21,6 +21,7 @@ class FakeState:
         self.lock = threading.Lock()
         self.num_requests = 0
         self.payloads: list[dict] = []
+        self.num_connections_to_drop = 0  # POSTs answered by closing the connection, as a stale keep-alive
 
 
 def schedule(prompt: str) -> tuple[float, float]:
@@ -47,6 +48,11 @@ def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
             payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             with state.lock:
                 state.payloads.append(payload)
+                drop = state.num_connections_to_drop > 0
+                state.num_connections_to_drop -= drop
+            if drop:
+                self.close_connection = True
+                return
             prompt = payload.get("prompt") or payload["messages"][-1]["content"]
             if "fail" in prompt:
                 self._send(500, "application/json", json.dumps({"error": {"message": "asked to fail"}}))

@@ -82,6 +82,17 @@ def test_failed_requests_are_counted_with_the_servers_error(tmp_path, fake_serve
     assert result["errors"][5].startswith("HTTP 500") and "asked to fail" in result["errors"][5]
 
 
+def test_a_connection_closed_before_any_answer_is_retried_once(tmp_path, fake_server):
+    base_url, state = fake_server
+    data = write_schedule(tmp_path / "schedule.jsonl")
+    state.num_connections_to_drop = 1
+    result = run_bench(tmp_path, base_url, "--dataset-path", str(data), "--num-prompts", "5")
+    assert (result["completed"], result["failed"]) == (5, 0)
+    state.num_connections_to_drop = 2  # the warm-up's retry is dropped too: a clear error, not a hang
+    assert bench_main(["--base-url", base_url, "--dataset-name", "jsonl", "--dataset-path", str(data),
+                       "--disable-tqdm"]) == 2
+
+
 def test_server_metrics_over_the_run_are_differences_of_the_counters(tmp_path, fake_server):
     base_url, _ = fake_server
     data = write_schedule(tmp_path / "schedule.jsonl")
