@@ -471,9 +471,24 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(f"  - llama-bench: {record['llama_bench']}")
         if record.get("error"):
             lines += ["  - error at " + record.get("stage", "?") + ":", "", "```", record["error"], "```", ""]
-    lines += ["", "## Where jido's time goes", "", f"- roofline: {doc.get('roofline')}",
-              f"- profile: {json.dumps(doc.get('jido_profile'))}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + ["", "## Where jido's time goes", ""] + _profile_lines(doc)) + "\n"
+
+
+def _profile_lines(doc: dict[str, Any]) -> list[str]:
+    lines, roof, profile = [], doc.get("roofline"), doc.get("jido_profile") or {}
+    if roof:
+        lines.append(f"- batch-1 decode {roof['jido_decode_tok_s']:.1f} tok/s = {roof['percent_of_limit']:.0f}% of "
+                     f"the {roof['decode_limit_tok_s']:.1f} tok/s bandwidth limit ({roof['dtype']} weights, "
+                     f"{roof['bandwidth_gb_s']:.1f} GB/s copy bandwidth)")
+    queue = {w: round(v) for w, v in profile.get("server_mean_queue_time_ms", {}).items() if v is not None}
+    lines.append(f"- mean queue time in jido's server (ms): {queue}")
+    offline = profile.get("offline_step_seconds", {})
+    for run, figures in offline.items():
+        if run != "source" and figures.get("elapsed_s"):
+            shares = {k.removesuffix("_s"): f"{100 * v / figures['elapsed_s']:.1f}%" for k, v in figures.items()
+                      if k not in ("elapsed_s", "ttft_s")}
+            lines.append(f"- offline {run} step time ({offline['source']}; attention is inside model): {shares}")
+    return lines
 
 
 def _workload_section(doc: dict[str, Any], workload: str) -> list[str]:
