@@ -196,6 +196,8 @@ def report(config: RooflineConfig, llm_factory: Callable[..., OfflineLLM] | None
         jido = measure_jido(llm, shape.vocab_size, config.prompt_len, config.decode_tokens)
         result["jido"] = jido
         result["percent_of_limit"] = {k: 100 * jido[k] / result["limit"][k] for k in jido}
+    elif config.measure_jido:
+        result["jido_not_measured"] = "no engine was passed in: call roofline_main(argv, jido.LLM)"
     return result
 
 
@@ -213,6 +215,8 @@ def format_report(result: dict[str, Any]) -> str:
         share = result.get("percent_of_limit", {}).get(key)
         lines.append(f"{label:<22}{limit[key]:>10.1f}{'-' if jido is None else f'{jido:.1f}':>10}"
                      f"{'-' if share is None else f'{share:.0f}%':>12}")
+    if "jido_not_measured" in result:
+        lines.append(f"jido not measured: {result['jido_not_measured']}")
     return "\n".join(lines)
 
 
