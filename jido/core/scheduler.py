@@ -5,6 +5,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from jido.core.block_pool import KVCacheBlock
 from jido.core.kv_cache_manager import KVCacheManager
 from jido.core.outputs import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
                                SchedulerOutput)
@@ -43,6 +44,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self._preempted_this_step = False  # no admissions in a step that had to preempt
         self._runner_has: set[str] = set()  # requests whose state the runner holds
         self._dropped: set[str] = set()  # to tell the runner next step
 
@@ -95,7 +97,8 @@ class Scheduler:
         return self.limits.max_num_batched_tokens - sum(num_scheduled.values())
 
     def _allocate_or_preempt(self, request: Request, num_new: int, num_scheduled: dict[str, int],
-                             new_block_ids: dict[str, list[int]]):
+                             new_block_ids: dict[str, list[int]]) -> list[KVCacheBlock] | None:
+        """Allocate for ``request``, preempting the newest running requests until it fits or is itself preempted."""
         while True:
             blocks = self.kv.allocate_slots(request, num_new)
             if blocks is not None:
