@@ -38,16 +38,21 @@ class LLM:
         """
         prompt_list = _as_prompt_list(prompts)
         params_list = _as_params_list(sampling_params, len(prompt_list))
-        for prompt in prompt_list:
-            self.llm_engine.check_prompt_length(self.llm_engine.process_prompt(prompt)[1])
+        tokenized = [self._tokenize(prompt) for prompt in prompt_list]
         request_ids = [str(next(self._request_counter)) for _ in prompt_list]
         try:
-            for request_id, prompt, params in zip(request_ids, prompt_list, params_list):
+            for request_id, prompt, params in zip(request_ids, tokenized, params_list):
                 self.llm_engine.add_request(request_id, prompt, params)
             return self._run(request_ids, use_tqdm)
         except BaseException:
             self.llm_engine.abort_request(request_ids)
             raise
+
+    def _tokenize(self, prompt: PromptType) -> dict:
+        """Validate a prompt and tokenize it once; the engine takes the ids as they are."""
+        text, ids = self.llm_engine.process_prompt(prompt)
+        self.llm_engine.check_prompt_length(ids)
+        return {"prompt": text, "prompt_token_ids": ids}
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

@@ -63,8 +63,9 @@ class LLMEngine:
         """Turn a prompt into token ids, or raise ValueError saying what is wrong with it."""
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
-                prompt = prompt["prompt_token_ids"]
-            elif "prompt" in prompt:
+                # Already tokenized: the ids are checked, the text (if given) is kept for the output.
+                return prompt.get("prompt"), self.process_prompt(prompt["prompt_token_ids"])[1]
+            if "prompt" in prompt:
                 prompt = prompt["prompt"]
             else:
                 raise ValueError("a dict prompt needs a 'prompt' (text) or 'prompt_token_ids' (list of ints) key")
