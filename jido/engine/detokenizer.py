@@ -10,6 +10,11 @@ from jido.core.sampling_params import SamplingParams
 _PROMPT_CONTEXT_TOKENS = 5
 
 
+def stop_string_holdback(params: SamplingParams) -> int:
+    """How many trailing characters a stream should hold back: they may begin a stop string."""
+    return max((len(s) for s in params.stop_strings), default=1) - 1
+
+
 class TextDecoder(Protocol):
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
@@ -40,10 +45,6 @@ class IncrementalDetokenizer:
             self.token_ids.append(token_id)
             self.text += self._next_delta()
         return self._find_stop(start)
-
-    def holdback(self) -> int:
-        """How many trailing characters a stream should hold back: they may begin a stop string."""
-        return max((len(s) for s in self.stop_strings), default=1) - 1
 
     def _next_delta(self) -> str:
         decode = self.tokenizer.decode

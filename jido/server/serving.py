@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from jido.core.sampling_params import SamplingParams
 from jido.engine.async_engine import AsyncEngine, EngineOverloadedError, EngineStoppedError, RequestStream
 from jido.engine.chat_template import ChatTemplate
-from jido.engine.detokenizer import IncrementalDetokenizer
+from jido.engine.detokenizer import stop_string_holdback
 from jido.engine.outputs import RequestOutput
 from jido.server.errors import APIError, bad_request, from_validation_error, parse_json
 from jido.server.metrics import RequestTimer, ServerMetrics
@@ -107,7 +107,7 @@ class OpenAIServing:
                        params: SamplingParams, stream: bool, include_usage: bool, timer: RequestTimer) -> Response:
         outputs = self._submit(fmt.request_id, prompt_ids, params, timer)
         if stream:
-            holdback = IncrementalDetokenizer(self.llm.tokenizer, [], params).holdback()
+            holdback = stop_string_holdback(params)
             return StreamingResponse(self._sse(outputs, fmt, params.n, holdback, include_usage, timer),
                                      media_type="text/event-stream")
         final = await self._collect(http_request, outputs, timer)
