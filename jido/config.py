@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -50,11 +50,11 @@ class EngineConfig:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
-        _check_positive("block_size", self.block_size)
-        _check_positive("max_num_seqs", self.max_num_seqs)
-        _check_positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        check_positive_int("block_size", self.block_size)
+        check_positive_int("max_num_seqs", self.max_num_seqs)
+        check_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         if self.max_model_len is not None:
-            _check_positive("max_model_len", self.max_model_len)
+            check_positive_int("max_model_len", self.max_model_len)
         parse_size(self.kv_cache_memory)
 
     @property
@@ -62,10 +62,7 @@ class EngineConfig:
         return parse_size(self.kv_cache_memory)
 
 
-def _check_positive(name: str, value: int) -> None:
+def check_positive_int(name: str, value: int) -> None:
+    """Raise ValueError unless ``value`` is an int >= 1 (bools are not ints here)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-def config_field_names() -> list[str]:
-    return [f.name for f in fields(EngineConfig)]

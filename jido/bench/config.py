@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from jido.config import check_positive_int
+
 DATASETS = ("random", "conversation", "shared-prefix", "long-doc-qa", "jsonl")
 SLO_KEYS = ("ttft", "tpot", "e2el")
 
@@ -53,9 +55,9 @@ class BenchConfig:
             raise ValueError("dataset_name 'jsonl' needs --dataset-path FILE.jsonl")
         for name in ("num_prompts", "random_input_len", "random_output_len", "num_prefixes", "prefix_len",
                      "num_documents", "document_len"):
-            _check_positive(name, getattr(self, name))
+            check_positive_int(name, getattr(self, name))
         if self.max_concurrency is not None:
-            _check_positive("max_concurrency", self.max_concurrency)
+            check_positive_int("max_concurrency", self.max_concurrency)
         if not self.request_rate > 0:
             raise ValueError(f"request_rate must be > 0 (inf sends every request at once), got {self.request_rate}")
         if not self.burstiness > 0:
@@ -110,8 +112,3 @@ def _parse_list(text: str, name: str, kind: type) -> list:
     if not values or any(not v > 0 for v in values):
         raise ValueError(f"{name} must list positive values like '1,4,16', got {text!r}")
     return values
-
-
-def _check_positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
