@@ -1,108 +1,12 @@
-"""A fake OpenAI-compatible server on 127.0.0.1 that streams tokens on a schedule the prompt dictates."""
+"""Bench test fixtures: the fake OpenAI-compatible server from fake_openai_server.py, on a free port."""
 from __future__ import annotations
 
-import json
-import re
 import threading
-import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
-
-# Each completed request adds these to the fake server's vLLM-style counters.
-PREFIX_QUERIES_PER_REQUEST, PREFIX_HITS_PER_REQUEST = 100, 25
-QUEUE_SECONDS_PER_REQUEST = 0.010
-KV_USAGE = 0.5
-
-
-class FakeState:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.num_requests = 0
-        self.payloads: list[dict] = []
-        self.num_connections_to_drop = 0  # POSTs answered by closing the connection, as a stale keep-alive
-
-
-def schedule(prompt: str) -> tuple[float, float]:
-    """'ttft_ms=50 itl_ms=10' -> (0.05, 0.01): when the first token comes, and the gap between the next."""
-    ttft = float(re.search(r"ttft_ms=(\d+)", prompt).group(1)) / 1000 if "ttft_ms=" in prompt else 0.0
-    itl = float(re.search(r"itl_ms=(\d+)", prompt).group(1)) / 1000 if "itl_ms=" in prompt else 0.0
-    return ttft, itl
-
-
-def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
-        def do_GET(self) -> None:
-            if self.path == "/v1/models":
-                self._send(200, "application/json", json.dumps({"data": [{"id": "fake-model", "owned_by": "t"}]}))
-            elif self.path == "/metrics":
-                self._send(200, "text/plain", self._metrics_text())
-            else:
-                self._send(404, "application/json", json.dumps({"error": {"message": "not found"}}))
-
-        def do_POST(self) -> None:
-            payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            with state.lock:
-                state.payloads.append(payload)
-                drop = state.num_connections_to_drop > 0
-                state.num_connections_to_drop -= drop
-            if drop:
-                self.close_connection = True
-                return
-            prompt = payload.get("prompt") or payload["messages"][-1]["content"]
-            if "fail" in prompt:
-                self._send(500, "application/json", json.dumps({"error": {"message": "asked to fail"}}))
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.end_headers()
-            self._stream(payload, prompt)
-            with state.lock:
-                state.num_requests += 1
-
-        def _stream(self, payload: dict, prompt: str) -> None:
-            chat = "messages" in payload
-            ttft, itl = schedule(prompt)
-            if chat:  # a role-only first chunk, as OpenAI sends: it must not count as the first token
-                self._event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
-            for i in range(payload["max_tokens"]):
-                time.sleep(ttft if i == 0 else itl)
-                text = f" tok{i}"
-                choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
-                self._event({"choices": [choice]})
-            self._event({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": payload["max_tokens"]}})
-            self.wfile.write(b"data: [DONE]\n\n")
-
-        def _event(self, body: dict) -> None:
-            self.wfile.write(f"data: {json.dumps(body)}\n\n".encode())
-            self.wfile.flush()
-
-        def _metrics_text(self) -> str:
-            n = state.num_requests
-            return "\n".join([
-                "# TYPE vllm:prefix_cache_queries counter",
-                f'vllm:prefix_cache_queries_total{{model_name="fake-model"}} {n * PREFIX_QUERIES_PER_REQUEST}',
-                f'vllm:prefix_cache_hits_total{{model_name="fake-model"}} {n * PREFIX_HITS_PER_REQUEST}',
-                f'vllm:request_queue_time_seconds_sum{{model_name="fake-model"}} {n * QUEUE_SECONDS_PER_REQUEST}',
-                f'vllm:request_queue_time_seconds_count{{model_name="fake-model"}} {n}',
-                f'vllm:kv_cache_usage_perc{{model_name="fake-model"}} {KV_USAGE}',
-                f'vllm:num_requests_running{{model_name="fake-model"}} 1',
-                "",
-            ])
-
-        def _send(self, status: int, content_type: str, body: str) -> None:
-            data = body.encode()
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    return Handler
+from fake_openai_server import FakeState, make_handler
 
 
 @pytest.fixture

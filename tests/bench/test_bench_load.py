@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import KV_USAGE, PREFIX_HITS_PER_REQUEST, PREFIX_QUERIES_PER_REQUEST, QUEUE_SECONDS_PER_REQUEST
+from fake_openai_server import KV_USAGE, PREFIX_HITS_PER_REQUEST, PREFIX_QUERIES_PER_REQUEST, QUEUE_SECONDS_PER_REQUEST
 
 from jido.bench.cli import bench_main
 from jido.bench.client import SSEDecoder
