@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from jido import LLM, SamplingParams
+from jido.attention.registry import get_attention_backend
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -49,8 +50,9 @@ class AttentionTimer:
 
     def __init__(self, llm: LLM) -> None:
         self.total = 0.0
-        backend = llm.llm_engine.core.executor.runner.attn_backend
-        inner = backend.forward
+        # The backend lives in the worker, behind the executor: time its class's forward (in-process runs only).
+        backend_cls = type(get_attention_backend(llm.llm_engine.config.model_config.attention_backend))
+        inner = backend_cls.forward
 
         def timed(*args, **kwargs):
             start = time.perf_counter()
@@ -58,13 +60,13 @@ class AttentionTimer:
             self.total += time.perf_counter() - start
             return out
 
-        backend.forward = timed
+        backend_cls.forward = timed
 
 
 def run_jido(llm: LLM, prompts: list[list[int]], max_tokens: int, timer: AttentionTimer) -> dict:
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     engine = llm.llm_engine
-    engine.core.scheduler.kv.reset_prefix_cache()
+    engine.reset_prefix_cache()
     for i, prompt in enumerate(prompts):
         engine.add_request(f"bench-{time.perf_counter_ns()}-{i}", prompt, params)
     split = {"schedule": 0.0, "model": 0.0, "sample": 0.0, "update": 0.0}
@@ -77,7 +79,7 @@ def run_jido(llm: LLM, prompts: list[list[int]], max_tokens: int, timer: Attenti
         if first_token is None and outputs:
             first_token = time.perf_counter()
         num_out += sum(len(o.outputs[0].token_ids) for o in outputs if o.finished)
-        last = engine.core.last_step
+        last = engine.last_iteration_stats
         for key in split:
             split[key] += getattr(last, f"{key}_s")
     elapsed = time.perf_counter() - start
@@ -135,7 +137,7 @@ def main() -> None:
                         "batch32": median_run(lambda: run_jido(llm, batch, 128, timer), args.repeats)}}
     if not args.skip_transformers:
         from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_pretrained(llm.llm_engine.core.executor.runner.model_folder,
+        model = AutoModelForCausalLM.from_pretrained(llm.llm_engine.model_folder,
                                                      dtype=getattr(torch, args.dtype)).eval()
         pad = llm.get_tokenizer().pad_token_id or 0
         results["transformers"] = {

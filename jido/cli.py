@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from jido.config import EngineConfig
+from jido.config import FLAT_CONFIGS, JSON_CONFIGS, EngineConfig
 from jido.core.sampling_params import SamplingParams
 from jido.utils.cli_args import add_dataclass_arguments, dataclass_kwargs
 
@@ -17,7 +17,7 @@ def _generate_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("prompt", nargs="+", help="one or more prompts")
     parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     # --seed is the request's sampling seed here; the engine's own seed keeps its default.
-    add_dataclass_arguments(parser, EngineConfig, skip=("seed",))
+    _add_engine_arguments(parser, skip=("seed",))
     add_dataclass_arguments(parser, SamplingParams, skip=("n",))
     parser.set_defaults(handler=_run_generate)
 
@@ -26,7 +26,7 @@ def _run_generate(args: argparse.Namespace) -> int:
     from jido.engine.llm import LLM
 
     params = SamplingParams(**dataclass_kwargs(args, SamplingParams))
-    llm = LLM(**dataclass_kwargs(args, EngineConfig, skip=("seed",)))
+    llm = LLM(**_engine_kwargs(args, skip=("seed",)))
     for output in llm.generate(args.prompt, params):
         completion = output.outputs[0]
         if args.json:
@@ -43,7 +43,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     from jido.server.config import ServerConfig
 
     parser = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
-    add_dataclass_arguments(parser, EngineConfig)
+    _add_engine_arguments(parser)
     add_dataclass_arguments(parser, ServerConfig)
     parser.set_defaults(handler=_run_serve)
 
@@ -53,7 +53,24 @@ def _run_serve(args: argparse.Namespace) -> int:
     from jido.server.launcher import serve
 
     server_config = ServerConfig(**dataclass_kwargs(args, ServerConfig))
-    return serve(EngineConfig(**dataclass_kwargs(args, EngineConfig)), server_config)
+    return serve(EngineConfig.from_kwargs(**_engine_kwargs(args)), server_config)
+
+
+def _add_engine_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """One flag per engine setting (vLLM's names), generated from the configs by concern."""
+    for config_cls in FLAT_CONFIGS:
+        add_dataclass_arguments(parser, config_cls, skip=skip)
+    for name, config_cls in JSON_CONFIGS.items():
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar="JSON",
+                            help=f"{config_cls.__name__} as a JSON object")
+
+
+def _engine_kwargs(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict:
+    kwargs = {}
+    for config_cls in FLAT_CONFIGS:
+        kwargs.update(dataclass_kwargs(args, config_cls, skip=skip))
+    kwargs.update({name: getattr(args, name) for name in JSON_CONFIGS if getattr(args, name) is not None})
+    return kwargs
 
 
 # Subcommands with parsers of their own: "module:function" taking the remaining argv, imported lazily so

@@ -1,9 +1,11 @@
-"""The attention backend interface and the per-step metadata every backend reads."""
+"""The attention backend interface, the common per-step metadata every backend builds from, and its factory."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -19,7 +21,10 @@ class AttentionMetadata:
     prefix, and a decode (``query_len == 1``).
 
     Tensors live on the model's device; the ``*_list`` fields are the same numbers as Python ints so that
-    backends can loop without device syncs.
+    backends can loop without device syncs. ``block_tables`` and ``slot_mapping`` are one KV cache group's
+    (each group of layers has its own block table per request); the rest is the same for every group.
+    Build it with :func:`build_common_metadata`; each backend turns it into its own metadata once per step
+    and group (:meth:`AttentionBackend.build_metadata`).
     """
 
     query_start_loc: torch.Tensor  # [num_reqs + 1] int32, cumulative query lengths
@@ -52,25 +57,37 @@ class AttentionLayerSpec:
 
 
 class AttentionBackend(ABC):
-    """Computes causal attention for a flat batch against the paged KV cache.
+    """Computes causal attention for a flat batch against the paged KV cache, in a layout it owns.
 
-    A layer's KV cache is one tensor ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (index 0 keys,
-    1 values). ``forward`` first writes this step's ``k``/``v`` rows into their slots, then attends.
+    The runner allocates each layer's cache with :meth:`get_kv_cache_shape` (zero-filled) and, once per
+    step and KV cache group, turns the common metadata into the backend's own with
+    :meth:`build_metadata`; the model never names the layout.
 
     Args of ``forward``:
         spec: the layer's head counts, scale, sliding window and soft-cap.
         q: ``[num_tokens, num_heads * head_dim]``, RoPE already applied.
         k, v: ``[num_tokens, num_kv_heads * head_dim]``, RoPE already applied to ``k``.
-        kv_cache: the layer's cache tensor, written in place.
-        metadata: the step's :class:`AttentionMetadata`.
+        kv_cache: the layer's cache tensor; ``forward`` first writes this step's ``k``/``v`` rows into their
+            slots (``metadata``'s slot mapping), then attends.
+        metadata: what :meth:`build_metadata` returned for the layer's group this step.
     Returns:
         ``[num_tokens, num_heads * head_dim]`` in ``q``'s dtype.
     Invariants:
         The result for a request depends only on that request's tokens and cache blocks, never on which
-        other requests share the batch (batched == unbatched).
+        other requests share the batch (batched == unbatched). Slots outside a request's visible keys
+        (padding, blocks a sliding window has passed) are never read unmasked.
     """
 
     name: str
+
+    @staticmethod
+    @abstractmethod
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        """The shape of one layer's cache tensor holding ``num_blocks`` blocks."""
+
+    @abstractmethod
+    def build_metadata(self, common: AttentionMetadata) -> Any:
+        """This backend's metadata for one step of one KV cache group (called once, shared by its layers)."""
 
     @abstractmethod
     def forward(
@@ -80,13 +97,45 @@ class AttentionBackend(ABC):
         k: torch.Tensor,
         v: torch.Tensor,
         kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
+        metadata: Any,
     ) -> torch.Tensor: ...
 
 
-def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Scatter this step's keys and values into their cache slots."""
-    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
-    # [num_blocks * block_size, num_kv_heads, head_dim] views share the cache's storage.
-    kv_cache[0].view(-1, num_kv_heads, head_dim)[slot_mapping] = k.view(-1, num_kv_heads, head_dim)
-    kv_cache[1].view(-1, num_kv_heads, head_dim)[slot_mapping] = v.view(-1, num_kv_heads, head_dim)
+def build_common_metadata(query_lens: list[int], seq_lens: list[int], block_table: np.ndarray, block_size: int,
+                          device: torch.device | str = "cpu") -> AttentionMetadata:
+    """The common metadata of one KV cache group for a flat batch (used by the runner and the tests).
+
+    ``block_table`` is ``[num_reqs, max_num_blocks]`` int32, padded with any valid block id.
+    """
+    query_lens_np = np.asarray(query_lens, dtype=np.int64)
+    seq_lens_np = np.asarray(seq_lens, dtype=np.int64)
+    query_start_loc = np.concatenate([[0], np.cumsum(query_lens_np)]).astype(np.int32)
+    # Positions of every query token: the last query_len positions of each request's context.
+    req_index = np.repeat(np.arange(len(query_lens)), query_lens_np)
+    positions = np.arange(int(query_start_loc[-1])) - query_start_loc[req_index] + (seq_lens_np - query_lens_np)[req_index]
+    slots = block_table[req_index, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    return AttentionMetadata(
+        query_start_loc=torch.from_numpy(query_start_loc).to(device),
+        seq_lens=torch.from_numpy(seq_lens_np.astype(np.int32)).to(device),
+        block_tables=torch.from_numpy(np.ascontiguousarray(block_table, dtype=np.int32)).to(device),
+        slot_mapping=torch.from_numpy(slots).to(device),
+        block_size=block_size, query_lens_list=list(query_lens), seq_lens_list=list(seq_lens))
+
+
+@dataclass(frozen=True)
+class StepAttentionMetadata:
+    """What a model's forward needs about attention for one step: each layer's backend metadata.
+
+    ``max_seq_len`` is the longest context in the batch, as a Python int, so RoPE tables can be sized
+    without reading a device tensor.
+    """
+
+    per_layer: list[Any]
+    max_seq_len: int
+
+
+def build_step_metadata(backend: AttentionBackend, group_metadata: list[AttentionMetadata],
+                        layer_groups: list[int]) -> StepAttentionMetadata:
+    """Build each group's backend metadata once and hand layer ``i`` its group's (``layer_groups[i]``)."""
+    built = [backend.build_metadata(common) for common in group_metadata]
+    return StepAttentionMetadata([built[g] for g in layer_groups], max(group_metadata[0].seq_lens_list))

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata, write_kv
+from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,10 @@ class _Prefill:
 
 
 @dataclass(frozen=True)
-class _StepPlan:
+class TorchAttentionMetadata:
+    """One step of one KV cache group: the common metadata and how its requests split into calls."""
+
+    common: AttentionMetadata
     decodes: _DecodeBatch | None
     prefills: list[_Prefill]
 
@@ -42,17 +45,19 @@ class TorchAttentionBackend(AttentionBackend):
     run one by one over exactly their visible keys. Sliding-window layers gather only the blocks that the
     window reaches. Soft-capped layers use float32 math instead of SDPA, which has no soft-cap.
 
+    Layout: one tensor per layer, ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (0 keys, 1 values).
     NOTE: padded decode rows read cache slots beyond a request's context (masked out). The cache must hold
     finite values there, so allocate it with ``torch.zeros``, not ``torch.empty``: ``0 * NaN`` is NaN.
     """
 
     name = "torch"
 
-    def __init__(self) -> None:
-        # The step plan depends only on the metadata, so it is built once per step, not once per layer.
-        # NOTE: keyed on object identity: build a new AttentionMetadata each step, never mutate one in place.
-        self._plan_metadata: AttentionMetadata | None = None
-        self._plan: _StepPlan | None = None
+    @staticmethod
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
+    def build_metadata(self, common: AttentionMetadata) -> TorchAttentionMetadata:
+        return _build_plan(common)
 
     def forward(
         self,
@@ -61,10 +66,10 @@ class TorchAttentionBackend(AttentionBackend):
         k: torch.Tensor,
         v: torch.Tensor,
         kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
+        metadata: TorchAttentionMetadata,
     ) -> torch.Tensor:
-        write_kv(kv_cache, k, v, metadata.slot_mapping)
-        plan = self._step_plan(metadata)
+        write_kv(kv_cache, k, v, metadata.common.slot_mapping)
+        plan = metadata
         num_tokens = q.shape[0]
         q = q.view(num_tokens, spec.num_heads, spec.head_dim)
         out = torch.empty_like(q)
@@ -76,19 +81,21 @@ class TorchAttentionBackend(AttentionBackend):
             out[plan.decodes.rows] = decode_out
         for p in plan.prefills:
             rows = slice(p.query_start, p.query_start + p.query_len)
-            out[rows] = _prefill_attention(spec, q[rows], kv_cache, metadata.block_tables[p.req_idx], p.seq_len)
+            out[rows] = _prefill_attention(spec, q[rows], kv_cache, plan.common.block_tables[p.req_idx], p.seq_len)
         return out.view(num_tokens, -1)
 
-    def _step_plan(self, metadata: AttentionMetadata) -> _StepPlan:
-        if self._plan_metadata is not metadata:
-            self._plan = _build_plan(metadata)
-            self._plan_metadata = metadata
-        return self._plan
+
+def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Scatter this step's keys and values into their cache slots."""
+    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
+    # [num_blocks * block_size, num_kv_heads, head_dim] views share the cache's storage.
+    kv_cache[0].view(-1, num_kv_heads, head_dim)[slot_mapping] = k.view(-1, num_kv_heads, head_dim)
+    kv_cache[1].view(-1, num_kv_heads, head_dim)[slot_mapping] = v.view(-1, num_kv_heads, head_dim)
 
 
-def _build_plan(m: AttentionMetadata) -> _StepPlan:
+def _build_plan(m: AttentionMetadata) -> TorchAttentionMetadata:
     if m.is_decode_only:
-        return _StepPlan(_DecodeBatch(None, m.seq_lens, m.block_tables, max(m.seq_lens_list)), [])
+        return TorchAttentionMetadata(m, _DecodeBatch(None, m.seq_lens, m.block_tables, max(m.seq_lens_list)), [])
     decode_ids, prefills, start = [], [], 0
     for i, (query_len, seq_len) in enumerate(zip(m.query_lens_list, m.seq_lens_list)):
         if query_len == 1:
@@ -97,11 +104,11 @@ def _build_plan(m: AttentionMetadata) -> _StepPlan:
             prefills.append(_Prefill(i, start, query_len, seq_len))
         start += query_len
     if not decode_ids:
-        return _StepPlan(None, prefills)
+        return TorchAttentionMetadata(m, None, prefills)
     ids = torch.tensor(decode_ids, device=m.seq_lens.device)
     rows = m.query_start_loc[ids].long()
     max_seq_len = max(m.seq_lens_list[i] for i in decode_ids)
-    return _StepPlan(_DecodeBatch(rows, m.seq_lens[ids], m.block_tables[ids], max_seq_len), prefills)
+    return TorchAttentionMetadata(m, _DecodeBatch(rows, m.seq_lens[ids], m.block_tables[ids], max_seq_len), prefills)
 
 
 def _decode_attention(

@@ -1,96 +1,191 @@
-"""KVCacheManager: each request's block table, prefix-cache lookups and slot allocation."""
+"""KVCacheManager: each request's block tables (one per layer group), prefix-cache lookups and slot allocation."""
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from jido.core.block_pool import BlockPool, KVCacheBlock
 from jido.core.request import Request
-from jido.utils.hashing import hash_block_tokens
+from jido.utils.hashing import BlockHash, hash_block_tokens
+
+# A request's block table per group: ``None`` marks a sliding-window block that is no longer held.
+BlockTable = list[KVCacheBlock | None]
+NULL_BLOCK_ID = 0  # what the runner sees for a released position; never read (outside every window)
 
 
 class KVCacheManager:
-    """Gives requests the blocks their tokens need, sharing full blocks whose prefixes are cached.
+    """Gives requests the blocks their tokens need in every layer group, sharing cached prefixes.
 
-    A request's blocks are ``[prefix-cache hits..., newly allocated...]``; block ``i`` holds token
-    positions ``i * block_size`` to ``(i + 1) * block_size - 1``.
+    Groups come from :func:`jido.core.kv_cache_spec.group_layers`: ``sliding_windows[g]`` is ``None`` for
+    a full-attention group and the window for a sliding one. All groups draw from one :class:`BlockPool`.
+    In each group, block ``i`` of a request holds token positions ``i * block_size`` to
+    ``(i + 1) * block_size - 1``; a sliding group releases the blocks its window has passed (the position
+    stays in the table as ``None``), so it holds about ``window / block_size`` blocks however long the
+    request grows.
+
+    Prefix-cache rule: a hit of ``n`` blocks needs, in every full group, blocks ``0..n-1`` cached, and in
+    every sliding group the blocks that the query at position ``n * block_size`` can see (the last
+    ``window - 1`` keys before it); earlier blocks of a sliding group are not needed and stay ``None``.
+    Blocks are indexed by ``(group, block hash)``: each group's blocks hold other layers' K/V.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 sliding_windows: Sequence[int | None] = (None,)) -> None:
+        if not sliding_windows:
+            raise ValueError("the KV cache needs at least one layer group")
         self.block_size = block_size
         self.enable_caching = enable_caching
+        self.sliding_windows = tuple(sliding_windows)
         self.pool = BlockPool(num_blocks, enable_caching)
-        self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
-        self._num_cached_blocks: dict[str, int] = {}
+        self.req_to_blocks: dict[str, list[BlockTable]] = {}
+        self._num_cached_blocks: dict[str, int] = {}  # leading positions already indexed, in every group
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found in the cache
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.sliding_windows)
 
     @property
     def usage(self) -> float:
         return self.pool.usage
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
-        """The longest run of leading full blocks already cached, and how many tokens they cover.
+    # -- prefix cache ---------------------------------------------------------------------------
+    def get_computed_blocks(self, request: Request) -> tuple[list[BlockTable], int]:
+        """Per group, the cached blocks of the longest usable prefix, and how many tokens it covers.
 
         At least one token is always left to compute, because the step that computes it samples the
         next token. Nothing is taken: call :meth:`allocate_slots` with the blocks to keep them.
         """
         if not self.enable_caching:
-            return [], 0
+            return [[] for _ in self.sliding_windows], 0
         self._update_block_hashes(request)
-        max_hit_blocks = (request.num_tokens - 1) // self.block_size
-        hits: list[KVCacheBlock] = []
-        for i, block_hash in enumerate(request.block_hashes[:max_hit_blocks]):
-            block = self.pool.get_cached_block(block_hash, self._block_tokens(request, i))
-            if block is None:
-                break
-            hits.append(block)
-        return hits, len(hits) * self.block_size
+        limit = (request.num_tokens - 1) // self.block_size
+        cached: list[BlockTable] = [[] for _ in self.sliding_windows]
+        # Full groups first: only their common cached prefix can be used, which bounds the sliding scans.
+        for group in sorted(range(self.num_groups), key=lambda g: self.sliding_windows[g] is not None):
+            cached[group] = self._cached_run(request, group, limit)
+            if self.sliding_windows[group] is None:
+                limit = min(limit, len(cached[group]))
+        num_hit = self._longest_hit(cached, limit)
+        hits = [self._hit_table(g, blocks, num_hit) for g, blocks in enumerate(cached)]
+        return hits, num_hit * self.block_size
 
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
-        """Make room for ``num_new_tokens`` more tokens; returns the newly allocated blocks, or None.
+    def _cached_run(self, request: Request, group: int, limit: int) -> BlockTable:
+        """The group's cached block for each of the first ``limit`` positions (None where absent).
 
-        ``new_computed_blocks`` are prefix-cache hits (from :meth:`get_computed_blocks`) to attach in
-        front. On None nothing changed: the caller may preempt someone and try again.
+        A full group stops at its first miss: only a prefix of it can ever be used.
         """
-        computed = new_computed_blocks or []
-        blocks = self.req_to_blocks.get(request.request_id, [])
-        num_tokens = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
-        num_needed = -(-num_tokens // self.block_size) - len(blocks) - len(computed)
+        found: BlockTable = []
+        for i in range(limit):
+            block = self.pool.get_cached_block((group, request.block_hashes[i]), self._block_tokens(request, i))
+            if block is None and self.sliding_windows[group] is None:
+                break
+            found.append(block)
+        return found
+
+    def _longest_hit(self, cached: list[BlockTable], limit: int) -> int:
+        """The most blocks ``n <= limit`` that every sliding group can serve (see the prefix-cache rule)."""
+        runs = {g: _run_lengths(blocks) for g, blocks in enumerate(cached) if self.sliding_windows[g] is not None}
+        for n in range(limit, 0, -1):
+            if all(self._window_cached(self.sliding_windows[g], run, n) for g, run in runs.items()):
+                return n
+        return 0
+
+    def _window_cached(self, window: int, run: list[int], n: int) -> bool:
+        """Whether the blocks the query at ``n * block_size`` sees all sit at the end of a cached run."""
+        need = n - self._num_dead_blocks(window, n * self.block_size)
+        return need == 0 or run[n - 1] >= need
+
+    def _hit_table(self, group: int, blocks: BlockTable, num_hit: int) -> BlockTable:
+        window = self.sliding_windows[group]
+        first = 0 if window is None else self._num_dead_blocks(window, num_hit * self.block_size)
+        return [None] * first + blocks[first:num_hit]
+
+    # -- allocation -----------------------------------------------------------------------------
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       new_computed_blocks: list[BlockTable] | None = None,
+                       num_lookahead_tokens: int = 0) -> list[list[KVCacheBlock]] | None:
+        """Make room for ``num_new_tokens`` (+ ``num_lookahead_tokens``) more tokens in every group.
+
+        Returns the newly allocated blocks per group, or None when the pool is too small; then only the
+        blocks that sliding windows had already passed were released, and the caller may preempt
+        someone and try again. ``new_computed_blocks`` are prefix-cache hits (from
+        :meth:`get_computed_blocks`) to attach in front, on the request's first allocation.
+        """
+        tables = self.req_to_blocks.get(request.request_id)
+        if tables is not None:
+            self._release_dead_blocks(request, tables)
+        computed = new_computed_blocks or [[] for _ in self.sliding_windows]
+        num_hit = len(computed[0]) * self.block_size
+        num_tokens = request.num_computed_tokens + num_hit + num_new_tokens + num_lookahead_tokens
+        num_positions = -(-num_tokens // self.block_size)
+        held = [len(t) for t in tables] if tables is not None else [len(c) for c in computed]
+        num_needed = sum(max(num_positions - n, 0) for n in held)
         # Hits sitting in the free queue stop being allocatable once we take them.
-        num_revived = sum(1 for b in computed if b.ref_cnt == 0)
+        num_revived = sum(1 for blocks in computed for b in blocks if b is not None and b.ref_cnt == 0)
         if num_needed > self.pool.num_free_blocks - num_revived:
             return None
-        if request.request_id not in self.req_to_blocks and self.enable_caching:
-            self.prefix_cache_queries += request.num_tokens
-            self.prefix_cache_hits += len(computed) * self.block_size
-        self.pool.touch(computed)
-        new_blocks = self.pool.allocate(max(num_needed, 0))
-        self.req_to_blocks[request.request_id] = blocks + computed + new_blocks
-        self._num_cached_blocks.setdefault(request.request_id, 0)
-        self._num_cached_blocks[request.request_id] += len(computed)
+        if tables is None:
+            tables = self._start_tables(request, computed)
+        new_blocks = []
+        for table in tables:
+            new = self.pool.allocate(max(num_positions - len(table), 0))
+            table.extend(new)
+            new_blocks.append(new)
         return new_blocks
+
+    def _start_tables(self, request: Request, computed: list[BlockTable]) -> list[BlockTable]:
+        if self.enable_caching:
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += len(computed[0]) * self.block_size
+        self.pool.touch(b for blocks in computed for b in blocks if b is not None)
+        tables = [list(blocks) for blocks in computed]
+        self.req_to_blocks[request.request_id] = tables
+        self._num_cached_blocks[request.request_id] = len(computed[0])
+        return tables
+
+    def _release_dead_blocks(self, request: Request, tables: list[BlockTable]) -> None:
+        for window, table in zip(self.sliding_windows, tables):
+            if window is None:
+                continue
+            dead = self._num_dead_blocks(window, request.num_computed_tokens)
+            released = [b for b in table[:dead] if b is not None]
+            if released:
+                table[:dead] = [None] * dead
+                self.pool.free(reversed(released))
+
+    def _num_dead_blocks(self, window: int, num_computed_tokens: int) -> int:
+        # The query at num_computed_tokens sees keys from num_computed_tokens - window + 1 on.
+        return max(0, num_computed_tokens - window + 1) // self.block_size
 
     def cache_full_blocks(self, request: Request) -> None:
         """Index the request's blocks that became full of computed tokens, for later prefix hits."""
         if not self.enable_caching:
             return
-        blocks = self.req_to_blocks[request.request_id]
-        num_full = min(request.num_computed_tokens // self.block_size, len(blocks))
+        tables = self.req_to_blocks[request.request_id]
+        num_full = min(request.num_computed_tokens // self.block_size, *(len(t) for t in tables))
         start = self._num_cached_blocks[request.request_id]
         if num_full <= start:
             return
         self._update_block_hashes(request)
         for i in range(start, num_full):
-            self.pool.cache_block(blocks[i], request.block_hashes[i], self._block_tokens(request, i))
+            tokens = self._block_tokens(request, i)
+            for group, table in enumerate(tables):
+                if table[i] is not None:
+                    self.pool.cache_block(table[i], (group, request.block_hashes[i]), tokens)
         self._num_cached_blocks[request.request_id] = num_full
 
     def free(self, request: Request) -> None:
         """Return a request's blocks. Tail blocks go first so that shared prefixes are evicted last."""
-        blocks = self.req_to_blocks.pop(request.request_id, [])
+        tables = self.req_to_blocks.pop(request.request_id, [])
         self._num_cached_blocks.pop(request.request_id, None)
-        self.pool.free(reversed(blocks))
+        for table in tables:
+            self.pool.free(b for b in reversed(table) if b is not None)
 
-    def get_block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+    def get_block_ids(self, request_id: str) -> list[list[int]]:
+        """The request's block ids per group; released sliding-window positions read ``NULL_BLOCK_ID``."""
+        return [[NULL_BLOCK_ID if b is None else b.block_id for b in table]
+                for table in self.req_to_blocks.get(request_id, [])]
 
     def reset_prefix_cache(self) -> None:
         self.pool.reset_prefix_cache()
@@ -103,7 +198,16 @@ class KVCacheManager:
 
     def _update_block_hashes(self, request: Request) -> None:
         num_full = request.num_tokens // self.block_size
-        hashes = request.block_hashes
+        hashes: list[BlockHash] = request.block_hashes
         for i in range(len(hashes), num_full):
             parent = hashes[i - 1] if i > 0 else None
             hashes.append(hash_block_tokens(parent, self._block_tokens(request, i)))
+
+
+def _run_lengths(blocks: BlockTable) -> list[int]:
+    """For each position, how many consecutive cached blocks end there."""
+    runs, run = [], 0
+    for block in blocks:
+        run = run + 1 if block is not None else 0
+        runs.append(run)
+    return runs

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from jido.core.sampling_params import SamplingParams
+from jido.metrics.stats import IterationStats, SchedulerStats
 
 
 @dataclass
@@ -15,7 +16,7 @@ class NewRequestData:
     num_prompt_tokens: int
     sampling_params: SamplingParams
     eos_token_ids: tuple[int, ...]
-    block_ids: list[int]
+    block_ids: list[list[int]]  # one block table per KV cache group
     num_computed_tokens: int
 
 
@@ -24,8 +25,8 @@ class CachedRequestData:
     """A request the runner already holds: only what changed since its last step."""
 
     req_id: str
-    new_block_ids: list[int]
-    num_computed_tokens: int
+    new_block_ids: list[list[int]]  # per KV cache group, appended to the group's table
+    num_computed_tokens: int  # the scheduler's count; the runner takes it as it is and keeps none of its own
 
 
 @dataclass
@@ -37,6 +38,8 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[str, int]  # in batch order
     total_num_scheduled_tokens: int
     finished_req_ids: set[str] = field(default_factory=set)  # finished, aborted or preempted since last step
+    # Proposed tokens to verify this step, after each request's last known token (speculative decoding).
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -55,17 +58,21 @@ class Logprobs:
 
 @dataclass
 class ModelRunnerOutput:
-    """Tokens sampled this step, for the requests whose known tokens are now all computed."""
+    """Tokens sampled this step, for the requests whose known tokens are now all computed.
 
-    sampled_token_ids: dict[str, int]
-    logprobs: dict[str, Logprobs] = field(default_factory=dict)
+    A request may get several tokens in one step (accepted speculative tokens, multi-step decoding); the
+    scheduler checks stops on each in order and drops what follows a stop.
+    """
+
+    sampled_token_ids: dict[str, list[int]]
+    logprobs: dict[str, list[Logprobs]] = field(default_factory=dict)  # one per sampled token
     model_time_s: float = 0.0
     sample_time_s: float = 0.0
 
 
 @dataclass
 class EngineCoreOutput:
-    """One request's news from one step: its new token, and whether and why it finished."""
+    """One request's news from one step: its new tokens, and whether and why it finished."""
 
     req_id: str
     new_token_ids: list[int]
@@ -73,3 +80,12 @@ class EngineCoreOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+
+
+@dataclass
+class EngineCoreOutputs:
+    """Everything one engine step reports: per-request news and the records metrics are made of."""
+
+    outputs: list[EngineCoreOutput]
+    scheduler_stats: SchedulerStats
+    iteration_stats: IterationStats | None = None  # None when no step ran

@@ -46,6 +46,11 @@ class Request:
         self.stop_reason: int | str | None = None
         self.block_hashes: list[BlockHash] = []
         self.first_scheduled_time: float | None = None
+        self.spec_token_ids: list[int] = []  # proposed next tokens, verified in the next step
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self.all_token_ids) + len(self.spec_token_ids)
 
     @property
     def num_tokens(self) -> int:

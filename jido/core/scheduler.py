@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 from jido.core.block_pool import KVCacheBlock
 from jido.core.kv_cache_manager import KVCacheManager
-from jido.core.outputs import (CachedRequestData, EngineCoreOutput, ModelRunnerOutput, NewRequestData,
+from jido.core.outputs import (CachedRequestData, EngineCoreOutput, Logprobs, ModelRunnerOutput, NewRequestData,
                                SchedulerOutput)
 from jido.core.request import Request, RequestStatus
+from jido.metrics.stats import SchedulerStats
 
 
 @dataclass(frozen=True)
@@ -17,16 +18,7 @@ class SchedulerLimits:
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
-
-
-@dataclass
-class SchedulerStats:
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    num_preemptions: int
+    num_lookahead_tokens: int = 0  # slots kept free after each running request for next step's proposals
 
 
 class Scheduler:
@@ -47,6 +39,7 @@ class Scheduler:
         self._preempted_this_step = False  # no admissions in a step that had to preempt
         self._runner_has: set[str] = set()  # requests whose state the runner holds
         self._dropped: set[str] = set()  # to tell the runner next step
+        self._queue_times: list[float] = []  # arrival -> first scheduled, for requests first scheduled now
 
     # -- requests in and out -------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -69,16 +62,21 @@ class Scheduler:
         return SchedulerStats(len(self.running), len(self.waiting), self.kv.usage,
                               self.kv.prefix_cache_queries, self.kv.prefix_cache_hits, self.num_preemptions)
 
+    def take_queue_times(self) -> tuple[float, ...]:
+        """Queue times of the requests first scheduled since the last call."""
+        times, self._queue_times = tuple(self._queue_times), []
+        return times
+
     # -- one step ------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         num_scheduled: dict[str, int] = {}
-        new_block_ids: dict[str, list[int]] = {}
+        new_block_ids: dict[str, list[list[int]]] = {}
         budget = self._schedule_running(num_scheduled, new_block_ids)
         if not self._preempted_this_step:
             self._schedule_waiting(num_scheduled, new_block_ids, budget)
         return self._make_output(num_scheduled, new_block_ids)
 
-    def _schedule_running(self, num_scheduled: dict[str, int], new_block_ids: dict[str, list[int]]) -> int:
+    def _schedule_running(self, num_scheduled: dict[str, int], new_block_ids: dict[str, list[list[int]]]) -> int:
         budget = self.limits.max_num_batched_tokens
         self._preempted_this_step = False
         # Decodes first, then prefill chunks; sorted() is stable, so each group keeps admission order.
@@ -87,20 +85,22 @@ class Scheduler:
                 break
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            # Never past max_model_len: a proposal beyond the last position has nowhere to go.
+            num_new = min(request.num_tokens_with_spec, self.limits.max_model_len) - request.num_computed_tokens
+            num_new = min(num_new, budget)
             blocks = self._allocate_or_preempt(request, num_new, num_scheduled, new_block_ids)
             if blocks is None:
                 continue
             num_scheduled[request.request_id] = num_new
-            new_block_ids[request.request_id] = [b.block_id for b in blocks]
+            new_block_ids[request.request_id] = _ids(blocks)
             budget -= num_new
         return self.limits.max_num_batched_tokens - sum(num_scheduled.values())
 
     def _allocate_or_preempt(self, request: Request, num_new: int, num_scheduled: dict[str, int],
-                             new_block_ids: dict[str, list[int]]) -> list[KVCacheBlock] | None:
+                             new_block_ids: dict[str, list[list[int]]]) -> list[list[KVCacheBlock]] | None:
         """Allocate for ``request``, preempting the newest running requests until it fits or is itself preempted."""
         while True:
-            blocks = self.kv.allocate_slots(request, num_new)
+            blocks = self.kv.allocate_slots(request, num_new, num_lookahead_tokens=self.limits.num_lookahead_tokens)
             if blocks is not None:
                 return blocks
             victim = self.running[-1]
@@ -110,13 +110,13 @@ class Scheduler:
             if victim is request:
                 return None
 
-    def _schedule_waiting(self, num_scheduled: dict[str, int], new_block_ids: dict[str, list[int]],
+    def _schedule_waiting(self, num_scheduled: dict[str, int], new_block_ids: dict[str, list[list[int]]],
                           budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
             request = self.waiting[0]
             hits, num_hit_tokens = self.kv.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_hit_tokens, budget)
-            blocks = self.kv.allocate_slots(request, num_new, hits)
+            blocks = self.kv.allocate_slots(request, num_new, hits, self.limits.num_lookahead_tokens)
             if blocks is None:
                 break
             self.waiting.popleft()
@@ -126,14 +126,19 @@ class Scheduler:
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit_tokens
                 request.first_scheduled_time = time.monotonic()
+                self._queue_times.append(request.first_scheduled_time - request.arrival_time)
             num_scheduled[request.request_id] = num_new
-            new_block_ids[request.request_id] = [b.block_id for b in blocks]
+            new_block_ids[request.request_id] = _ids(blocks)
             budget -= num_new
 
-    def _make_output(self, num_scheduled: dict[str, int], new_block_ids: dict[str, list[int]]) -> SchedulerOutput:
-        new_reqs, cached_reqs = [], []
-        for req_id in num_scheduled:
+    def _make_output(self, num_scheduled: dict[str, int],
+                     new_block_ids: dict[str, list[list[int]]]) -> SchedulerOutput:
+        new_reqs, cached_reqs, spec_tokens = [], [], {}
+        for req_id, num_new in num_scheduled.items():
             request = self.requests[req_id]
+            num_spec = request.num_computed_tokens + num_new - request.num_tokens
+            if num_spec > 0:
+                spec_tokens[req_id] = request.spec_token_ids[:num_spec]
             if req_id in self._runner_has:
                 cached_reqs.append(CachedRequestData(req_id, new_block_ids[req_id], request.num_computed_tokens))
                 continue
@@ -142,30 +147,44 @@ class Scheduler:
                 req_id, list(request.all_token_ids), request.num_prompt_tokens, request.sampling_params,
                 request.eos_token_ids, self.kv.get_block_ids(req_id), request.num_computed_tokens))
         dropped, self._dropped = self._dropped, set()
-        return SchedulerOutput(new_reqs, cached_reqs, num_scheduled, sum(num_scheduled.values()), dropped)
+        return SchedulerOutput(new_reqs, cached_reqs, num_scheduled, sum(num_scheduled.values()), dropped,
+                               spec_tokens)
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
-        """Advance each scheduled request by its computed tokens, append sampled tokens, check stops."""
+        """Advance each scheduled request by its computed tokens, append sampled tokens, check stops.
+
+        Proposed tokens the runner rejected are taken back from ``num_computed_tokens``: a request that
+        verified ``k`` proposals gets between 1 and ``k + 1`` tokens, the first of which replaces the
+        first rejected proposal.
+        """
         outputs = []
         for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
             request = self.requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # finished or preempted while the step ran
-            request.num_computed_tokens += num_tokens
+            token_ids = runner_output.sampled_token_ids.get(req_id, [])
+            num_spec = len(scheduler_output.scheduled_spec_decode_tokens.get(req_id, ()))
+            num_rejected = num_spec + 1 - len(token_ids) if token_ids else 0
+            request.num_computed_tokens += num_tokens - num_rejected
+            request.spec_token_ids = []
             self.kv.cache_full_blocks(request)
-            token_id = runner_output.sampled_token_ids.get(req_id)
-            if token_id is None:
+            if not token_ids:
                 continue  # a prefill chunk that has not reached the end of the prompt yet
+            outputs.append(self._append_tokens(request, token_ids, runner_output.logprobs.get(req_id, [])))
+        return outputs
+
+    def _append_tokens(self, request: Request, token_ids: list[int], logprobs: list[Logprobs]) -> EngineCoreOutput:
+        """Append tokens one by one; a stop ends the request there and drops the tokens after it."""
+        finish = None
+        for num_new, token_id in enumerate(token_ids, start=1):
             request.append_output_token(token_id)
             finish = self._check_stop(request)
             if finish is not None:
                 self._finish(request, finish)
-            logprobs = runner_output.logprobs.get(req_id)
-            outputs.append(EngineCoreOutput(
-                req_id, [token_id], [logprobs] if logprobs else [], finish.value if finish else None,
-                request.stop_reason, request.num_cached_tokens))
-        return outputs
+                break
+        return EngineCoreOutput(request.request_id, token_ids[:num_new], logprobs[:num_new],
+                                finish.value if finish else None, request.stop_reason, request.num_cached_tokens)
 
     # -- helpers -------------------------------------------------------------------------------
     def _check_stop(self, request: Request) -> RequestStatus | None:
@@ -189,6 +208,7 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
+        request.spec_token_ids = []
         self.num_preemptions += 1
         self._preempted_this_step = True
         self._forget_in_runner(request.request_id)
@@ -208,3 +228,7 @@ class Scheduler:
         if req_id in self._runner_has:
             self._runner_has.discard(req_id)
             self._dropped.add(req_id)
+
+
+def _ids(blocks: list[list[KVCacheBlock]]) -> list[list[int]]:
+    return [[b.block_id for b in group] for group in blocks]

@@ -9,12 +9,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from jido.core.request import Request
 from jido.core.sampling_params import SamplingParams
-from jido.core.scheduler import SchedulerStats
-from jido.engine.engine_core import StepTimes
 from jido.engine.llm_engine import LLMEngine, PromptType
 from jido.engine.outputs import RequestOutput
+from jido.metrics.stats import IterationStats, SchedulerStats
 
 logger = logging.getLogger("jido")
 
@@ -31,10 +29,14 @@ class EngineStoppedError(RuntimeError):
 class StepReport:
     """The engine after one loop iteration, for metrics; ``times`` is None when no step ran."""
 
-    times: StepTimes | None
+    times: IterationStats | None
     stats: SchedulerStats
-    queue_times_s: tuple[float, ...]  # arrival -> first scheduled, for requests first scheduled now
     num_added: int  # sequences the engine has taken in since it started
+
+    @property
+    def queue_times_s(self) -> tuple[float, ...]:
+        """Arrival -> first scheduled, for the requests first scheduled in this step."""
+        return () if self.times is None else self.times.queue_times_s
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._num_submitted = 0  # sequences, counted on the event loop
         self._num_added = 0  # sequences, counted on the engine thread
-        self.last_report = StepReport(None, engine.core.scheduler.stats(), (), 0)
+        self.last_report = StepReport(None, engine.get_scheduler_stats(), 0)
         self.accepting = True
         self.error: BaseException | None = None
 
@@ -182,6 +184,15 @@ class AsyncEngine:
         if stream is not None:
             stream.put(error)
 
+    def check_health(self) -> None:
+        """Raise EngineStoppedError if the loop died or a worker is gone (a dead idle worker shows here first)."""
+        if self.error is not None:
+            raise EngineStoppedError(f"the engine loop failed: {self.error}")
+        try:
+            self.engine.check_health()
+        except RuntimeError as exc:
+            raise EngineStoppedError(f"the engine is unhealthy: {exc}") from None
+
     def _fail_all(self, error: BaseException) -> None:
         self.error = error
         for stream in self._streams.values():
@@ -194,7 +205,7 @@ class AsyncEngine:
                 if self.engine.has_unfinished_requests():
                     self._step()
                 else:
-                    self._report([], None, ())  # idle: publish the state an abort just left
+                    self._report([], None)  # idle: publish the state an abort just left
         except Exception as exc:  # noqa: BLE001 - every request must hear that the loop died
             logger.exception("engine loop failed")
             self._call(self._fail_all, exc)
@@ -225,12 +236,11 @@ class AsyncEngine:
             self._call(self._fail, command.request_id, exc)
 
     def _step(self) -> None:
-        unscheduled = [r for r in self.engine.core.scheduler.waiting if r.first_scheduled_time is None]
         outputs = self.engine.step()
-        self._report(outputs, self.engine.core.last_step, _queue_times(unscheduled))
+        self._report(outputs, self.engine.last_iteration_stats)
 
-    def _report(self, outputs: list[RequestOutput], times: StepTimes | None, queue_times: tuple[float, ...]) -> None:
-        report = StepReport(times, self.engine.core.scheduler.stats(), queue_times, self._num_added)
+    def _report(self, outputs: list[RequestOutput], times: IterationStats | None) -> None:
+        report = StepReport(times, self.engine.get_scheduler_stats(), self._num_added)
         self._call(self._publish, outputs, report)
 
     def _call(self, fn: Callable, *args: object) -> None:
@@ -240,6 +250,3 @@ class AsyncEngine:
         except RuntimeError:
             pass  # the event loop already closed: nobody is listening any more
 
-
-def _queue_times(requests: list[Request]) -> tuple[float, ...]:
-    return tuple(r.first_scheduled_time - r.arrival_time for r in requests if r.first_scheduled_time is not None)

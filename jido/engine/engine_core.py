@@ -1,76 +1,117 @@
-"""EngineCore: the step loop that joins the scheduler to the executor."""
+"""EngineCore: the step loop that joins the scheduler to the executor, and the KV cache sizing between them."""
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from jido.config import EngineConfig
 from jido.core.kv_cache_manager import KVCacheManager
-from jido.core.outputs import EngineCoreOutput
+from jido.core.kv_cache_spec import (KVCacheConfig, SlidingWindowSpec, blocks_per_request, make_kv_cache_config,
+                                    peak_blocks_per_request)
+from jido.core.outputs import EngineCoreOutputs
 from jido.core.request import Request, RequestStatus
 from jido.core.scheduler import Scheduler, SchedulerLimits
-from jido.executor.uniproc import UniprocExecutor
+from jido.executor.abstract import Executor, get_executor_class
+from jido.metrics.stats import IterationStats, SchedulerStats
+from jido.models.config import ModelArchConfig
 
 logger = logging.getLogger("jido")
 
 
 @dataclass(frozen=True)
 class KVCachePlan:
-    bytes_per_token: int
-    num_blocks: int
+    """The block pool laid over the layers, and the request length it serves."""
+
+    kv_cache_config: KVCacheConfig
     max_model_len: int
+    max_concurrency: float  # full-length requests that decode at once
 
 
-@dataclass
-class StepTimes:
-    """Where the last step's time went, for metrics and profiling."""
+def plan_kv_cache(config: EngineConfig, kv_cache_config: KVCacheConfig, model_max_len: int) -> KVCachePlan:
+    """Settle ``max_model_len`` against the model's limit and the pool, and log how many requests fit.
 
-    schedule_s: float = 0.0
-    model_s: float = 0.0
-    sample_s: float = 0.0
-    update_s: float = 0.0
-    num_tokens: int = 0
-
-
-def plan_kv_cache(config: EngineConfig, bytes_per_token: int, model_max_len: int) -> KVCachePlan:
-    """Size the block pool from ``kv_cache_memory`` and settle ``max_model_len``."""
-    block_bytes = bytes_per_token * config.block_size
-    num_blocks = config.kv_cache_bytes // block_bytes
-    if num_blocks < 1:
-        raise ValueError(f"kv_cache_memory={config.kv_cache_memory!r} holds no KV block: one block of "
-                         f"{config.block_size} tokens takes {block_bytes} bytes")
-    capacity = num_blocks * config.block_size
-    if config.max_model_len is not None:
-        if config.max_model_len > model_max_len:
-            raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's limit of {model_max_len}")
-        if config.max_model_len > capacity:
-            raise ValueError(f"max_model_len={config.max_model_len} does not fit in the KV cache "
-                             f"({capacity} tokens in {config.kv_cache_memory!r}); raise kv_cache_memory to at "
-                             f"least {config.max_model_len * bytes_per_token} bytes or lower max_model_len")
-        max_model_len = config.max_model_len
+    A sliding-window group holds about its window per decoding request, but while a request prefills a
+    chunk it holds the window plus the chunk. ``max_model_len`` is the longest request whose peak fits
+    the pool alone; the concurrency figure keeps one such prefill's extra blocks aside, not one per request.
+    """
+    budget = config.scheduler_config.max_num_batched_tokens
+    capacity = _max_request_len(kv_cache_config, budget, model_max_len)
+    requested = config.model_config.max_model_len
+    if requested is not None:
+        if requested > model_max_len:
+            raise ValueError(f"max_model_len={requested} exceeds the model's limit of {model_max_len}")
+        if requested > capacity:
+            raise ValueError(f"max_model_len={requested} does not fit in the KV cache ({capacity} tokens in "
+                             f"{config.cache_config.kv_cache_memory!r}, {kv_cache_config.block_bytes} bytes per "
+                             "block); raise kv_cache_memory or lower max_model_len")
+        max_model_len = requested
     else:
-        max_model_len = min(model_max_len, capacity)
-    logger.info("KV cache: %d bytes per token, %d blocks of %d tokens (%d tokens), %.1f requests of "
-                "max_model_len=%d fit", bytes_per_token, num_blocks, config.block_size, capacity,
-                capacity / max_model_len, max_model_len)
-    return KVCachePlan(bytes_per_token, num_blocks, max_model_len)
+        max_model_len = capacity
+    steady = blocks_per_request(kv_cache_config, max_model_len)
+    reserve = peak_blocks_per_request(kv_cache_config, max_model_len, budget) - steady
+    concurrency = (kv_cache_config.num_blocks - reserve) / steady
+    groups = ", ".join(f"{len(g.layer_ids)} layers " + (f"window {g.spec.sliding_window}"
+                       if isinstance(g.spec, SlidingWindowSpec) else "full") for g in kv_cache_config.groups)
+    logger.info("KV cache: %d blocks of %d tokens, %d bytes each; %d groups (%s)", kv_cache_config.num_blocks,
+                kv_cache_config.block_size, kv_cache_config.block_bytes, len(kv_cache_config.groups), groups)
+    logger.info("Maximum concurrency for %d tokens per request: %.2fx", max_model_len, concurrency)
+    return KVCachePlan(kv_cache_config, max_model_len, concurrency)
+
+
+def _max_request_len(kv: KVCacheConfig, budget: int, model_max_len: int) -> int:
+    """The longest request (up to the model's limit) whose peak, prefill chunks included, fits the pool."""
+    if kv.num_blocks < peak_blocks_per_request(kv, kv.block_size, budget):
+        return 0
+    low, high = kv.block_size, model_max_len  # peak grows with the length: bisect for the last that fits
+    while low < high:
+        mid = (low + high + 1) // 2
+        if peak_blocks_per_request(kv, mid, budget) <= kv.num_blocks:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 class EngineCore:
-    """Owns the scheduler and the executor; ``step()`` runs one iteration of continuous batching."""
+    """Owns the scheduler and the executor; ``step()`` runs one iteration of continuous batching.
 
-    def __init__(self, config: EngineConfig) -> None:
+    The model is resolved above (``model_folder``, ``model_arch``); the executor reports what the KV
+    cache needs per layer and gets the pool laid out for it. Stats leave as records, never as live state.
+    """
+
+    def __init__(self, config: EngineConfig, model_folder: Path, model_arch: ModelArchConfig,
+                 executor_class: type[Executor] | None = None) -> None:
         self.config = config
-        self.executor = UniprocExecutor(config)
-        runner = self.executor.runner
-        self.model_config = runner.model_config
-        self.kv_plan = plan_kv_cache(config, runner.kv_bytes_per_token, self.model_config.max_position_embeddings)
-        self.executor.initialize_kv_cache(self.kv_plan.num_blocks)
-        kv_manager = KVCacheManager(self.kv_plan.num_blocks, config.block_size, config.enable_prefix_caching)
-        limits = SchedulerLimits(config.max_num_seqs, config.max_num_batched_tokens, self.kv_plan.max_model_len)
-        self.scheduler = Scheduler(limits, kv_manager)
-        self.last_step = StepTimes()
+        if config.speculative_config is not None or config.kv_transfer_config is not None:
+            raise ValueError("speculative_config and kv_transfer_config are accepted by the configuration but "
+                             "this version of jido runs neither: leave them unset")
+        executor_class = executor_class or get_executor_class(config.parallel_config.distributed_executor_backend)
+        self.executor = executor_class(config, model_folder)
+        try:
+            self.kv_plan = self._initialize_kv_cache(model_arch)
+        except BaseException:
+            self.executor.shutdown()
+            raise
+        kv_config = self.kv_plan.kv_cache_config
+        windows = [g.spec.sliding_window if isinstance(g.spec, SlidingWindowSpec) else None for g in kv_config.groups]
+        kv_manager = KVCacheManager(kv_config.num_blocks, kv_config.block_size,
+                                    config.cache_config.enable_prefix_caching, windows)
+        sched = config.scheduler_config
+        self.scheduler = Scheduler(SchedulerLimits(sched.max_num_seqs, sched.max_num_batched_tokens,
+                                                   self.kv_plan.max_model_len), kv_manager)
+
+    def _initialize_kv_cache(self, model_arch: ModelArchConfig) -> KVCachePlan:
+        specs = self.executor.get_kv_cache_spec()
+        available = self.executor.determine_available_memory()
+        try:
+            kv_cache_config = make_kv_cache_config(specs, available)
+        except ValueError as exc:
+            raise ValueError(f"kv_cache_memory={self.config.cache_config.kv_cache_memory!r}: {exc}") from None
+        plan = plan_kv_cache(self.config, kv_cache_config, model_arch.max_position_embeddings)
+        self.executor.initialize_kv_cache(kv_cache_config)
+        return plan
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -85,13 +126,26 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
-    def step(self) -> list[EngineCoreOutput]:
+    def get_scheduler_stats(self) -> SchedulerStats:
+        return self.scheduler.stats()
+
+    def reset_prefix_cache(self) -> None:
+        self.scheduler.kv.reset_prefix_cache()
+
+    def check_health(self) -> None:
+        self.executor.check_health()
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
+
+    def step(self) -> EngineCoreOutputs:
         start = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
         scheduled = time.perf_counter()
         runner_output = self.executor.execute_model(scheduler_output)
         ran = time.perf_counter()
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        self.last_step = StepTimes(scheduled - start, runner_output.model_time_s, runner_output.sample_time_s,
-                                   time.perf_counter() - ran, scheduler_output.total_num_scheduled_tokens)
-        return outputs
+        stats = IterationStats(scheduled - start, runner_output.model_time_s, runner_output.sample_time_s,
+                               time.perf_counter() - ran, scheduler_output.total_num_scheduled_tokens,
+                               self.scheduler.take_queue_times())
+        return EngineCoreOutputs(outputs, self.scheduler.stats(), stats)

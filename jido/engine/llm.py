@@ -16,17 +16,26 @@ from jido.models.tokenizer import Tokenizer
 class LLM:
     """Loads a model once and generates for batches of prompts with continuous batching.
 
-    Keyword arguments are :class:`jido.config.EngineConfig` fields (``device``, ``dtype``,
+    Keyword arguments are the engine settings of :mod:`jido.config` (``device``, ``dtype``,
     ``max_model_len``, ``block_size``, ``kv_cache_memory``, ``max_num_seqs``,
-    ``max_num_batched_tokens``, ``enable_prefix_caching``, ...).
+    ``max_num_batched_tokens``, ``enable_prefix_caching``, ``distributed_executor_backend``, ...),
+    routed to the config that owns each by :meth:`EngineConfig.from_kwargs`.
     """
 
     def __init__(self, model: str | None = None, **kwargs) -> None:
-        self.llm_engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        self.llm_engine = LLMEngine(EngineConfig.from_kwargs(model=model, **kwargs))
         self._request_counter = itertools.count()
 
     def get_tokenizer(self) -> Tokenizer:
         return self.llm_engine.tokenizer
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (as vLLM's ``LLM.reset_prefix_cache``); running requests keep their blocks."""
+        self.llm_engine.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        """Stop the engine's worker processes, if any (they also stop when the LLM is garbage-collected)."""
+        self.llm_engine.shutdown()
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

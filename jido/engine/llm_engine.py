@@ -12,6 +12,10 @@ from jido.core.sampling_params import SamplingParams
 from jido.engine.detokenizer import IncrementalDetokenizer
 from jido.engine.engine_core import EngineCore
 from jido.engine.outputs import CompletionOutput, RequestOutput
+from jido.executor.abstract import Executor
+from jido.metrics.stats import IterationStats, SchedulerStats
+from jido.models.config import ModelArchConfig
+from jido.models.loader import load_config, resolve_model
 from jido.models.tokenizer import Tokenizer
 
 PromptType = str | list[int] | dict
@@ -48,13 +52,17 @@ class _Parent:
 class LLMEngine:
     """The engine as seen by the offline ``LLM`` and by servers: add requests, step, read outputs."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, executor_class: type[Executor] | None = None) -> None:
         self.config = config
-        self.core = EngineCore(config)
-        self.tokenizer = Tokenizer.from_folder(self.core.executor.runner.model_folder)
+        # The model is resolved once, here; the executor and its workers get the folder.
+        self.model_folder = resolve_model(config.model_config.model)
+        self.model_arch = ModelArchConfig.from_hf_config(load_config(self.model_folder))
+        self.tokenizer = Tokenizer.from_folder(self.model_folder)
+        self.core = EngineCore(config, self.model_folder, self.model_arch, executor_class)
         self.max_model_len = self.core.kv_plan.max_model_len
-        self.vocab_size = self.core.model_config.vocab_size
+        self.vocab_size = self.model_arch.vocab_size
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids)
+        self.last_iteration_stats: IterationStats | None = None
         self._parents: dict[str, _Parent] = {}
         self._child_to_parent: dict[str, tuple[str, int]] = {}
 
@@ -130,12 +138,30 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._parents)
 
+    def get_scheduler_stats(self) -> SchedulerStats:
+        return self.core.get_scheduler_stats()
+
+    def reset_prefix_cache(self) -> None:
+        self.core.reset_prefix_cache()
+
+    def check_health(self) -> None:
+        """Raise if the engine's workers cannot serve (a worker process died)."""
+        self.core.check_health()
+
+    def shutdown(self) -> None:
+        self.core.shutdown()
+
     # -- one step ---------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one engine step; returns the (cumulative) outputs of every request that advanced."""
+        """Run one engine step; returns the (cumulative) outputs of every request that advanced.
+
+        The step's records (queue times, where the time went) are kept in ``last_iteration_stats``.
+        """
         now = time.monotonic()
         touched: dict[str, _Parent] = {}
-        for out in self.core.step():
+        core_outputs = self.core.step()
+        self.last_iteration_stats = core_outputs.iteration_stats
+        for out in core_outputs.outputs:
             parent_id, index = self._child_to_parent[out.req_id]
             parent = self._parents[parent_id]
             self._apply(parent, parent.sequences[index], out, now)

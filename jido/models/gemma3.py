@@ -1,10 +1,12 @@
 """Gemma 3 (text): scaled embeddings, (1 + w) norms around both sublayers, q/k-norm, local/global layers."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
-from jido.attention.backend import AttentionBackend, AttentionMetadata
+from jido.attention.backend import AttentionBackend
 from jido.layers.rms_norm import RMSNorm
 from jido.models.config import ModelArchConfig
 from jido.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel, RopeCosSin
@@ -31,9 +33,7 @@ class Gemma3DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(hidden, eps, unit_offset=True)
         self.post_feedforward_layernorm = RMSNorm(hidden, eps, unit_offset=True)
 
-    def forward(
-        self, x: torch.Tensor, rope: RopeCosSin, kv_cache: torch.Tensor, metadata: AttentionMetadata
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: RopeCosSin, kv_cache: torch.Tensor, metadata: Any) -> torch.Tensor:
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope, kv_cache, metadata))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 

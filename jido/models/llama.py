@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
-from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
+from jido.attention.backend import AttentionBackend, AttentionLayerSpec, StepAttentionMetadata
 from jido.layers.activation import get_gated_activation
 from jido.layers.linear import Embedding, Linear, MergedLinear
 from jido.layers.rms_norm import RMSNorm
@@ -50,9 +51,7 @@ class LlamaAttention(nn.Module):
             logit_softcap=c.attn_logit_softcapping,
         )
 
-    def forward(
-        self, x: torch.Tensor, rope: RopeCosSin, kv_cache: torch.Tensor, metadata: AttentionMetadata
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: RopeCosSin, kv_cache: torch.Tensor, metadata: Any) -> torch.Tensor:
         num_tokens, head_dim = x.shape[0], self.spec.head_dim
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, -1, head_dim)  # [num_tokens, num_heads, head_dim]
@@ -88,9 +87,7 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(
-        self, x: torch.Tensor, rope: RopeCosSin, kv_cache: torch.Tensor, metadata: AttentionMetadata
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: RopeCosSin, kv_cache: torch.Tensor, metadata: Any) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, metadata)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -120,12 +117,12 @@ class LlamaModel(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
-        metadata: AttentionMetadata,
+        attn_metadata: StepAttentionMetadata,
     ) -> torch.Tensor:
         x = self.embed(input_ids)
-        max_len = max(metadata.seq_lens_list)
-        ropes = [rope(positions, max_len) for rope in self.ropes]
-        for layer, rope_idx, kv_cache in zip(self.layers, self.layer_rope_idx, kv_caches):
+        ropes = [rope(positions, attn_metadata.max_seq_len) for rope in self.ropes]
+        for layer, rope_idx, kv_cache, metadata in zip(self.layers, self.layer_rope_idx, kv_caches,
+                                                       attn_metadata.per_layer):
             x = layer(x, ropes[rope_idx], kv_cache, metadata)
         return self.norm(x)
 
@@ -151,23 +148,19 @@ class LlamaForCausalLM(nn.Module):
     def num_layers(self) -> int:
         return self.config.num_layers
 
-    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
-        """Shape of one layer's cache: ``[2, num_blocks, block_size, num_kv_heads, head_dim]``."""
-        return (2, num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
-
     def forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
-        metadata: AttentionMetadata,
+        attn_metadata: StepAttentionMetadata,
     ) -> torch.Tensor:
         """Run a flat batch ``[num_tokens]`` (token ids and positions); returns hidden states ``[num_tokens, hidden]``.
 
-        Writes this step's K/V into ``kv_caches`` (one tensor per layer, :meth:`kv_cache_shape`) at
-        ``metadata.slot_mapping``.
+        ``kv_caches[i]`` and ``attn_metadata.per_layer[i]`` are layer ``i``'s cache tensor and backend
+        metadata; the backend writes this step's K/V into the cache in its own layout.
         """
-        return self.model(input_ids, positions, kv_caches, metadata)
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits ``[N, vocab]`` for the rows the caller samples from, soft-capped if configured."""

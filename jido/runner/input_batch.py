@@ -1,4 +1,4 @@
-"""The runner's per-request state and the flat batch of inputs built from it each step."""
+"""InputBatch: the runner's persistent per-request state, patched by each step's diffs, and the flat batch built from it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,84 +6,126 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from jido.attention.backend import AttentionMetadata
-from jido.core.outputs import SchedulerOutput
+from jido.attention.backend import AttentionMetadata, build_common_metadata
+from jido.core.outputs import NewRequestData, SchedulerOutput
 from jido.core.sampling_params import SamplingParams
-from jido.sampling.sampler import SamplingRow
-
-
-@dataclass
-class CachedRequestState:
-    """What the runner keeps about a request between steps."""
-
-    req_id: str
-    token_ids: list[int]
-    num_prompt_tokens: int
-    sampling_params: SamplingParams
-    eos_token_ids: tuple[int, ...]
-    block_ids: list[int]
-    num_computed_tokens: int
-
-    def sampling_row(self) -> SamplingRow:
-        return SamplingRow(self.sampling_params, self.token_ids[:self.num_prompt_tokens],
-                           self.token_ids[self.num_prompt_tokens:], self.eos_token_ids)
 
 
 @dataclass
 class ModelInputs:
     input_ids: torch.Tensor  # [num_tokens]
     positions: torch.Tensor  # [num_tokens]
-    metadata: AttentionMetadata
+    group_metadata: list[AttentionMetadata]  # one per KV cache group
     logits_indices: torch.Tensor  # [num_sampled] rows of the hidden states to sample from
     sampled_req_ids: list[str]
+    sampled_rows: np.ndarray  # [num_sampled] rows of the input batch they belong to
 
 
-def update_states(states: dict[str, CachedRequestState], sched: SchedulerOutput) -> None:
-    """Apply the scheduler's diffs: drop finished/preempted requests, add new ones, extend the rest."""
-    for req_id in sched.finished_req_ids:
-        states.pop(req_id, None)
-    for new in sched.scheduled_new_reqs:
-        states[new.req_id] = CachedRequestState(new.req_id, list(new.token_ids), new.num_prompt_tokens,
-                                                new.sampling_params, new.eos_token_ids, list(new.block_ids),
-                                                new.num_computed_tokens)
-    for cached in sched.scheduled_cached_reqs:
-        state = states[cached.req_id]
-        state.block_ids.extend(cached.new_block_ids)
-        state.num_computed_tokens = cached.num_computed_tokens
+class InputBatch:
+    """Every running request's tokens, progress and block tables in preallocated arrays, one row each.
+
+    A request keeps its row from the step it arrives until it finishes or is preempted; each step only
+    the changes are written (new requests, new blocks, new tokens), so the host work of a step grows with
+    what changed, not with the context. The scheduler owns ``num_computed_tokens``: the batch takes its
+    count from every step's diff and never advances it.
+    """
+
+    def __init__(self, max_num_reqs: int, num_groups: int, block_size: int, device: torch.device) -> None:
+        self.block_size = block_size
+        self.device = device
+        self.req_index: dict[str, int] = {}
+        self._free_rows = list(range(max_num_reqs - 1, -1, -1))
+        self.token_ids = np.zeros((max_num_reqs, 256), dtype=np.int64)
+        self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)
+        self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int64)
+        self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int64)
+        self.block_tables = [np.zeros((max_num_reqs, 16), dtype=np.int32) for _ in range(num_groups)]
+        self.num_blocks = np.zeros((num_groups, max_num_reqs), dtype=np.int64)
+        self.sampling_params: list[SamplingParams | None] = [None] * max_num_reqs
+        self.eos_token_ids: list[tuple[int, ...]] = [()] * max_num_reqs
+
+    # -- diffs ------------------------------------------------------------------------------------
+    def update(self, sched: SchedulerOutput) -> None:
+        """Apply the scheduler's diffs: drop finished/preempted requests, add new ones, extend the rest."""
+        for req_id in sched.finished_req_ids:
+            self.remove(req_id)
+        for new in sched.scheduled_new_reqs:
+            self.add(new)
+        for cached in sched.scheduled_cached_reqs:
+            row = self.req_index[cached.req_id]
+            for group, block_ids in enumerate(cached.new_block_ids):
+                self._append_blocks(group, row, block_ids)
+            self.num_computed_tokens[row] = cached.num_computed_tokens
+
+    def add(self, new: NewRequestData) -> None:
+        row = self._free_rows.pop()
+        self.req_index[new.req_id] = row
+        self.num_tokens[row] = 0
+        self.append_tokens(row, new.token_ids)
+        self.num_prompt_tokens[row] = new.num_prompt_tokens
+        self.num_computed_tokens[row] = new.num_computed_tokens
+        for group, block_ids in enumerate(new.block_ids):
+            self.num_blocks[group, row] = 0
+            self._append_blocks(group, row, block_ids)
+        self.sampling_params[row] = new.sampling_params
+        self.eos_token_ids[row] = new.eos_token_ids
+
+    def remove(self, req_id: str) -> None:
+        row = self.req_index.pop(req_id, None)
+        if row is not None:
+            self.sampling_params[row] = None
+            self._free_rows.append(row)
+
+    def append_tokens(self, row: int, token_ids: list[int]) -> None:
+        start = int(self.num_tokens[row])
+        end = start + len(token_ids)
+        if end > self.token_ids.shape[1]:
+            self.token_ids = _grown(self.token_ids, end)
+        self.token_ids[row, start:end] = token_ids
+        self.num_tokens[row] = end
+
+    def _append_blocks(self, group: int, row: int, block_ids: list[int]) -> None:
+        if not block_ids:
+            return
+        start = int(self.num_blocks[group, row])
+        end = start + len(block_ids)
+        if end > self.block_tables[group].shape[1]:
+            self.block_tables[group] = _grown(self.block_tables[group], end)
+        self.block_tables[group][row, start:end] = block_ids
+        self.num_blocks[group, row] = end
+
+    # -- the step's flat batch --------------------------------------------------------------------
+    def prepare_inputs(self, sched: SchedulerOutput) -> ModelInputs:
+        """Lay the scheduled tokens of every request end to end, with positions, slots and metadata."""
+        req_ids = list(sched.num_scheduled_tokens)
+        rows = np.fromiter((self.req_index[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
+        query_lens = list(sched.num_scheduled_tokens.values())
+        query_lens_np = np.asarray(query_lens, dtype=np.int64)
+        starts = self.num_computed_tokens[rows]
+        seq_lens = starts + query_lens_np
+        # [num_tokens]: which request each token belongs to, and its position in that request.
+        token_req = np.repeat(np.arange(len(rows)), query_lens_np)
+        cum = np.cumsum(query_lens_np)
+        positions = np.arange(int(cum[-1])) - (cum - query_lens_np)[token_req] + starts[token_req]
+        input_ids = self.token_ids[rows[token_req], positions]
+        max_blocks = -(-int(seq_lens.max()) // self.block_size)
+        seq_lens_list = seq_lens.tolist()
+        group_metadata = [build_common_metadata(query_lens, seq_lens_list, table[rows, :max_blocks],
+                                                self.block_size, self.device) for table in self.block_tables]
+        # A request samples once all its known tokens are computed; a mid-prompt chunk does not.
+        sampled = np.nonzero(seq_lens == self.num_tokens[rows])[0]
+        return ModelInputs(
+            input_ids=torch.from_numpy(input_ids).to(self.device),
+            positions=torch.from_numpy(positions).to(self.device),
+            group_metadata=group_metadata,
+            logits_indices=torch.from_numpy(cum[sampled] - 1).to(self.device),
+            sampled_req_ids=[req_ids[i] for i in sampled],
+            sampled_rows=rows[sampled])
 
 
-def build_inputs(states: dict[str, CachedRequestState], sched: SchedulerOutput, block_size: int,
-                 device: torch.device) -> ModelInputs:
-    """Lay the scheduled tokens of every request end to end, with their positions and cache slots."""
-    req_ids = list(sched.num_scheduled_tokens)
-    query_lens = [sched.num_scheduled_tokens[r] for r in req_ids]
-    starts = [states[r].num_computed_tokens for r in req_ids]
-    seq_lens = [s + n for s, n in zip(starts, query_lens)]
-    input_ids = np.concatenate([np.asarray(states[r].token_ids[s:e], dtype=np.int64)
-                                for r, s, e in zip(req_ids, starts, seq_lens)])
-    positions = np.concatenate([np.arange(s, e, dtype=np.int64) for s, e in zip(starts, seq_lens)])
-    block_table = _block_table([states[r].block_ids for r in req_ids])
-    req_index = np.repeat(np.arange(len(req_ids)), query_lens)
-    slots = block_table[req_index, positions // block_size].astype(np.int64) * block_size + positions % block_size
-    query_start_loc = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
-    # A request samples once all its known tokens are computed; a mid-prompt chunk does not.
-    sampled = [i for i, r in enumerate(req_ids) if seq_lens[i] == len(states[r].token_ids)]
-    metadata = AttentionMetadata(
-        query_start_loc=torch.from_numpy(query_start_loc).to(device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        block_tables=torch.from_numpy(block_table).to(device),
-        slot_mapping=torch.from_numpy(slots).to(device),
-        block_size=block_size, query_lens_list=query_lens, seq_lens_list=seq_lens)
-    return ModelInputs(
-        input_ids=torch.from_numpy(input_ids).to(device), positions=torch.from_numpy(positions).to(device),
-        metadata=metadata,
-        logits_indices=torch.tensor([query_start_loc[i + 1] - 1 for i in sampled], dtype=torch.long, device=device),
-        sampled_req_ids=[req_ids[i] for i in sampled])
-
-
-def _block_table(block_ids: list[list[int]]) -> np.ndarray:
-    # [num_reqs, max_num_blocks], padded with block 0 (never read: masked by seq_lens)
-    table = np.zeros((len(block_ids), max(len(b) for b in block_ids)), dtype=np.int32)
-    for i, ids in enumerate(block_ids):
-        table[i, :len(ids)] = ids
-    return table
+def _grown(array: np.ndarray, min_width: int) -> np.ndarray:
+    """A copy of a 2-D array with at least ``min_width`` columns (doubling, so growth is amortised)."""
+    width = max(min_width, 2 * array.shape[1])
+    grown = np.zeros((array.shape[0], width), dtype=array.dtype)
+    grown[:, :array.shape[1]] = array
+    return grown

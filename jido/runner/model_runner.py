@@ -7,14 +7,16 @@ from pathlib import Path
 
 import torch
 
+from jido.attention.backend import build_step_metadata
 from jido.attention.registry import get_attention_backend
 from jido.config import EngineConfig
+from jido.core.kv_cache_spec import FullAttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec
 from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
 from jido.models.config import ModelArchConfig
-from jido.models.loader import iter_weights, load_config, resolve_model
+from jido.models.loader import iter_weights, load_config
 from jido.models.registry import get_model_class
-from jido.runner.input_batch import CachedRequestState, build_inputs, update_states
-from jido.sampling.sampler import Sampler
+from jido.runner.input_batch import InputBatch
+from jido.sampling.sampler import Sampler, SamplingRow
 
 logger = logging.getLogger("jido")
 
@@ -38,58 +40,80 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 class ModelRunner:
     """Loads a model onto one device and executes :class:`SchedulerOutput` steps on it."""
 
-    def __init__(self, config: EngineConfig) -> None:
-        self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device)
-        self.model_folder: Path = resolve_model(config.model)
-        self.model_config = ModelArchConfig.from_hf_config(load_config(self.model_folder))
-        self.block_size = config.block_size
-        self.model = self._load_model(config.attention_backend)
-        self.sampler = Sampler(config.seed, self.device)
+    def __init__(self, config: EngineConfig, model_folder: Path) -> None:
+        self.config = config
+        self.device = resolve_device(config.device_config.device)
+        self.dtype = resolve_dtype(config.model_config.dtype, self.device)
+        self.model_folder = Path(model_folder)
+        self.model_arch = ModelArchConfig.from_hf_config(load_config(self.model_folder))
+        self.block_size = config.cache_config.block_size
+        self.attn_backend = get_attention_backend(config.model_config.attention_backend)
+        self.model = self._load_model()
+        self.sampler = Sampler(config.model_config.seed, self.device)
         self.kv_caches: list[torch.Tensor] = []
-        self.states: dict[str, CachedRequestState] = {}
+        self.layer_groups: list[int] = []
+        self.input_batch: InputBatch | None = None
 
-    def _load_model(self, backend_name: str) -> torch.nn.Module:
+    def _load_model(self) -> torch.nn.Module:
         start = time.perf_counter()
-        model_class = get_model_class(self.model_config.architecture)
-        self.attn_backend = get_attention_backend(backend_name)
-        model = model_class(self.model_config, self.attn_backend)
+        model = get_model_class(self.model_arch.architecture)(self.model_arch, self.attn_backend)
         model.load_weights(iter_weights(self.model_folder))
         model = model.to(device=self.device, dtype=self.dtype).eval()
         logger.info("loaded %s (%s, %s) in %.1f s", self.model_folder.name, self.device, self.dtype,
                     time.perf_counter() - start)
         return model
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        cfg = self.model_config
-        return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.finfo(self.dtype).bits // 8
+    def get_kv_cache_spec(self) -> dict[int, KVCacheSpec]:
+        """What each attention layer keeps per token: full context, or a sliding window."""
+        arch = self.model_arch
+        dtype_bytes = torch.finfo(self.dtype).bits // 8
+        specs: dict[int, KVCacheSpec] = {}
+        for layer_id, window in enumerate(arch.sliding_windows):
+            if window is None:
+                specs[layer_id] = FullAttentionSpec(self.block_size, arch.num_kv_heads, arch.head_dim, dtype_bytes)
+            else:
+                specs[layer_id] = SlidingWindowSpec(self.block_size, arch.num_kv_heads, arch.head_dim, dtype_bytes,
+                                                    window)
+        return specs
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
+    def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
+        """Allocate the cache tensors (one per layer slot of a group) and the persistent input batch."""
+        arch = self.model_arch
+        shape = self.attn_backend.get_kv_cache_shape(kv_cache_config.num_blocks, self.block_size,
+                                                     arch.num_kv_heads, arch.head_dim)
         # Zeros, not empty: padded lanes of batched attention multiply unused slots by zero weights,
         # and 0 * NaN from uninitialised memory would poison the result.
-        self.kv_caches = [torch.zeros(self.model.kv_cache_shape(num_blocks, self.block_size),
-                                      dtype=self.dtype, device=self.device)
-                          for _ in range(self.model.num_layers)]
+        tensors = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+                   for _ in range(kv_cache_config.group_size)]
+        layers = range(arch.num_layers)
+        self.kv_caches = [tensors[kv_cache_config.tensor_index(i)] for i in layers]
+        self.layer_groups = [kv_cache_config.group_index(i) for i in layers]
+        self.input_batch = InputBatch(self.config.scheduler_config.max_num_seqs, len(kv_cache_config.groups),
+                                      self.block_size, self.device)
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        update_states(self.states, sched)
+        batch = self.input_batch
+        batch.update(sched)
         if sched.is_empty:
             return ModelRunnerOutput({})
         start = time.perf_counter()
-        inputs = build_inputs(self.states, sched, self.block_size, self.device)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.metadata)
+        inputs = batch.prepare_inputs(sched)
+        attn_metadata = build_step_metadata(self.attn_backend, inputs.group_metadata, self.layer_groups)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn_metadata)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         model_done = time.perf_counter()
-        rows = [self.states[r].sampling_row() for r in inputs.sampled_req_ids]
+        rows = [self._sampling_row(int(row)) for row in inputs.sampled_rows]
         token_ids, logprobs = self.sampler.sample(logits, rows)
-        for req_id in sched.num_scheduled_tokens:
-            state = self.states[req_id]
-            state.num_computed_tokens += sched.num_scheduled_tokens[req_id]
-        for req_id, token_id in zip(inputs.sampled_req_ids, token_ids):
-            self.states[req_id].token_ids.append(token_id)
+        for row, token_id in zip(inputs.sampled_rows, token_ids):
+            batch.append_tokens(int(row), [token_id])
         return ModelRunnerOutput(
-            dict(zip(inputs.sampled_req_ids, token_ids)),
-            {r: lp for r, lp in zip(inputs.sampled_req_ids, logprobs) if lp is not None},
+            {r: [t] for r, t in zip(inputs.sampled_req_ids, token_ids)},
+            {r: [lp] for r, lp in zip(inputs.sampled_req_ids, logprobs) if lp is not None},
             model_time_s=model_done - start, sample_time_s=time.perf_counter() - model_done)
+
+    def _sampling_row(self, row: int) -> SamplingRow:
+        b = self.input_batch
+        num_prompt, num_tokens = int(b.num_prompt_tokens[row]), int(b.num_tokens[row])
+        return SamplingRow(b.sampling_params[row], b.token_ids[row, :num_prompt].tolist(),
+                           b.token_ids[row, num_prompt:num_tokens].tolist(), b.eos_token_ids[row])

@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from jido.engine.async_engine import AsyncEngine
+from jido.engine.async_engine import AsyncEngine, EngineStoppedError
 from jido.engine.chat_template import load_chat_template
 from jido.engine.llm_engine import LLMEngine
 from jido.server.config import ServerConfig
@@ -27,8 +27,8 @@ def create_app(llm: LLMEngine, config: ServerConfig) -> FastAPI:
 
     Raises FileNotFoundError or ValueError when the chat template cannot be loaded.
     """
-    model_name = config.model_name(llm.config.model)
-    template = load_chat_template(llm.tokenizer, llm.core.model_config.architecture, config.chat_template)
+    model_name = config.model_name(llm.config.model_config.model)
+    template = load_chat_template(llm.tokenizer, llm.model_arch.architecture, config.chat_template)
     metrics = ServerMetrics(model_name, llm.max_model_len)
     engine = AsyncEngine(llm, config.max_waiting_requests,
                          on_report=lambda report: metrics.on_report(report, engine.num_waiting))
@@ -51,8 +51,10 @@ def create_app(llm: LLMEngine, config: ServerConfig) -> FastAPI:
 def _add_routes(app: FastAPI, serving: OpenAIServing) -> None:
     @app.get("/health")
     async def health() -> Response:
-        if serving.engine.error is not None:
-            return http_error(503, f"the engine loop failed: {serving.engine.error}", "engine_dead").response()
+        try:
+            serving.engine.check_health()
+        except EngineStoppedError as exc:
+            return http_error(503, str(exc), "engine_dead").response()
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")

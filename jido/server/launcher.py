@@ -46,7 +46,7 @@ def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
     app = create_app(llm, config)
     sock = bind_socket(config.host, config.port)
     host, port = sock.getsockname()[:2]
-    _log_usage(host, port, config.model_name(engine_config.model), config.api_key is not None)
+    _log_usage(host, port, config.model_name(engine_config.model_config.model), config.api_key is not None)
     server = uvicorn_server(app, config)
     # Uvicorn re-raises the signal once it has drained; handling it here makes that a clean exit 0.
     previous = {sig: signal.signal(sig, _drained) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -55,6 +55,7 @@ def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        llm.shutdown()
     return 0
 
 

@@ -92,7 +92,7 @@ class OpenAIServing:
             raise bad_request(f"max_tokens={max_tokens} is too large: the prompt has {len(prompt_ids)} tokens "
                               f"and max_model_len is {self.llm.max_model_len}, so at most {room} tokens "
                               "can be generated", "max_tokens")
-        max_n = self.llm.config.max_num_seqs
+        max_n = self.llm.config.scheduler_config.max_num_seqs
         if isinstance(body.n, int) and body.n > max_n:
             raise bad_request(f"n={body.n} is too large: at most {max_n} (the engine's max_num_seqs)", "n")
         try:

@@ -1,13 +1,14 @@
-"""The torch attention backend against a float64 dense reference, over paged caches of random shapes."""
+"""Every attention backend against a float64 dense reference, over paged caches of random shapes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 
-from jido.attention.backend import AttentionLayerSpec, AttentionMetadata
-from jido.attention.registry import get_attention_backend
+from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata, build_common_metadata
+from jido.attention.registry import get_attention_backend, supported_attention_backends
 from jido.attention.torch_backend import TorchAttentionBackend, _prefill_attention
 
 HEAD_DIM = 16
@@ -22,35 +23,41 @@ class Case:
     q: torch.Tensor  # [num_tokens, num_heads * head_dim]
     k: torch.Tensor  # [num_tokens, num_kv_heads * head_dim]
     v: torch.Tensor
-    kv_cache: torch.Tensor  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    kv_cache: torch.Tensor  # in the backend's own layout
     metadata: AttentionMetadata
+    backend: AttentionBackend
     full_k: list[torch.Tensor]  # per request, its whole context [seq_len, num_kv_heads, head_dim]
     full_v: list[torch.Tensor]
 
 
 def make_case(
-    requests: list[tuple[int, int]], num_heads: int, num_kv_heads: int, block_size: int, seed: int = 0
+    requests: list[tuple[int, int]], num_heads: int, num_kv_heads: int, block_size: int, seed: int = 0,
+    backend: str = "torch",
 ) -> Case:
+    attn = get_attention_backend(backend)
     gen = torch.Generator().manual_seed(seed)
     seq_lens = [cached + query for cached, query in requests]
     tables = _block_tables(seq_lens, block_size, gen)
     num_blocks = 1 + sum(len(t) for t in tables)
-    kv_cache = torch.zeros(2, num_blocks, block_size, num_kv_heads, HEAD_DIM)
+    kv_cache = torch.zeros(attn.get_kv_cache_shape(num_blocks, block_size, num_kv_heads, HEAD_DIM))
     full_k = [torch.randn(n, num_kv_heads, HEAD_DIM, generator=gen) for n in seq_lens]
     full_v = [torch.randn(n, num_kv_heads, HEAD_DIM, generator=gen) for n in seq_lens]
-    slots, new_k, new_v = [], [], []
-    for (cached, _), n, table, k, v in zip(requests, seq_lens, tables, full_k, full_v):
-        req_slots = torch.tensor([table[p // block_size] * block_size + p % block_size for p in range(n)])
-        # The cached prefix was written by earlier steps; this step's tokens go through the backend.
-        kv_cache[0].view(-1, num_kv_heads, HEAD_DIM)[req_slots[:cached]] = k[:cached]
-        kv_cache[1].view(-1, num_kv_heads, HEAD_DIM)[req_slots[:cached]] = v[:cached]
-        slots.append(req_slots[cached:])
-        new_k.append(k[cached:].flatten(1))
-        new_v.append(v[cached:].flatten(1))
+    # The cached prefixes were written by earlier steps: write them through the backend, as a prefill.
+    cached_lens = [cached for cached, _ in requests]
+    if any(cached_lens):
+        prefix = [i for i, n in enumerate(cached_lens) if n]
+        write = _metadata([cached_lens[i] for i in prefix], [cached_lens[i] for i in prefix],
+                          [tables[i] for i in prefix], block_size)
+        k = torch.cat([full_k[i][:cached_lens[i]].flatten(1) for i in prefix])
+        v = torch.cat([full_v[i][:cached_lens[i]].flatten(1) for i in prefix])
+        spec = AttentionLayerSpec(num_kv_heads, num_kv_heads, HEAD_DIM, 1.0)
+        attn.forward(spec, k, k, v, kv_cache, attn.build_metadata(write))
     query_lens = [query for _, query in requests]
+    new_k = torch.cat([k[cached:].flatten(1) for (cached, _), k in zip(requests, full_k)])
+    new_v = torch.cat([v[cached:].flatten(1) for (cached, _), v in zip(requests, full_v)])
     q = torch.randn(sum(query_lens), num_heads * HEAD_DIM, generator=gen)
-    metadata = _metadata(query_lens, seq_lens, tables, torch.cat(slots), block_size)
-    return Case(q, torch.cat(new_k), torch.cat(new_v), kv_cache, metadata, full_k, full_v)
+    metadata = _metadata(query_lens, seq_lens, tables, block_size)
+    return Case(q, new_k, new_v, kv_cache, metadata, attn, full_k, full_v)
 
 
 def _block_tables(seq_lens: list[int], block_size: int, gen: torch.Generator) -> list[list[int]]:
@@ -60,19 +67,10 @@ def _block_tables(seq_lens: list[int], block_size: int, gen: torch.Generator) ->
     return [[ids.pop() for _ in range(n)] for n in needed]
 
 
-def _metadata(
-    query_lens: list[int], seq_lens: list[int], tables: list[list[int]], slots: torch.Tensor, block_size: int
-) -> AttentionMetadata:
+def _metadata(query_lens: list[int], seq_lens: list[int], tables: list[list[int]], block_size: int) -> AttentionMetadata:
     width = max(len(t) for t in tables)
-    return AttentionMetadata(
-        query_start_loc=torch.tensor([0] + query_lens).cumsum(0).to(torch.int32),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
-        slot_mapping=slots,
-        block_size=block_size,
-        query_lens_list=query_lens,
-        seq_lens_list=seq_lens,
-    )
+    table = np.array([t + [0] * (width - len(t)) for t in tables], dtype=np.int32)
+    return build_common_metadata(query_lens, seq_lens, table, block_size)
 
 
 def reference(spec: AttentionLayerSpec, case: Case) -> torch.Tensor:
@@ -99,7 +97,8 @@ def reference(spec: AttentionLayerSpec, case: Case) -> torch.Tensor:
 
 
 def run(spec: AttentionLayerSpec, case: Case) -> torch.Tensor:
-    return TorchAttentionBackend().forward(spec, case.q, case.k, case.v, case.kv_cache, case.metadata)
+    metadata = case.backend.build_metadata(case.metadata)
+    return case.backend.forward(spec, case.q, case.k, case.v, case.kv_cache, metadata)
 
 
 def _spec(
@@ -113,10 +112,11 @@ def _spec(
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("softcap", [None, 2.0])
 @pytest.mark.parametrize("requests", [MIXED, DECODES], ids=["mixed", "decode_only"])
+@pytest.mark.parametrize("backend", supported_attention_backends())
 def test_matches_float64_reference(block_size: int, num_heads: int, num_kv_heads: int, window: int | None,
-                                   softcap: float | None, requests: list[tuple[int, int]]) -> None:
+                                   softcap: float | None, requests: list[tuple[int, int]], backend: str) -> None:
     spec = _spec(num_heads, num_kv_heads, window, softcap)
-    case = make_case(requests, num_heads, num_kv_heads, block_size)
+    case = make_case(requests, num_heads, num_kv_heads, block_size, backend=backend)
     torch.testing.assert_close(run(spec, case), reference(spec, case), atol=2e-5, rtol=0)
 
 
@@ -139,11 +139,12 @@ def test_batched_decode_path_equals_per_request_path(window: int | None) -> None
 
 
 @pytest.mark.parametrize("requests", [MIXED, DECODES], ids=["mixed", "decode_only"])
-def test_request_output_is_the_same_batched_or_alone(requests: list[tuple[int, int]]) -> None:
+@pytest.mark.parametrize("backend", supported_attention_backends())
+def test_request_output_is_the_same_batched_or_alone(requests: list[tuple[int, int]], backend: str) -> None:
     spec = _spec(4, 2, window=5, softcap=None)
-    together = run(spec, make_case(requests, 4, 2, block_size=4)).split([q for _, q in requests])
+    together = run(spec, make_case(requests, 4, 2, block_size=4, backend=backend)).split([q for _, q in requests])
     for i in range(len(requests)):
-        alone = _only(make_case(requests, 4, 2, block_size=4), i)
+        alone = _only(make_case(requests, 4, 2, block_size=4, backend=backend), i)
         torch.testing.assert_close(run(spec, alone), together[i], atol=0, rtol=0)
 
 
@@ -162,9 +163,8 @@ def _only(case: Case, i: int) -> Case:
     )
     rows = slice(start, end)
     only_i = slice(i, i + 1)
-    return Case(
-        case.q[rows], case.k[rows], case.v[rows], case.kv_cache, metadata, case.full_k[only_i], case.full_v[only_i]
-    )
+    return Case(case.q[rows], case.k[rows], case.v[rows], case.kv_cache, metadata, case.backend,
+                case.full_k[only_i], case.full_v[only_i])
 
 
 @pytest.mark.parametrize("requests", [MIXED, DECODES], ids=["mixed", "decode_only"])

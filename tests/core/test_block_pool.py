@@ -14,7 +14,7 @@ def make_request(req_id: str, token_ids: list[int]) -> Request:
     return Request(req_id, token_ids, SamplingParams(max_tokens=8))
 
 
-def allocate_prompt(manager: KVCacheManager, request: Request) -> list[int]:
+def allocate_prompt(manager: KVCacheManager, request: Request) -> list[list[int]]:
     hits, num_hit_tokens = manager.get_computed_blocks(request)
     assert manager.allocate_slots(request, request.num_tokens - num_hit_tokens, hits) is not None
     request.num_computed_tokens = request.num_tokens
@@ -65,12 +65,12 @@ def test_block_hash_chains_the_parent_hash():
 def test_prefix_hit_reuses_leading_full_blocks_and_counts_tokens():
     manager = KVCacheManager(num_blocks=10, block_size=4)
     a = make_request("a", list(range(10)))  # blocks: [0..3] [4..7] [8, 9]
-    assert allocate_prompt(manager, a) == [0, 1, 2]
+    assert allocate_prompt(manager, a) == [[0, 1, 2]]
     b = make_request("b", list(range(8)) + [99, 98, 97])
     hits, num_hit_tokens = manager.get_computed_blocks(b)
-    assert [blk.block_id for blk in hits] == [0, 1] and num_hit_tokens == 8
+    assert [blk.block_id for blk in hits[0]] == [0, 1] and num_hit_tokens == 8
     manager.allocate_slots(b, b.num_tokens - 8, hits)
-    assert manager.get_block_ids("b") == [0, 1, 3]
+    assert manager.get_block_ids("b") == [[0, 1, 3]]
     assert [manager.pool.blocks[i].ref_cnt for i in (0, 1, 2, 3)] == [2, 2, 1, 1]
     assert manager.prefix_cache_queries == 21 and manager.prefix_cache_hits == 8
 
@@ -79,23 +79,23 @@ def test_a_hit_always_leaves_one_token_to_compute():
     manager = KVCacheManager(num_blocks=10, block_size=4)
     allocate_prompt(manager, make_request("a", list(range(8))))
     hits, num_hit_tokens = manager.get_computed_blocks(make_request("b", list(range(8))))
-    assert [blk.block_id for blk in hits] == [0] and num_hit_tokens == 4
+    assert [blk.block_id for blk in hits[0]] == [0] and num_hit_tokens == 4
 
 
 def test_freed_prefix_stays_reusable_until_evicted_in_lru_order():
     manager = KVCacheManager(num_blocks=6, block_size=2)
     a = make_request("a", [1, 2, 3, 4, 5])
-    assert allocate_prompt(manager, a) == [0, 1, 2]
+    assert allocate_prompt(manager, a) == [[0, 1, 2]]
     manager.free(a)
     # Tail blocks are freed first, so the prefix's first block is evicted last.
     assert manager.pool.free_block_ids() == [3, 4, 5, 2, 1, 0]
     b = make_request("b", [1, 2, 3, 4, 9])
     hits, num_hit_tokens = manager.get_computed_blocks(b)
-    assert [blk.block_id for blk in hits] == [0, 1] and num_hit_tokens == 4
+    assert [blk.block_id for blk in hits[0]] == [0, 1] and num_hit_tokens == 4
     manager.allocate_slots(b, 1, hits)
-    assert manager.get_block_ids("b") == [0, 1, 3]
+    assert manager.get_block_ids("b") == [[0, 1, 3]]
     c = make_request("c", [7, 7, 7, 7, 7])
-    assert allocate_prompt(manager, c) == [4, 5, 2]
+    assert allocate_prompt(manager, c) == [[4, 5, 2]]
     manager.free(c)
     manager.free(b)
     assert manager.pool.free_block_ids() == [2, 5, 4, 3, 1, 0]
@@ -114,7 +114,7 @@ def test_eviction_forgets_the_hash():
     allocate_prompt(manager, b)  # takes both blocks, evicting a's cached [1, 2]
     manager.free(b)
     hits, _ = manager.get_computed_blocks(make_request("c", [1, 2, 3]))
-    assert hits == []
+    assert hits == [[]]
 
 
 def test_hash_match_with_different_tokens_is_not_a_hit():
@@ -124,7 +124,7 @@ def test_hash_match_with_different_tokens_is_not_a_hit():
     block = manager.pool.blocks[0]
     block.token_ids = (8, 9)  # as if another prefix had collided on this hash
     hits, _ = manager.get_computed_blocks(make_request("b", [1, 2, 3]))
-    assert hits == []
+    assert hits == [[]]
 
 
 def test_allocation_fails_without_side_effects_when_blocks_run_out():
@@ -146,4 +146,4 @@ def test_revived_free_hits_count_against_free_blocks():
     assert n == 4
     # 2 hits revived from the free queue leave 1 free block; b needs 2 more.
     assert manager.allocate_slots(b, 3, hits) is None
-    assert [blk.ref_cnt for blk in hits] == [0, 0]
+    assert [blk.ref_cnt for blk in hits[0]] == [0, 0]

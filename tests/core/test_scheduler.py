@@ -27,7 +27,7 @@ def run_step(scheduler: Scheduler, token: int = 7) -> tuple[SchedulerOutput, lis
     for req_id, n in out.num_scheduled_tokens.items():
         request = scheduler.requests[req_id]
         if request.num_computed_tokens + n == request.num_tokens:
-            sampled[req_id] = token
+            sampled[req_id] = [token]
     return out, scheduler.update_from_output(out, ModelRunnerOutput(sampled))
 
 
@@ -54,10 +54,10 @@ def test_new_requests_are_sent_in_full_then_as_diffs():
     scheduler = make_scheduler()
     add(scheduler, "a", 6)
     out, _ = run_step(scheduler)
-    assert [r.req_id for r in out.scheduled_new_reqs] == ["a"] and out.scheduled_new_reqs[0].block_ids == [0, 1]
+    assert [r.req_id for r in out.scheduled_new_reqs] == ["a"] and out.scheduled_new_reqs[0].block_ids == [[0, 1]]
     out, _ = run_step(scheduler)
     assert out.scheduled_new_reqs == [] and out.scheduled_cached_reqs[0].num_computed_tokens == 6
-    assert out.scheduled_cached_reqs[0].new_block_ids == []
+    assert out.scheduled_cached_reqs[0].new_block_ids == [[]]
 
 
 def test_max_num_seqs_bounds_the_running_set():

@@ -3,15 +3,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from types import SimpleNamespace
 
 import pytest
 
 from jido.core.sampling_params import SamplingParams
-from jido.core.scheduler import SchedulerStats
 from jido.engine.async_engine import AsyncEngine, EngineOverloadedError, EngineStoppedError
-from jido.engine.engine_core import StepTimes
 from jido.engine.outputs import CompletionOutput, RequestOutput
+from jido.metrics.stats import IterationStats, SchedulerStats
 
 
 class FakeEngine:
@@ -22,10 +20,13 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.fail_step = fail_step
         self.may_step = threading.Semaphore(0)
-        self.core = SimpleNamespace(scheduler=SimpleNamespace(waiting=[], stats=self._stats), last_step=StepTimes())
+        self.last_iteration_stats = IterationStats()
 
-    def _stats(self) -> SchedulerStats:
+    def get_scheduler_stats(self) -> SchedulerStats:
         return SchedulerStats(0, len(self.pending), 0.0, 0, 0, 0)
+
+    def check_health(self) -> None:
+        """A scripted engine has no workers to lose."""
 
     def add_request(self, request_id, prompt, params, arrival_time=None) -> None:
         if prompt == "bad":

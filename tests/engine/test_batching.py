@@ -21,13 +21,13 @@ def token_ids(outputs) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def alone(llm, gemma_reference) -> list[list[int]]:
-    llm.llm_engine.core.scheduler.kv.reset_prefix_cache()
+    llm.reset_prefix_cache()
     prompts = mixed_prompts(llm.get_tokenizer(), gemma_reference)
     return [token_ids(llm.generate([p], GREEDY, use_tqdm=False))[0] for p in prompts]
 
 
 def test_batched_equals_unbatched(llm, gemma_reference, alone):
-    llm.llm_engine.core.scheduler.kv.reset_prefix_cache()
+    llm.reset_prefix_cache()
     together = llm.generate(mixed_prompts(llm.get_tokenizer(), gemma_reference), GREEDY, use_tqdm=False)
     assert token_ids(together) == alone
 
@@ -40,7 +40,7 @@ def test_chunked_prefill_equals_whole_prefill(gemma_reference, alone):
 
 def test_prefix_cache_hit_gives_the_same_tokens_and_is_visible(llm, gemma_reference, alone):
     prompts = mixed_prompts(llm.get_tokenizer(), gemma_reference)
-    llm.llm_engine.core.scheduler.kv.reset_prefix_cache()
+    llm.reset_prefix_cache()
     first = llm.generate([prompts[-1]], GREEDY, use_tqdm=False)[0]
     second = llm.generate([prompts[-1]], GREEDY, use_tqdm=False)[0]
     assert first.num_cached_tokens == 0
@@ -55,6 +55,7 @@ def test_small_kv_pool_preempts_and_every_request_finishes_with_the_same_tokens(
     prompts = mixed_prompts(llm.get_tokenizer(), gemma_reference)
     small = LLM(kv_cache_memory=48 * 16 * 36864, max_model_len=768)
     outputs = small.generate(prompts, longer, use_tqdm=False)
-    assert small.llm_engine.core.scheduler.num_preemptions > 0
-    assert small.llm_engine.core.scheduler.kv.usage == 0.0
+    stats = small.llm_engine.get_scheduler_stats()
+    assert stats.num_preemptions > 0
+    assert stats.kv_cache_usage == 0.0
     assert token_ids(outputs) == token_ids(llm.generate(prompts, longer, use_tqdm=False))

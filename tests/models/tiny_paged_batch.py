@@ -6,9 +6,10 @@ request's context lives in the paged cache.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from jido.attention.backend import AttentionMetadata
+from jido.attention.backend import StepAttentionMetadata, build_common_metadata, build_step_metadata
 
 
 class TinyPagedRunner:
@@ -17,7 +18,9 @@ class TinyPagedRunner:
     def __init__(self, model: torch.nn.Module, num_blocks: int = 64, block_size: int = 4, seed: int = 0) -> None:
         self.model = model
         self.block_size = block_size
-        shape = model.kv_cache_shape(num_blocks, block_size)
+        self.backend = model.model.layers[0].self_attn.backend
+        config = model.config
+        shape = self.backend.get_kv_cache_shape(num_blocks, block_size, config.num_kv_heads, config.head_dim)
         self.kv_caches = [torch.zeros(shape) for _ in range(model.num_layers)]
         # Shuffled so that a request's blocks are not contiguous, as after a while in a real server.
         self.free_blocks = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
@@ -26,18 +29,17 @@ class TinyPagedRunner:
 
     def step(self, new_tokens: dict[str, list[int]]) -> dict[str, torch.Tensor]:
         """Feed each request its next tokens in one flat batch; return float32 logits per request."""
-        input_ids, positions, slots, query_lens, seq_lens = [], [], [], [], []
+        input_ids, positions, query_lens, seq_lens = [], [], [], []
         for req_id, tokens in new_tokens.items():
             start = self.num_computed.get(req_id, 0)
             end = start + len(tokens)
-            table = self._grow_table(req_id, end)
+            self._grow_table(req_id, end)
             input_ids += tokens
             positions += range(start, end)
-            slots += [table[p // self.block_size] * self.block_size + p % self.block_size for p in range(start, end)]
             query_lens.append(len(tokens))
             seq_lens.append(end)
             self.num_computed[req_id] = end
-        metadata = self._metadata(list(new_tokens), slots, query_lens, seq_lens)
+        metadata = self._metadata(list(new_tokens), query_lens, seq_lens)
         with torch.no_grad():
             hidden = self.model(torch.tensor(input_ids), torch.tensor(positions), self.kv_caches, metadata)
             logits = self.model.compute_logits(hidden)
@@ -50,17 +52,11 @@ class TinyPagedRunner:
         return table
 
     def _metadata(
-        self, req_ids: list[str], slots: list[int], query_lens: list[int], seq_lens: list[int]
-    ) -> AttentionMetadata:
+        self, req_ids: list[str], query_lens: list[int], seq_lens: list[int]
+    ) -> StepAttentionMetadata:
         max_blocks = max(len(self.block_tables[r]) for r in req_ids)
-        block_tables = [self.block_tables[r] + [0] * (max_blocks - len(self.block_tables[r])) for r in req_ids]
-        query_start_loc = torch.tensor([0] + query_lens, dtype=torch.int32).cumsum(0).to(torch.int32)
-        return AttentionMetadata(
-            query_start_loc=query_start_loc,
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-            block_tables=torch.tensor(block_tables, dtype=torch.int32),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64),
-            block_size=self.block_size,
-            query_lens_list=query_lens,
-            seq_lens_list=seq_lens,
-        )
+        table = np.array([self.block_tables[r] + [0] * (max_blocks - len(self.block_tables[r])) for r in req_ids],
+                         dtype=np.int32)
+        common = build_common_metadata(query_lens, seq_lens, table, self.block_size)
+        # Every layer in one KV cache group: the tiny models are tested without hybrid caching.
+        return build_step_metadata(self.backend, [common], [0] * self.model.num_layers)

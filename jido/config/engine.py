@@ -1,0 +1,81 @@
+"""EngineConfig: every concern's config in one frozen object, built from flat keyword arguments."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from jido.config.cache import CacheConfig
+from jido.config.kv_transfer import KVTransferConfig
+from jido.config.model import DeviceConfig, ModelConfig
+from jido.config.parallel import ParallelConfig
+from jido.config.scheduler import SchedulerConfig
+from jido.config.speculative import SpeculativeConfig
+
+# The configs whose fields are flat flags (``--block-size``) and ``LLM(...)`` keywords.
+FLAT_CONFIGS: tuple[type, ...] = (ModelConfig, DeviceConfig, CacheConfig, SchedulerConfig, ParallelConfig)
+# The configs given whole, as a dict or JSON text (``--speculative-config '{"method": ...}'``).
+JSON_CONFIGS: dict[str, type] = {"speculative_config": SpeculativeConfig, "kv_transfer_config": KVTransferConfig}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine's configuration by concern, as vLLM's ``VllmConfig``; each part validates itself."""
+
+    model_config: ModelConfig = field(default_factory=ModelConfig)
+    device_config: DeviceConfig = field(default_factory=DeviceConfig)
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    speculative_config: SpeculativeConfig | None = None
+    kv_transfer_config: KVTransferConfig | None = None
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        """Route flat keywords (``block_size=32``, ``dtype="bfloat16"``) to the config that owns each.
+
+        Raises:
+            TypeError: a keyword no config has (the message lists the accepted ones).
+            ValueError: a value its config rejects.
+        """
+        unknown = set(kwargs) - set(engine_keywords())
+        if unknown:
+            raise TypeError(f"unknown engine setting(s) {sorted(unknown)}; accepted: {engine_keywords()}")
+        parts: dict[str, Any] = {}
+        for config_cls in FLAT_CONFIGS:
+            own = {f.name: kwargs[f.name] for f in dataclasses.fields(config_cls) if f.name in kwargs}
+            parts[_part_name(config_cls)] = config_cls(**own)
+        for name, config_cls in JSON_CONFIGS.items():
+            parts[name] = _json_config(name, config_cls, kwargs.get(name))
+        return cls(**parts)
+
+
+def engine_keywords() -> list[str]:
+    """Every keyword :meth:`EngineConfig.from_kwargs` accepts."""
+    flat = [f.name for config_cls in FLAT_CONFIGS for f in dataclasses.fields(config_cls)]
+    return sorted([*flat, *JSON_CONFIGS])
+
+
+def _part_name(config_cls: type) -> str:
+    # ModelConfig -> model_config, SchedulerConfig -> scheduler_config
+    return config_cls.__name__[: -len("Config")].lower() + "_config"
+
+
+def _json_config(name: str, config_cls: type, value: Any) -> Any:
+    if value is None or isinstance(value, config_cls):
+        return value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{name} must be a JSON object: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a dict or JSON object, got {type(value).__name__}")
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    if set(value) - known:
+        raise ValueError(f"{name}: unknown key(s) {sorted(set(value) - known)}; known: {sorted(known)}")
+    try:
+        return config_cls(**value)
+    except TypeError as exc:  # a required key is missing
+        raise ValueError(f"{name}: {exc}") from None

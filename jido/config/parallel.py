@@ -1,0 +1,35 @@
+"""ParallelConfig: how many workers run the model and which executor drives them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jido.config.size import check_positive_int
+
+EXECUTOR_BACKENDS = ("uni", "mp")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """``distributed_executor_backend``: ``uni`` runs the model in the engine's process, ``mp`` in worker
+    processes that receive each step over a message queue (vLLM's names).
+
+    Tensor and pipeline parallelism arrive with the parallelism issue; until then a size above 1 is
+    refused here, at the edge, rather than ignored.
+    """
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str = "uni"
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            check_positive_int(name, getattr(self, name))
+            if getattr(self, name) != 1:
+                raise ValueError(f"{name}={getattr(self, name)} is not supported yet: jido runs one worker")
+        if self.distributed_executor_backend not in EXECUTOR_BACKENDS:
+            raise ValueError(f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
+                             f"got {self.distributed_executor_backend!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size

@@ -1,0 +1,77 @@
+"""The executor interface: how the engine core drives the workers that hold the model, wherever they run."""
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from jido.config import EngineConfig
+from jido.core.kv_cache_spec import KVCacheConfig, KVCacheSpec
+from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
+
+# distributed_executor_backend -> (module, class), imported only when asked for.
+_EXECUTORS: dict[str, tuple[str, str]] = {
+    "uni": ("jido.executor.uniproc_executor", "UniprocExecutor"),
+    "mp": ("jido.executor.multiproc_executor", "MultiprocExecutor"),
+}
+
+
+class WorkerError(RuntimeError):
+    """A worker failed or died; the engine cannot run further steps."""
+
+
+class Executor(ABC):
+    """Runs the workers of one engine: reports their KV needs, sets up their caches, executes steps.
+
+    Contract:
+        - Construction starts the workers and loads the model (already resolved to ``model_folder``).
+        - :meth:`collective_rpc` calls a :class:`jido.runner.worker.Worker` method on every worker and
+          returns their results in rank order; the other methods are built on it.
+        - :meth:`execute_model` sends one :class:`SchedulerOutput` (picklable: new requests in full,
+          running ones as diffs) and returns rank 0's :class:`ModelRunnerOutput`; with ``non_block`` it
+          returns a Future instead, so the caller can schedule the next step while this one runs.
+        - Any worker failure surfaces as :class:`WorkerError` from the call that met it and from
+          :meth:`check_health` afterwards; nothing hangs on a dead worker.
+    """
+
+    def __init__(self, config: EngineConfig, model_folder: Path) -> None:
+        self.config = config
+        self.model_folder = Path(model_folder)
+
+    @abstractmethod
+    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Call ``Worker.<method>(*args, **kwargs)`` on every worker; results in rank order."""
+
+    @abstractmethod
+    def execute_model(self, scheduler_output: SchedulerOutput,
+                      non_block: bool = False) -> ModelRunnerOutput | Future[ModelRunnerOutput]:
+        """Run one step on every worker; rank 0's output (or a Future of it)."""
+
+    @abstractmethod
+    def check_health(self) -> None:
+        """Raise :class:`WorkerError` if any worker is gone or failed."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop the workers and release what they hold; safe to call twice."""
+
+    def get_kv_cache_spec(self) -> dict[int, KVCacheSpec]:
+        """Per attention layer, what it keeps per token (every worker holds the same layers for now)."""
+        return self.collective_rpc("get_kv_cache_spec")[0]
+
+    def determine_available_memory(self) -> int:
+        """Bytes for the KV cache that every worker can give: the smallest worker's."""
+        return min(self.collective_rpc("determine_available_memory"))
+
+    def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
+        self.collective_rpc("initialize_kv_cache", (kv_cache_config,))
+
+
+def get_executor_class(backend: str) -> type[Executor]:
+    """The executor class registered for a ``distributed_executor_backend`` name."""
+    if backend not in _EXECUTORS:
+        raise ValueError(f"unknown distributed_executor_backend {backend!r}; available: {sorted(_EXECUTORS)}")
+    module_name, class_name = _EXECUTORS[backend]
+    return getattr(importlib.import_module(module_name), class_name)

@@ -1,0 +1,37 @@
+"""UniprocExecutor: the worker runs in the engine's own process, on one device."""
+from __future__ import annotations
+
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from jido.config import EngineConfig
+from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
+from jido.executor.abstract import Executor
+from jido.runner.worker import Worker
+
+
+class UniprocExecutor(Executor):
+    """Calls the worker directly: no copies, no processes."""
+
+    def __init__(self, config: EngineConfig, model_folder: Path) -> None:
+        super().__init__(config, model_folder)
+        self.worker = Worker(config, self.model_folder)
+
+    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
+
+    def execute_model(self, scheduler_output: SchedulerOutput,
+                      non_block: bool = False) -> ModelRunnerOutput | Future[ModelRunnerOutput]:
+        output = self.worker.execute_model(scheduler_output)
+        if not non_block:
+            return output
+        future: Future[ModelRunnerOutput] = Future()
+        future.set_result(output)
+        return future
+
+    def check_health(self) -> None:
+        self.worker.check_health()
+
+    def shutdown(self) -> None:
+        """Nothing to stop: the worker lives and dies with this process."""

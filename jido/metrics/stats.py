@@ -1,0 +1,28 @@
+"""Plain records of the engine's state and of one step, passed up from the core instead of read from it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """The scheduler after a step (vLLM's ``SchedulerStats``): queues, KV usage, prefix-cache counters."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0  # cumulative prompt tokens looked up
+    prefix_cache_hits: int = 0  # cumulative, of which found
+    num_preemptions: int = 0  # cumulative
+
+
+@dataclass(frozen=True)
+class IterationStats:
+    """Where one step's time went and what it carried (vLLM's iteration stats)."""
+
+    schedule_s: float = 0.0
+    model_s: float = 0.0
+    sample_s: float = 0.0
+    update_s: float = 0.0
+    num_tokens: int = 0
+    queue_times_s: tuple[float, ...] = field(default_factory=tuple)  # arrival -> first scheduled, this step
