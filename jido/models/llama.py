@@ -106,8 +106,8 @@ class LlamaModel(nn.Module):
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList([layer_cls(config, i, backend) for i in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset_norm)
-        # One table per distinct (base, scaling); each layer looks its table up by key.
-        ropes = {config.layer_rope(i) for i in range(config.num_layers)}
+        # One table per distinct (base, scaling), in order of first use; each layer looks its table up by key.
+        ropes = dict.fromkeys(config.layer_rope(i) for i in range(config.num_layers))
         self.ropes = nn.ModuleList([RotaryEmbedding(config.head_dim, theta, scaling) for theta, scaling in ropes])
         rope_keys = list(ropes)
         self.layer_rope_idx = [rope_keys.index(config.layer_rope(i)) for i in range(config.num_layers)]
