@@ -190,7 +190,7 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors into the model, fusing q/k/v and gate/up as they arrive.
+        """Hand each HF-named tensor to its parameter's ``weight_loader`` (which fuses q/k/v and gate/up).
 
         Raises:
             ValueError: a name we have no parameter for, a shape mismatch, or parameters left unloaded
@@ -206,9 +206,14 @@ class LlamaForCausalLM(nn.Module):
             if name not in expected:
                 unexpected.append(raw_name)
                 continue
-            self._load_one(params, name, tensor)
+            param_name, shard_id = self._param_for(name)
+            param = params[param_name]
+            try:
+                param.weight_loader(param, tensor, shard_id)
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from e
             loaded.add(name)
-        optional = {"lm_head.weight"} if self.lm_head is None else set()
+        optional = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
         missing = sorted(expected - loaded - optional)
         if unexpected or missing:
             raise ValueError(
@@ -226,18 +231,17 @@ class LlamaForCausalLM(nn.Module):
                 names.update(f"{prefix}.{shard}.{param_name}" for shard in module.shard_rows)
             else:
                 names.add(name)
-        if self.lm_head is None:
+        if self.config.tie_word_embeddings:
             names.add("lm_head.weight")  # tied: an alias of the embedding, loaded only if present
         return names
 
-    def _load_one(self, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> None:
+    def _param_for(self, name: str) -> tuple[str, str | None]:
+        """Our parameter name and shard id for the HF tensor ``name``."""
+        if name == "lm_head.weight" and self.config.tie_word_embeddings:
+            return "model.embed_tokens.weight", None
         prefix, _, param_name = name.rpartition(".")
         module_prefix, _, proj = prefix.rpartition(".")
         if proj in _FUSED_SHARDS:
-            fused, shard = _FUSED_SHARDS[proj]
-            self.get_submodule(f"{module_prefix}.{fused}").load_shard(shard, param_name, tensor)
-            return
-        target = params["model.embed_tokens.weight" if name == "lm_head.weight" and self.lm_head is None else name]
-        if target.shape != tensor.shape:
-            raise ValueError(f"{name}: expected shape {tuple(target.shape)}, got {tuple(tensor.shape)}")
-        target.copy_(tensor)
+            fused, shard_id = _FUSED_SHARDS[proj]
+            return f"{module_prefix}.{fused}.{param_name}", shard_id
+        return name, None

@@ -1,6 +1,8 @@
 """load_weights takes HF names, fuses projections, and names what does not fit."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from tiny_hf_models import tiny_models
@@ -41,3 +43,24 @@ def test_q_k_v_are_fused_into_one_projection() -> None:
     hf_attn = hf.model.layers[0].self_attn
     expected = torch.cat([hf_attn.q_proj.weight, hf_attn.k_proj.weight, hf_attn.v_proj.weight])
     torch.testing.assert_close(attn.qkv_proj.weight, expected, atol=0, rtol=0)
+
+
+def test_every_parameter_carries_a_weight_loader() -> None:
+    _, ours = tiny_models("qwen2")
+    assert all(callable(getattr(p, "weight_loader", None)) for p in ours.parameters())
+
+
+@pytest.mark.parametrize(
+    "name, bad_shape, expected",
+    [
+        ("model.layers.1.self_attn.k_proj.weight", (31, 64), "expected shape (32, 64), got (31, 64)"),
+        ("model.norm.weight", (65,), "expected shape (64,), got (65,)"),
+    ],
+)
+def test_shape_mismatch_names_the_tensor_and_both_shapes(name: str, bad_shape: tuple[int, ...], expected: str) -> None:
+    hf, ours = tiny_models("llama")
+    weights = dict(hf.state_dict())
+    weights[name] = torch.zeros(bad_shape)
+    with pytest.raises(ValueError, match=re.escape(f"{name}: {expected}")):
+        ours.load_weights(weights.items())
+
