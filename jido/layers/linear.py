@@ -6,14 +6,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from jido.layers.parameter import copy_weight, default_weight_loader, empty_parameter
+from jido.layers.quantization import QuantizationConfig, get_quantization_config
 
 
 class Linear(nn.Module):
-    """``y = x W^T (+ b)`` with ``W`` of shape ``[out_features, in_features]`` as in HF checkpoints."""
+    """``y = x W^T (+ b)`` with ``W`` of shape ``[out_features, in_features]`` as in HF checkpoints.
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+    The layer's :class:`~jido.layers.quantization.LinearMethod` (from ``quant_config``, unquantized by
+    default) creates ``W`` and runs the matmul; the bias stays a dense parameter in the model dtype.
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = False, quant_config: QuantizationConfig | None = None
+    ) -> None:
         super().__init__()
-        self.weight = empty_parameter(out_features, in_features, weight_loader=self.weight_loader)
+        self.linear_method = (quant_config or get_quantization_config()).get_linear_method(self)
+        self.linear_method.create_weights(self, in_features, out_features, self.weight_loader)
         self.bias = empty_parameter(out_features, weight_loader=self.weight_loader) if bias else None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | None = None) -> None:
@@ -24,7 +32,7 @@ class Linear(nn.Module):
         default_weight_loader(param, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.linear_method.apply(self, x, self.bias)
 
 
 class MergedLinear(Linear):
@@ -34,8 +42,14 @@ class MergedLinear(Linear):
     to their output sizes; :meth:`weight_loader` copies the one named by ``shard_id`` into its rows.
     """
 
-    def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool = False) -> None:
-        super().__init__(in_features, sum(shard_sizes.values()), bias)
+    def __init__(
+        self,
+        in_features: int,
+        shard_sizes: dict[str, int],
+        bias: bool = False,
+        quant_config: QuantizationConfig | None = None,
+    ) -> None:
+        super().__init__(in_features, sum(shard_sizes.values()), bias, quant_config)
         self.shard_rows: dict[str, slice] = {}
         start = 0
         for name, size in shard_sizes.items():
@@ -50,7 +64,7 @@ class MergedLinear(Linear):
 
 
 class Embedding(nn.Module):
-    """Token embedding table ``[vocab_size, hidden_size]``."""
+    """Token embedding table ``[vocab_size, hidden_size]``; a tied LM head multiplies by the same table."""
 
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__()

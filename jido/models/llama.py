@@ -9,6 +9,7 @@ from torch import nn
 from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
 from jido.layers.activation import get_gated_activation
 from jido.layers.linear import Embedding, Linear, MergedLinear
+from jido.layers.quantization import QuantizationConfig, get_quantization_config
 from jido.layers.rms_norm import RMSNorm
 from jido.layers.rotary import RotaryEmbedding, apply_rotary
 from jido.models.config import ModelArchConfig
@@ -29,14 +30,19 @@ class LlamaAttention(nn.Module):
     """Fused QKV projection, optional per-head q/k RMSNorm, RoPE, then the paged attention backend."""
 
     def __init__(
-        self, config: ModelArchConfig, layer_idx: int, backend: AttentionBackend, unit_offset_norm: bool = False
+        self,
+        config: ModelArchConfig,
+        layer_idx: int,
+        backend: AttentionBackend,
+        unit_offset_norm: bool = False,
+        quant_config: QuantizationConfig | None = None,
     ):
         super().__init__()
         c = config
         self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         sizes = {"q_proj": self.q_size, "k_proj": self.kv_size, "v_proj": self.kv_size}
-        self.qkv_proj = MergedLinear(c.hidden_size, sizes, bias=c.qkv_bias)
-        self.o_proj = Linear(self.q_size, c.hidden_size, bias=c.o_bias)
+        self.qkv_proj = MergedLinear(c.hidden_size, sizes, bias=c.qkv_bias, quant_config=quant_config)
+        self.o_proj = Linear(self.q_size, c.hidden_size, bias=c.o_bias, quant_config=quant_config)
         if c.qk_norm:
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, unit_offset_norm)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, unit_offset_norm)
@@ -67,11 +73,11 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     """``down(act(gate(x)) * up(x))`` with gate and up fused into one matmul."""
 
-    def __init__(self, config: ModelArchConfig):
+    def __init__(self, config: ModelArchConfig, quant_config: QuantizationConfig | None = None):
         super().__init__()
         sizes = {"gate_proj": config.intermediate_size, "up_proj": config.intermediate_size}
-        self.gate_up_proj = MergedLinear(config.hidden_size, sizes)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
+        self.gate_up_proj = MergedLinear(config.hidden_size, sizes, quant_config=quant_config)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, quant_config=quant_config)
         self.act = get_gated_activation(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -81,10 +87,16 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
 
-    def __init__(self, config: ModelArchConfig, layer_idx: int, backend: AttentionBackend):
+    def __init__(
+        self,
+        config: ModelArchConfig,
+        layer_idx: int,
+        backend: AttentionBackend,
+        quant_config: QuantizationConfig | None = None,
+    ):
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx, backend)
-        self.mlp = LlamaMLP(config)
+        self.self_attn = LlamaAttention(config, layer_idx, backend, quant_config=quant_config)
+        self.mlp = LlamaMLP(config, quant_config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -99,12 +111,17 @@ class LlamaModel(nn.Module):
     """Embedding, decoder layers and final norm; HF's ``model.*`` parameter names."""
 
     def __init__(
-        self, config: ModelArchConfig, backend: AttentionBackend, layer_cls: type[nn.Module], unit_offset_norm: bool
+        self,
+        config: ModelArchConfig,
+        backend: AttentionBackend,
+        layer_cls: type[nn.Module],
+        unit_offset_norm: bool,
+        quant_config: QuantizationConfig | None = None,
     ):
         super().__init__()
         self.config = config
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList([layer_cls(config, i, backend) for i in range(config.num_layers)])
+        self.layers = nn.ModuleList([layer_cls(config, i, backend, quant_config) for i in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset_norm)
         # One table per distinct (base, scaling), in order of first use; each layer looks its table up by key.
         ropes = dict.fromkeys(config.layer_rope(i) for i in range(config.num_layers))
@@ -130,22 +147,29 @@ class LlamaModel(nn.Module):
         return self.norm(x)
 
 
-_FEW_ROWS = 16  # up to this many rows, compute_logits multiplies in the weight-major orientation
-
-
 class LlamaForCausalLM(nn.Module):
-    """A decoder-only LM over a flat batch of many requests and a paged KV cache (see ``forward``)."""
+    """A decoder-only LM over a flat batch of many requests and a paged KV cache (see ``forward``).
+
+    ``quant_config`` chooses how linear layers and the LM head store and apply their weights (default: dense).
+    """
 
     model_cls: type[LlamaModel] = LlamaModel
     layer_cls: type[nn.Module] = LlamaDecoderLayer
     unit_offset_norm = False  # Gemma's norms scale by (1 + w)
 
-    def __init__(self, config: ModelArchConfig, attn_backend: AttentionBackend):
+    def __init__(
+        self, config: ModelArchConfig, attn_backend: AttentionBackend, quant_config: QuantizationConfig | None = None
+    ):
         super().__init__()
+        quant_config = quant_config or get_quantization_config()
         self.config = config
-        self.model = self.model_cls(config, attn_backend, self.layer_cls, self.unit_offset_norm)
-        # NOTE: tied embeddings have no lm_head; compute_logits and load_weights use the embedding instead.
-        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
+        self.model = self.model_cls(config, attn_backend, self.layer_cls, self.unit_offset_norm, quant_config)
+        # NOTE: a tied head *is* the embedding module: one parameter, named and loaded as the embedding.
+        if config.tie_word_embeddings:
+            self.lm_head: nn.Module = self.model.embed_tokens
+        else:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, quant_config=quant_config)
+        self.logits_method = quant_config.get_linear_method(self.lm_head)
 
     @property
     def num_layers(self) -> int:
@@ -171,14 +195,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits ``[N, vocab]`` for the rows the caller samples from, soft-capped if configured."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        if hidden.shape[0] <= _FEW_ROWS:
-            # [vocab, hidden] @ [hidden, N]: with a huge vocab and a few rows, BLAS runs this orientation
-            # ~2x faster than hidden @ weight.T on CPU (measured: 36 vs 79 ms for 8 rows of Gemma 3's head).
-            logits = torch.matmul(weight, hidden.t()).t().contiguous()
-        else:
-            logits = torch.nn.functional.linear(hidden, weight)
-        logits = logits.float()
+        logits = self.logits_method.apply_logits(self.lm_head, hidden).float()
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
