@@ -1,6 +1,8 @@
 """Checkpoint-filled parameters: where they are created (default device and dtype) and how they are loaded."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 import torch
@@ -41,3 +43,19 @@ def empty_parameter(*shape: int, weight_loader: WeightLoader = default_weight_lo
     param.weight_loader = weight_loader
     return param
 
+
+@contextmanager
+def default_device_and_dtype(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """Create tensors on ``device`` in ``dtype`` inside the block; restores the previous defaults after it.
+
+    Building a model inside it puts every parameter straight on its device in its final dtype, so no
+    float32 copy on the CPU is ever made. NOTE: the default dtype is process-wide; hold this only while
+    constructing a model. Buffers that need float32 ask for it explicitly.
+    """
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)

@@ -57,8 +57,10 @@ class Gemma3Model(LlamaModel):
         quant_config: QuantizationConfig | None = None,
     ):
         super().__init__(config, backend, layer_cls, unit_offset_norm, quant_config)
-        # A buffer so that it takes the model dtype: HF rounds the scale to that dtype (55.5 in bf16, not 55.43).
-        self.register_buffer("embed_scale", torch.tensor(config.hidden_size**0.5), persistent=False)
+        # In the model dtype because HF rounds the scale to it (55.5 in bf16, not 55.43); rounded from float32,
+        # as when a float32 model is cast, since rounding the float64 value straight to bf16 could differ.
+        scale = torch.tensor(config.hidden_size**0.5, dtype=torch.float32).to(torch.get_default_dtype())
+        self.register_buffer("embed_scale", scale, persistent=False)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids) * self.embed_scale

@@ -150,6 +150,8 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """A decoder-only LM over a flat batch of many requests and a paged KV cache (see ``forward``).
 
+    Parameters are created uninitialised on the default device and dtype (build it inside
+    :func:`~jido.layers.parameter.default_device_and_dtype`), then filled by :meth:`load_weights`.
     ``quant_config`` chooses how linear layers and the LM head store and apply their weights (default: dense).
     """
 

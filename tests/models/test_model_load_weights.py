@@ -9,6 +9,7 @@ from tiny_hf_models import tiny_models
 from tiny_paged_batch import TinyPagedRunner
 
 from jido.attention.registry import get_attention_backend
+from jido.layers.parameter import default_device_and_dtype
 
 
 def _logits(model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
@@ -64,3 +65,21 @@ def test_shape_mismatch_names_the_tensor_and_both_shapes(name: str, bad_shape: t
     with pytest.raises(ValueError, match=re.escape(f"{name}: {expected}")):
         ours.load_weights(weights.items())
 
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_model_built_in_bfloat16_equals_the_float32_model_cast(arch: str) -> None:
+    hf, ours = tiny_models(arch)
+    with default_device_and_dtype(torch.device("cpu"), torch.bfloat16):
+        built = type(ours)(ours.config, get_attention_backend())
+    assert torch.get_default_dtype() == torch.float32
+    built.load_weights(hf.state_dict().items())
+    cast = ours.to(torch.bfloat16)
+    tensors = {**dict(built.named_buffers()), **built.state_dict()}
+    expected = {**dict(cast.named_buffers()), **cast.state_dict()}
+    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+    assert tensors.keys() == expected.keys()
+    for name, tensor in tensors.items():
+        assert torch.equal(tensor, expected[name]), name
+    assert {rope.inv_freq.dtype for rope in built.model.ropes} == {torch.float32}
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6]
+    torch.testing.assert_close(_logits(built, tokens), _logits(cast, tokens), atol=0, rtol=0)

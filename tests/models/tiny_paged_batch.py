@@ -18,7 +18,8 @@ class TinyPagedRunner:
         self.model = model
         self.block_size = block_size
         shape = model.kv_cache_shape(num_blocks, block_size)
-        self.kv_caches = [torch.zeros(shape) for _ in range(model.num_layers)]
+        dtype = model.model.embed_tokens.weight.dtype
+        self.kv_caches = [torch.zeros(shape, dtype=dtype) for _ in range(model.num_layers)]
         # Shuffled so that a request's blocks are not contiguous, as after a while in a real server.
         self.free_blocks = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
         self.block_tables: dict[str, list[int]] = {}
