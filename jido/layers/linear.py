@@ -5,55 +5,70 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def _empty_param(*shape: int) -> nn.Parameter:
-    # NOTE: weights come from a checkpoint; skipping random init keeps building big models fast. The
-    # parameter lands on the current default device and dtype (``with torch.device("cuda"): ...``).
-    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+from jido.layers.parameter import copy_weight, default_weight_loader, empty_parameter
+from jido.layers.quantization import QuantizationConfig, get_quantization_config
 
 
 class Linear(nn.Module):
-    """``y = x W^T (+ b)`` with ``W`` of shape ``[out_features, in_features]`` as in HF checkpoints."""
+    """``y = x W^T (+ b)`` with ``W`` of shape ``[out_features, in_features]`` as in HF checkpoints.
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+    The layer's :class:`~jido.layers.quantization.LinearMethod` (from ``quant_config``, unquantized by
+    default) creates ``W`` and runs the matmul; the bias stays a dense parameter in the model dtype.
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = False, quant_config: QuantizationConfig | None = None
+    ) -> None:
         super().__init__()
-        self.weight = _empty_param(out_features, in_features)
-        self.bias = _empty_param(out_features) if bias else None
+        self.linear_method = (quant_config or get_quantization_config()).get_linear_method(self)
+        self.linear_method.create_weights(self, in_features, out_features, self.weight_loader)
+        self.bias = empty_parameter(out_features, weight_loader=self.weight_loader) if bias else None
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | None = None) -> None:
+        """The :class:`~jido.layers.parameter.WeightLoader` of this layer's parameters.
+
+        A method of the layer, so that a tensor-parallel layer can slice its rank's part here.
+        """
+        default_weight_loader(param, loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.linear_method.apply(self, x, self.bias)
 
 
 class MergedLinear(Linear):
     """Several projections of the same input stacked along the output dim, run as one matmul.
 
-    ``shard_names`` are the HF names of the stacked projections (e.g. ``q_proj``, ``k_proj``, ``v_proj``);
-    :meth:`load_shard` copies one of them into its rows.
+    ``shard_sizes`` maps the HF names of the stacked projections (e.g. ``q_proj``, ``k_proj``, ``v_proj``)
+    to their output sizes; :meth:`weight_loader` copies the one named by ``shard_id`` into its rows.
     """
 
-    def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool = False) -> None:
-        super().__init__(in_features, sum(shard_sizes.values()), bias)
+    def __init__(
+        self,
+        in_features: int,
+        shard_sizes: dict[str, int],
+        bias: bool = False,
+        quant_config: QuantizationConfig | None = None,
+    ) -> None:
+        super().__init__(in_features, sum(shard_sizes.values()), bias, quant_config)
         self.shard_rows: dict[str, slice] = {}
         start = 0
         for name, size in shard_sizes.items():
             self.shard_rows[name] = slice(start, start + size)
             start += size
 
-    def load_shard(self, shard_name: str, param_name: str, tensor: torch.Tensor) -> None:
-        """Copy the HF tensor ``{shard_name}.{param_name}`` (``weight`` or ``bias``) into its rows."""
-        target = getattr(self, param_name)[self.shard_rows[shard_name]]
-        if target.shape != tensor.shape:
-            expected = tuple(target.shape)
-            raise ValueError(f"{shard_name}.{param_name}: expected shape {expected}, got {tuple(tensor.shape)}")
-        target.copy_(tensor)
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | None = None) -> None:
+        """Copy the HF tensor of projection ``shard_id`` (weight or bias) into its rows of ``param``."""
+        if shard_id not in self.shard_rows:
+            raise ValueError(f"merged projection needs a shard id, one of {list(self.shard_rows)}; got {shard_id!r}")
+        copy_weight(param.data[self.shard_rows[shard_id]], loaded)
 
 
 class Embedding(nn.Module):
-    """Token embedding table ``[vocab_size, hidden_size]``."""
+    """Token embedding table ``[vocab_size, hidden_size]``; a tied LM head multiplies by the same table."""
 
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__()
-        self.weight = _empty_param(vocab_size, hidden_size)
+        self.weight = empty_parameter(vocab_size, hidden_size)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.weight)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from jido.layers.parameter import empty_parameter
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm over the last dimension, computed in float32.
@@ -17,7 +19,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.unit_offset = unit_offset
-        self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
+        self.weight = empty_parameter(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()

@@ -35,8 +35,8 @@ class RopeScaling:
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> torch.Tensor:
-    """Inverse frequencies ``[head_dim // 2]`` in float32, computed the way transformers does."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    """Inverse frequencies ``[head_dim // 2]`` in float32 on the CPU, computed the way transformers does."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
     inv_freq = 1.0 / (theta**exponents)
     if scaling is None:
         return inv_freq
@@ -61,8 +61,8 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """A cos/sin table indexed by position, grown on demand (never a per-token Python loop).
 
-    The table is a non-persistent buffer, so it follows ``model.to(device, dtype)``; like transformers, cos
-    and sin are computed in float32 and then cast to the model dtype.
+    The table is a non-persistent buffer created on the default device in the default dtype (the model's);
+    like transformers, cos and sin are computed in float32 and then cast to that dtype.
     """
 
     def __init__(
@@ -72,7 +72,9 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         # A plain attribute, not a buffer: it must stay float32 when the model is cast to half precision.
         self.inv_freq = rope_inv_freq(head_dim, theta, scaling)
-        table = self._table(initial_len, torch.get_default_device()).to(torch.get_default_dtype())
+        # NOTE: the first table is computed on the CPU and then moved, so that building the model on CUDA
+        # does not change its values (CUDA's cos/sin may differ from the CPU's in the last bit).
+        table = self._table(initial_len, torch.device("cpu")).to(torch.get_default_device(), torch.get_default_dtype())
         self.register_buffer("cos_sin", table, persistent=False)
 
     def _table(self, length: int, device: torch.device) -> torch.Tensor:

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from jido.attention.backend import AttentionBackend
+from jido.layers.quantization import QuantizationConfig
 from jido.layers.rms_norm import RMSNorm
 from jido.models.config import ModelArchConfig
 from jido.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel, RopeCosSin
@@ -23,11 +24,17 @@ _VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tow
 class Gemma3DecoderLayer(nn.Module):
     """Norms before *and* after attention and MLP (sandwich norm); sliding or global per layer."""
 
-    def __init__(self, config: ModelArchConfig, layer_idx: int, backend: AttentionBackend):
+    def __init__(
+        self,
+        config: ModelArchConfig,
+        layer_idx: int,
+        backend: AttentionBackend,
+        quant_config: QuantizationConfig | None = None,
+    ):
         super().__init__()
         eps, hidden = config.rms_norm_eps, config.hidden_size
-        self.self_attn = LlamaAttention(config, layer_idx, backend, unit_offset_norm=True)
-        self.mlp = LlamaMLP(config)
+        self.self_attn = LlamaAttention(config, layer_idx, backend, unit_offset_norm=True, quant_config=quant_config)
+        self.mlp = LlamaMLP(config, quant_config)
         self.input_layernorm = RMSNorm(hidden, eps, unit_offset=True)
         self.post_attention_layernorm = RMSNorm(hidden, eps, unit_offset=True)
         self.pre_feedforward_layernorm = RMSNorm(hidden, eps, unit_offset=True)
@@ -42,11 +49,18 @@ class Gemma3Model(LlamaModel):
     """Llama's model body with embeddings scaled by ``sqrt(hidden_size)``."""
 
     def __init__(
-        self, config: ModelArchConfig, backend: AttentionBackend, layer_cls: type[nn.Module], unit_offset_norm: bool
+        self,
+        config: ModelArchConfig,
+        backend: AttentionBackend,
+        layer_cls: type[nn.Module],
+        unit_offset_norm: bool,
+        quant_config: QuantizationConfig | None = None,
     ):
-        super().__init__(config, backend, layer_cls, unit_offset_norm)
-        # A buffer so that it takes the model dtype: HF rounds the scale to that dtype (55.5 in bf16, not 55.43).
-        self.register_buffer("embed_scale", torch.tensor(config.hidden_size**0.5), persistent=False)
+        super().__init__(config, backend, layer_cls, unit_offset_norm, quant_config)
+        # In the model dtype because HF rounds the scale to it (55.5 in bf16, not 55.43); rounded from float32,
+        # as when a float32 model is cast, since rounding the float64 value straight to bf16 could differ.
+        scale = torch.tensor(config.hidden_size**0.5, dtype=torch.float32).to(torch.get_default_dtype())
+        self.register_buffer("embed_scale", scale, persistent=False)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids) * self.embed_scale

@@ -1,4 +1,4 @@
-"""Reads GGUF files: metadata, float32 dequantization, and the mapping to HF names and config.json."""
+"""Reads GGUF files: metadata, tensors (raw or dequantized to float32), and the mapping to HF names and config."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.gguf_reader import ReaderTensor
 from gguf.quants import dequantize
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
@@ -100,15 +100,6 @@ def open_gguf(path: Path) -> GGUFFile:
     return GGUFFile(path, metadata, list(reader.tensors))
 
 
-def dequantize_tensor(tensor: ReaderTensor) -> np.ndarray:
-    """The tensor in float32, in HF layout ([out_features, in_features] for a linear weight)."""
-    values = dequantize(tensor.data, tensor.tensor_type)
-    # GGUF lists dimensions innermost first; torch lists them outermost first.
-    shape = tuple(int(n) for n in reversed(tensor.shape))
-    # F32 tensors come back as read-only views of the memory-mapped file; torch wants writable memory.
-    return np.require(values.reshape(shape), np.float32, ["C_CONTIGUOUS", "WRITEABLE"])
-
-
 def hf_name(gguf_name: str, spec: ArchSpec) -> str | None:
     """The transformers parameter name for a GGUF tensor, or None for one HF does not have."""
     if m := _BLOCK_PATTERN.fullmatch(gguf_name):
@@ -128,21 +119,63 @@ def unpermute_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return w.swapaxes(2, 1).reshape(weight.shape)
 
 
-def iter_hf_tensors(gguf: GGUFFile, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
-    """Yield (HF name, float32 array) for every GGUF tensor transformers would load."""
+class RawTensor(NamedTuple):
+    """A GGUF tensor still in its GGML encoding, under its HF name and with its rows in HF order."""
+
+    name: str
+    data: np.ndarray  # uint8 [*shape[:-1], bytes per row]: whole quantization blocks per row
+    tensor_type: GGMLQuantizationType
+    shape: tuple[int, ...]  # the HF shape, e.g. [out_features, in_features]
+
+    def dequantize(self) -> np.ndarray:
+        """The tensor in float32, shaped ``shape``."""
+        values = dequantize(self.data, self.tensor_type).reshape(self.shape)
+        # F32 tensors come back as read-only views of the memory-mapped file; torch wants writable memory.
+        return np.require(values, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])
+
+
+def iter_raw_tensors(gguf: GGUFFile, config: dict[str, Any]) -> Iterator[RawTensor]:
+    """Yield every GGUF tensor transformers would load, in HF names and layout, without dequantizing it.
+
+    Rows that llama.cpp reordered (Llama's q and k) are put back in HF order: a row holds whole blocks, so
+    this moves bytes without decoding them. Values that differ from HF's (Gemma's norms, stored as 1 + w)
+    are decoded, corrected and yielded as F32, the type llama.cpp stores norms in anyway.
+    """
     spec = gguf.spec
     for tensor in gguf.tensors:
         name = hf_name(tensor.name, spec)
         if name is None:
             continue
-        weight = dequantize_tensor(tensor)
+        # GGUF lists dimensions innermost first; torch lists them outermost first.
+        shape = tuple(int(n) for n in reversed(tensor.shape))
+        # The reader gives float tensors as floats and quantized ones as bytes; one byte view serves both.
+        raw = RawTensor(name, _rows(tensor.data.view(np.uint8), shape), tensor.tensor_type, shape)
         if spec.norm_offset and tensor.name.endswith("norm.weight"):
-            weight = weight - np.float32(spec.norm_offset)
-        if spec.permute_qk and tensor.name.endswith("attn_q.weight"):
-            weight = unpermute_qk(weight, config["num_attention_heads"])
-        elif spec.permute_qk and tensor.name.endswith("attn_k.weight"):
-            weight = unpermute_qk(weight, config["num_key_value_heads"])
-        yield name, weight
+            raw = _as_f32(raw, raw.dequantize() - np.float32(spec.norm_offset))
+        yield raw._replace(data=_hf_row_order(tensor.name, raw.data, spec, config))
+
+
+def iter_hf_tensors(gguf: GGUFFile, config: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield (HF name, float32 array) for every GGUF tensor transformers would load."""
+    for raw in iter_raw_tensors(gguf, config):
+        yield raw.name, raw.dequantize()
+
+
+def _rows(data: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    return data.reshape(*shape[:-1], -1)  # [*shape[:-1], bytes per row]
+
+
+def _as_f32(raw: RawTensor, values: np.ndarray) -> RawTensor:
+    data = _rows(values.astype(np.float32, copy=False).view(np.uint8), raw.shape)
+    return raw._replace(data=data, tensor_type=GGMLQuantizationType.F32)
+
+
+def _hf_row_order(gguf_name: str, rows: np.ndarray, spec: ArchSpec, config: dict[str, Any]) -> np.ndarray:
+    if spec.permute_qk and gguf_name.endswith("attn_q.weight"):
+        return unpermute_qk(rows, config["num_attention_heads"])
+    if spec.permute_qk and gguf_name.endswith("attn_k.weight"):
+        return unpermute_qk(rows, config["num_key_value_heads"])
+    return rows
 
 
 def hf_config(gguf: GGUFFile) -> dict[str, Any]:

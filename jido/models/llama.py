@@ -10,6 +10,7 @@ from torch import nn
 from jido.attention.backend import AttentionBackend, AttentionLayerSpec, StepAttentionMetadata
 from jido.layers.activation import get_gated_activation
 from jido.layers.linear import Embedding, Linear, MergedLinear
+from jido.layers.quantization import QuantizationConfig, get_quantization_config
 from jido.layers.rms_norm import RMSNorm
 from jido.layers.rotary import RotaryEmbedding, apply_rotary
 from jido.models.config import ModelArchConfig
@@ -30,14 +31,19 @@ class LlamaAttention(nn.Module):
     """Fused QKV projection, optional per-head q/k RMSNorm, RoPE, then the paged attention backend."""
 
     def __init__(
-        self, config: ModelArchConfig, layer_idx: int, backend: AttentionBackend, unit_offset_norm: bool = False
+        self,
+        config: ModelArchConfig,
+        layer_idx: int,
+        backend: AttentionBackend,
+        unit_offset_norm: bool = False,
+        quant_config: QuantizationConfig | None = None,
     ):
         super().__init__()
         c = config
         self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         sizes = {"q_proj": self.q_size, "k_proj": self.kv_size, "v_proj": self.kv_size}
-        self.qkv_proj = MergedLinear(c.hidden_size, sizes, bias=c.qkv_bias)
-        self.o_proj = Linear(self.q_size, c.hidden_size, bias=c.o_bias)
+        self.qkv_proj = MergedLinear(c.hidden_size, sizes, bias=c.qkv_bias, quant_config=quant_config)
+        self.o_proj = Linear(self.q_size, c.hidden_size, bias=c.o_bias, quant_config=quant_config)
         if c.qk_norm:
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, unit_offset_norm)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, unit_offset_norm)
@@ -66,11 +72,11 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     """``down(act(gate(x)) * up(x))`` with gate and up fused into one matmul."""
 
-    def __init__(self, config: ModelArchConfig):
+    def __init__(self, config: ModelArchConfig, quant_config: QuantizationConfig | None = None):
         super().__init__()
         sizes = {"gate_proj": config.intermediate_size, "up_proj": config.intermediate_size}
-        self.gate_up_proj = MergedLinear(config.hidden_size, sizes)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
+        self.gate_up_proj = MergedLinear(config.hidden_size, sizes, quant_config=quant_config)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, quant_config=quant_config)
         self.act = get_gated_activation(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -80,10 +86,16 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
 
-    def __init__(self, config: ModelArchConfig, layer_idx: int, backend: AttentionBackend):
+    def __init__(
+        self,
+        config: ModelArchConfig,
+        layer_idx: int,
+        backend: AttentionBackend,
+        quant_config: QuantizationConfig | None = None,
+    ):
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx, backend)
-        self.mlp = LlamaMLP(config)
+        self.self_attn = LlamaAttention(config, layer_idx, backend, quant_config=quant_config)
+        self.mlp = LlamaMLP(config, quant_config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -96,15 +108,20 @@ class LlamaModel(nn.Module):
     """Embedding, decoder layers and final norm; HF's ``model.*`` parameter names."""
 
     def __init__(
-        self, config: ModelArchConfig, backend: AttentionBackend, layer_cls: type[nn.Module], unit_offset_norm: bool
+        self,
+        config: ModelArchConfig,
+        backend: AttentionBackend,
+        layer_cls: type[nn.Module],
+        unit_offset_norm: bool,
+        quant_config: QuantizationConfig | None = None,
     ):
         super().__init__()
         self.config = config
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList([layer_cls(config, i, backend) for i in range(config.num_layers)])
+        self.layers = nn.ModuleList([layer_cls(config, i, backend, quant_config) for i in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset_norm)
-        # One table per distinct (base, scaling); each layer looks its table up by key.
-        ropes = {config.layer_rope(i) for i in range(config.num_layers)}
+        # One table per distinct (base, scaling), in order of first use; each layer looks its table up by key.
+        ropes = dict.fromkeys(config.layer_rope(i) for i in range(config.num_layers))
         self.ropes = nn.ModuleList([RotaryEmbedding(config.head_dim, theta, scaling) for theta, scaling in ropes])
         rope_keys = list(ropes)
         self.layer_rope_idx = [rope_keys.index(config.layer_rope(i)) for i in range(config.num_layers)]
@@ -127,22 +144,31 @@ class LlamaModel(nn.Module):
         return self.norm(x)
 
 
-_FEW_ROWS = 16  # up to this many rows, compute_logits multiplies in the weight-major orientation
-
-
 class LlamaForCausalLM(nn.Module):
-    """A decoder-only LM over a flat batch of many requests and a paged KV cache (see ``forward``)."""
+    """A decoder-only LM over a flat batch of many requests and a paged KV cache (see ``forward``).
+
+    Parameters are created uninitialised on the default device and dtype (build it inside
+    :func:`~jido.layers.parameter.default_device_and_dtype`), then filled by :meth:`load_weights`.
+    ``quant_config`` chooses how linear layers and the LM head store and apply their weights (default: dense).
+    """
 
     model_cls: type[LlamaModel] = LlamaModel
     layer_cls: type[nn.Module] = LlamaDecoderLayer
     unit_offset_norm = False  # Gemma's norms scale by (1 + w)
 
-    def __init__(self, config: ModelArchConfig, attn_backend: AttentionBackend):
+    def __init__(
+        self, config: ModelArchConfig, attn_backend: AttentionBackend, quant_config: QuantizationConfig | None = None
+    ):
         super().__init__()
+        quant_config = quant_config or get_quantization_config()
         self.config = config
-        self.model = self.model_cls(config, attn_backend, self.layer_cls, self.unit_offset_norm)
-        # NOTE: tied embeddings have no lm_head; compute_logits and load_weights use the embedding instead.
-        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
+        self.model = self.model_cls(config, attn_backend, self.layer_cls, self.unit_offset_norm, quant_config)
+        # NOTE: a tied head *is* the embedding module: one parameter, named and loaded as the embedding.
+        if config.tie_word_embeddings:
+            self.lm_head: nn.Module = self.model.embed_tokens
+        else:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, quant_config=quant_config)
+        self.logits_method = quant_config.get_linear_method(self.lm_head)
 
     @property
     def num_layers(self) -> int:
@@ -164,14 +190,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits ``[N, vocab]`` for the rows the caller samples from, soft-capped if configured."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        if hidden.shape[0] <= _FEW_ROWS:
-            # [vocab, hidden] @ [hidden, N]: with a huge vocab and a few rows, BLAS runs this orientation
-            # ~2x faster than hidden @ weight.T on CPU (measured: 36 vs 79 ms for 8 rows of Gemma 3's head).
-            logits = torch.matmul(weight, hidden.t()).t().contiguous()
-        else:
-            logits = torch.nn.functional.linear(hidden, weight)
-        logits = logits.float()
+        logits = self.logits_method.apply_logits(self.lm_head, hidden).float()
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
@@ -183,7 +202,7 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors into the model, fusing q/k/v and gate/up as they arrive.
+        """Hand each HF-named tensor to its parameter's ``weight_loader`` (which fuses q/k/v and gate/up).
 
         Raises:
             ValueError: a name we have no parameter for, a shape mismatch, or parameters left unloaded
@@ -199,9 +218,14 @@ class LlamaForCausalLM(nn.Module):
             if name not in expected:
                 unexpected.append(raw_name)
                 continue
-            self._load_one(params, name, tensor)
+            param_name, shard_id = self._param_for(name)
+            param = params[param_name]
+            try:
+                param.weight_loader(param, tensor, shard_id)
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from e
             loaded.add(name)
-        optional = {"lm_head.weight"} if self.lm_head is None else set()
+        optional = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
         missing = sorted(expected - loaded - optional)
         if unexpected or missing:
             raise ValueError(
@@ -219,18 +243,17 @@ class LlamaForCausalLM(nn.Module):
                 names.update(f"{prefix}.{shard}.{param_name}" for shard in module.shard_rows)
             else:
                 names.add(name)
-        if self.lm_head is None:
+        if self.config.tie_word_embeddings:
             names.add("lm_head.weight")  # tied: an alias of the embedding, loaded only if present
         return names
 
-    def _load_one(self, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> None:
+    def _param_for(self, name: str) -> tuple[str, str | None]:
+        """Our parameter name and shard id for the HF tensor ``name``."""
+        if name == "lm_head.weight" and self.config.tie_word_embeddings:
+            return "model.embed_tokens.weight", None
         prefix, _, param_name = name.rpartition(".")
         module_prefix, _, proj = prefix.rpartition(".")
         if proj in _FUSED_SHARDS:
-            fused, shard = _FUSED_SHARDS[proj]
-            self.get_submodule(f"{module_prefix}.{fused}").load_shard(shard, param_name, tensor)
-            return
-        target = params["model.embed_tokens.weight" if name == "lm_head.weight" and self.lm_head is None else name]
-        if target.shape != tensor.shape:
-            raise ValueError(f"{name}: expected shape {tuple(target.shape)}, got {tuple(tensor.shape)}")
-        target.copy_(tensor)
+            fused, shard_id = _FUSED_SHARDS[proj]
+            return f"{module_prefix}.{fused}.{param_name}", shard_id
+        return name, None

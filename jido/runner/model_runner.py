@@ -12,6 +12,7 @@ from jido.attention.registry import get_attention_backend
 from jido.config import EngineConfig
 from jido.core.kv_cache_spec import FullAttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec
 from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
+from jido.layers.parameter import default_device_and_dtype
 from jido.models.config import ModelArchConfig
 from jido.models.loader import iter_weights, load_config
 from jido.models.registry import get_model_class
@@ -56,9 +57,12 @@ class ModelRunner:
 
     def _load_model(self) -> torch.nn.Module:
         start = time.perf_counter()
-        model = get_model_class(self.model_arch.architecture)(self.model_arch, self.attn_backend)
+        model_class = get_model_class(self.model_arch.architecture)
+        # Built on its device in its dtype: no float32 (or CPU) copy of the whole model is ever made.
+        with default_device_and_dtype(self.device, self.dtype):
+            model = model_class(self.model_arch, self.attn_backend)
         model.load_weights(iter_weights(self.model_folder))
-        model = model.to(device=self.device, dtype=self.dtype).eval()
+        model.eval()
         logger.info("loaded %s (%s, %s) in %.1f s", self.model_folder.name, self.device, self.dtype,
                     time.perf_counter() - start)
         return model

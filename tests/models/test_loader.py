@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from tiny_gguf import llama_cpp_permute, write_and_close
 
 from jido.models import gguf
 from jido.models.loader import generation_eos_ids, iter_weights, load_config, resolve_model
@@ -84,6 +85,18 @@ def test_gemma_norms_are_stored_without_the_plus_one(gemma_folder: Path, gemma_g
             assert torch.equal(f.get_tensor(gguf.hf_name(tensor.name, gemma_gguf.spec)), torch.from_numpy(expected))
 
 
+def test_raw_tensors_hand_the_quantized_bytes_through_without_a_copy(gemma_gguf: gguf.GGUFFile) -> None:
+    by_name = {gguf.hf_name(t.name, gemma_gguf.spec): t for t in gemma_gguf.tensors}
+    types = set()
+    for raw in gguf.iter_raw_tensors(gemma_gguf, gguf.hf_config(gemma_gguf)):
+        if raw.name.endswith("norm.weight"):
+            continue  # decoded to drop llama.cpp's + 1 (tests/models/test_gguf_raw.py)
+        tensor = by_name[raw.name]
+        assert raw.tensor_type == tensor.tensor_type and np.shares_memory(raw.data, tensor.data), raw.name
+        types.add(raw.tensor_type.name)
+    assert sorted(types) == ["Q4_K", "Q5_0", "Q6_K", "Q8_0"]
+
+
 def test_second_resolve_reuses_the_converted_folder(gemma_folder: Path) -> None:
     mtimes = {p.name: p.stat().st_mtime_ns for p in gemma_folder.iterdir()}
     start = time.perf_counter()
@@ -114,11 +127,6 @@ def _tiny_llama_weights() -> dict[str, torch.Tensor]:
     return {name: torch.randn(shape, generator=gen) for name, shape in shapes.items()}
 
 
-def _llama_cpp_permute(w: np.ndarray, num_heads: int) -> np.ndarray:
-    """convert_hf_to_gguf.py's LlamaModel.permute."""
-    return w.reshape(num_heads, 2, w.shape[0] // num_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def _write_tiny_llama(path: Path, weights: dict[str, torch.Tensor]) -> None:
     hf_to_gguf = {hf: name for name in _gguf_names() if (hf := gguf.hf_name(name, gguf.ARCHS["llama"]))}
     writer = gguf_lib.GGUFWriter(str(path), "llama")
@@ -141,14 +149,11 @@ def _write_tiny_llama(path: Path, weights: dict[str, torch.Tensor]) -> None:
     for hf, w in weights.items():
         array = w.numpy()
         if hf.endswith("q_proj.weight"):
-            array = _llama_cpp_permute(array, NUM_HEADS)
+            array = llama_cpp_permute(array, NUM_HEADS)
         elif hf.endswith("k_proj.weight"):
-            array = _llama_cpp_permute(array, NUM_KV_HEADS)
+            array = llama_cpp_permute(array, NUM_KV_HEADS)
         writer.add_tensor(hf_to_gguf[hf], array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_and_close(writer)
 
 
 def _gguf_names() -> list[str]:
