@@ -27,7 +27,8 @@ ALLOWED_SAME_LAYER: set[tuple[str, str]] = {
     ("jido.models", "jido.attention"),  # and call the attention backend interface
     ("jido.engine", "jido.executor"),  # the engine core drives the executor seam
     ("jido.cli", "jido.server"),  # the `jido` command: serve,
-    ("jido.cli", "jido.bench"),  # bench (delegates named by "module:function" strings)
+    ("jido.cli", "jido.bench"),  # bench,
+    ("jido.cli", "jido.tools"),  # roofline (delegates named by "module:function" strings)
 }
 # Packages that must stay free of heavy or transport dependencies whatever their layer allows.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
