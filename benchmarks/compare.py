@@ -430,7 +430,7 @@ def roofline_share(records: dict[str, Any], dtype: str) -> dict[str, Any] | None
 
     from jido.models.loader import load_config
     from jido.planner.model_shapes import shape_from_hf_config
-    from jido.runner import roofline
+    from jido.tools import roofline
 
     peaks, _ = roofline.cached_peaks(roofline.RooflineConfig(), torch.device("cpu"))
     shape = shape_from_hf_config(load_config(hf_folder()))

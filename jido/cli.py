@@ -79,16 +79,8 @@ _DELEGATES = {
     "plan": ("jido.planner.cli:plan_main", "plan a heterogeneous prefill/decode deployment"),
     "doctor": ("jido.planner.cli:doctor_main", "name the bottleneck from a bench result or /metrics"),
     "bench": ("jido.bench.cli:bench_main", "load-test any OpenAI-compatible server"),
-    "roofline": ("jido.cli:_roofline_main", "this machine's limits for the model, next to jido's figures"),
+    "roofline": ("jido.tools.roofline:roofline_main", "this machine's limits for the model, next to jido's figures"),
 }
-
-
-def _roofline_main(argv: list[str]) -> int:
-    # The runner sits below the engine, so the roofline is handed the LLM class to time jido with.
-    from jido.engine.llm import LLM
-    from jido.runner.roofline import roofline_main
-
-    return roofline_main(argv, LLM)
 
 
 def _delegate_parser(sub: argparse._SubParsersAction, name: str) -> None:

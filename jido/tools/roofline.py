@@ -9,11 +9,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from jido.core.sampling_params import SamplingParams
+from jido.engine.llm import LLM
+from jido.engine.llm_engine import LLMEngine
 from jido.models.loader import load_config, resolve_model
 from jido.planner.model_shapes import ModelShape, shape_from_hf_config
 from jido.runner.model_runner import resolve_device, resolve_dtype
@@ -55,22 +57,6 @@ class MachinePeaks:
     bandwidth_bytes_s: float
     matmul_flops: dict[str, float]
     measured_at: str
-
-
-class StepEngine(Protocol):
-    """The stepping interface of jido's ``LLMEngine``: queue a request, run one step, ask if work is left."""
-
-    def add_request(self, request_id: str, prompt: list[int], params: SamplingParams) -> None: ...
-
-    def step(self) -> list[Any]: ...
-
-    def has_unfinished_requests(self) -> bool: ...
-
-
-class OfflineLLM(Protocol):
-    """What the probes need from ``jido.LLM``; passed in because the engine is a layer above this one."""
-
-    llm_engine: StepEngine
 
 
 def machine_key(device: torch.device) -> str:
@@ -158,7 +144,7 @@ def limits(shape: ModelShape, peaks: MachinePeaks, dtype: torch.dtype, prompt_le
             "weight_bytes_per_token": decode_bytes_per_token(shape, dtype_bytes, 0)}
 
 
-def measure_jido(llm: OfflineLLM, vocab_size: int, prompt_len: int, decode_tokens: int) -> dict[str, float]:
+def measure_jido(llm: LLM, vocab_size: int, prompt_len: int, decode_tokens: int) -> dict[str, float]:
     """Batch-1 decode tok/s after the first token, and prefill tok/s as prompt tokens over the first step."""
     # Token ids spread over the vocabulary: any ids cost the same to run, and no tokenizer is needed.
     ids = [(7919 * i + 1000) % vocab_size for i in range(prompt_len)]
@@ -169,7 +155,7 @@ def measure_jido(llm: OfflineLLM, vocab_size: int, prompt_len: int, decode_token
             "prefill_tok_s": prompt_len / (prefill_end - prefill_start)}
 
 
-def _timed_steps(engine: StepEngine, request_id: str, prompt: list[int], max_tokens: int) -> tuple[float, float, float]:
+def _timed_steps(engine: LLMEngine, request_id: str, prompt: list[int], max_tokens: int) -> tuple[float, float, float]:
     """(start, end of the first step, end of the last step) of one request run alone, greedy, EOS ignored."""
     engine.add_request(request_id, prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
     start = time.perf_counter()
@@ -180,7 +166,7 @@ def _timed_steps(engine: StepEngine, request_id: str, prompt: list[int], max_tok
     return start, first, time.perf_counter()
 
 
-def report(config: RooflineConfig, llm_factory: Callable[..., OfflineLLM] | None) -> dict[str, Any]:
+def report(config: RooflineConfig, llm_factory: Callable[..., LLM]) -> dict[str, Any]:
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     folder = resolve_model(config.model)
@@ -189,15 +175,13 @@ def report(config: RooflineConfig, llm_factory: Callable[..., OfflineLLM] | None
     result: dict[str, Any] = {"model": folder.name, "dtype": str(dtype).removeprefix("torch."),
                               "machine": asdict(peaks), "machine_from_cache": from_cache,
                               "limit": limits(shape, peaks, dtype, config.prompt_len, config.decode_tokens)}
-    if config.measure_jido and llm_factory is not None:
+    if config.measure_jido:
         # Prefix caching off: the warm-up must not turn the measured prefill into a cache hit.
         llm = llm_factory(model=config.model, device=config.device, dtype=config.dtype,
                           enable_prefix_caching=False, max_num_batched_tokens=max(2048, config.prompt_len))
         jido = measure_jido(llm, shape.vocab_size, config.prompt_len, config.decode_tokens)
         result["jido"] = jido
         result["percent_of_limit"] = {k: 100 * jido[k] / result["limit"][k] for k in jido}
-    elif config.measure_jido:
-        result["jido_not_measured"] = "no engine was passed in: call roofline_main(argv, jido.LLM)"
     return result
 
 
@@ -215,14 +199,11 @@ def format_report(result: dict[str, Any]) -> str:
         share = result.get("percent_of_limit", {}).get(key)
         lines.append(f"{label:<22}{limit[key]:>10.1f}{'-' if jido is None else f'{jido:.1f}':>10}"
                      f"{'-' if share is None else f'{share:.0f}%':>12}")
-    if "jido_not_measured" in result:
-        lines.append(f"jido not measured: {result['jido_not_measured']}")
     return "\n".join(lines)
 
 
-def roofline_main(argv: Sequence[str], llm_factory: Callable[..., OfflineLLM] | None = None) -> int:
-    """`jido roofline ARGS`. The caller passes `jido.LLM` as llm_factory (the engine is a layer above);
-    without it only the limits are printed."""
+def roofline_main(argv: Sequence[str], llm_factory: Callable[..., LLM] = LLM) -> int:
+    """`jido roofline ARGS`; `llm_factory` builds the engine that is timed (tests pass one with a fake clock)."""
     parser = argparse.ArgumentParser(prog="jido roofline", description=(
         "Measure this machine's bandwidth and matmul rate once, and show the model's best possible "
         "batch-1 decode and prefill tokens/s next to jido's"))

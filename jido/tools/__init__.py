@@ -1,0 +1,1 @@
+"""Tools that drive the engine from outside."""
