@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jido.utils.hf_config import kv_tokens_held
+
 
 @dataclass(frozen=True)
 class FullAttentionSpec:
@@ -22,8 +24,8 @@ class FullAttentionSpec:
         return 2 * self.block_size * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     def num_live_blocks(self, num_tokens: int) -> int:
-        """Blocks a request of ``num_tokens`` tokens holds while it decodes."""
-        return -(-num_tokens // self.block_size)
+        """Blocks a request of ``num_tokens`` tokens holds while it decodes (the planner's formula too)."""
+        return kv_tokens_held(num_tokens, None, self.block_size) // self.block_size
 
     def num_peak_blocks(self, num_tokens: int, chunk: int) -> int:
         """Blocks a request of ``num_tokens`` tokens holds at most, prefilled in chunks of ``chunk`` tokens."""
@@ -55,8 +57,7 @@ class SlidingWindowSpec(FullAttentionSpec):
         return min(-(-num_tokens // self.block_size), reach)
 
     def num_live_blocks(self, num_tokens: int) -> int:
-        # A decode step at position num_tokens - 1 sees the window's keys, which can straddle one more block.
-        return min(super().num_live_blocks(num_tokens), -(-(self.sliding_window - 1) // self.block_size) + 1)
+        return kv_tokens_held(num_tokens, self.sliding_window, self.block_size) // self.block_size
 
 
 KVCacheSpec = FullAttentionSpec  # SlidingWindowSpec is a FullAttentionSpec with a window

@@ -165,7 +165,9 @@ class Scheduler:
                 continue  # finished or preempted while the step ran
             token_ids = runner_output.sampled_token_ids.get(req_id, [])
             num_spec = len(scheduler_output.scheduled_spec_decode_tokens.get(req_id, ()))
-            num_rejected = num_spec + 1 - len(token_ids) if token_ids else 0
+            # Rejected proposals were computed but are not tokens: take them back. (Extra tokens beyond
+            # proposals, as in multi-step decoding, are not computed yet: the next step computes them.)
+            num_rejected = max(num_spec + 1 - len(token_ids), 0) if num_spec and token_ids else 0
             request.num_computed_tokens += num_tokens - num_rejected
             request.spec_token_ids = []
             self.kv.cache_full_blocks(request)

@@ -38,13 +38,20 @@ class IncrementalDetokenizer:
         self.read_offset = len(context)
         self.text = ""
 
-    def update(self, new_token_ids: list[int]) -> str | None:
-        """Decode new tokens; returns the stop string that matched, if one did (text is cut there)."""
-        start = len(self.text)
-        for token_id in new_token_ids:
+    def update(self, new_token_ids: list[int]) -> tuple[str | None, int]:
+        """Decode new tokens one by one, looking for stop strings after each.
+
+        Returns the stop string that matched, if one did (the text is cut there), and how many of the new
+        tokens belong to the output: all of them, or those up to the one that completed the stop string.
+        """
+        for num_used, token_id in enumerate(new_token_ids, start=1):
+            start = len(self.text)
             self.token_ids.append(token_id)
             self.text += self._next_delta()
-        return self._find_stop(start)
+            stop = self._find_stop(start)
+            if stop is not None:
+                return stop, num_used
+        return None, len(new_token_ids)
 
     def _next_delta(self) -> str:
         decode = self.tokenizer.decode

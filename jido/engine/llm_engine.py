@@ -179,9 +179,10 @@ class LLMEngine:
         if parent.first_token_time is None:
             parent.first_token_time = now
             parent.num_cached_tokens = out.num_cached_tokens
-        seq.token_ids.extend(out.new_token_ids)
-        seq.logprobs.extend(out.logprobs)
-        stop = seq.detokenizer.update(out.new_token_ids)
+        stop, num_used = seq.detokenizer.update(out.new_token_ids)
+        # Tokens after the one that completed a stop string are not part of the output.
+        seq.token_ids.extend(out.new_token_ids[:num_used])
+        seq.logprobs.extend(out.logprobs[:num_used])
         if stop is not None:
             seq.finish_reason, seq.stop_reason = "stop", stop
             if out.finish_reason is None:

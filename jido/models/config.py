@@ -6,6 +6,7 @@ from typing import Any
 
 from jido.layers.rotary import RopeScaling
 from jido.models.registry import canonical_architecture, supported_architectures
+from jido.utils.hf_config import layer_sliding_windows, text_config
 
 # Values transformers' config classes use when a config.json leaves the key out.
 _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -95,7 +96,7 @@ class ModelArchConfig:
         """
         arch = canonical_architecture((cfg.get("architectures") or [None])[0])
         # Multimodal Gemma 3 checkpoints nest the text model's settings; top-level ids still apply.
-        text = {**cfg, **cfg.get("text_config", {})}
+        text = text_config(cfg)
         hf = {**_FAMILY_DEFAULTS[arch], **{k: v for k, v in text.items() if v is not None}}
         num_heads = hf["num_attention_heads"]
         rope_theta, rope_local_theta, rope_scaling = _read_rope(hf, arch)
@@ -112,7 +113,7 @@ class ModelArchConfig:
             rope_theta=rope_theta,
             rope_local_theta=rope_local_theta,
             rope_scaling=rope_scaling,
-            sliding_windows=_read_sliding_windows(hf, arch),
+            sliding_windows=layer_sliding_windows(hf),
             tie_word_embeddings=hf["tie_word_embeddings"],
             hidden_act=hf.get("hidden_activation") or hf.get("hidden_act", "silu"),
             # Qwen2 always has q/k/v biases and never an o_proj bias; the others follow attention_bias.
@@ -164,20 +165,3 @@ def _read_scaling(params: dict[str, Any]) -> RopeScaling | None:
         high_freq_factor=params.get("high_freq_factor"),
         original_max_position_embeddings=params.get("original_max_position_embeddings"),
     )
-
-
-def _read_sliding_windows(hf: dict[str, Any], arch: str) -> tuple[int | None, ...]:
-    num_layers = hf["num_hidden_layers"]
-    # Qwen configs carry a sliding_window value that is off unless use_sliding_window is set.
-    window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
-    if window is None:
-        return (None,) * num_layers
-    if hf.get("layer_types"):
-        return tuple(window if t == "sliding_attention" else None for t in hf["layer_types"])
-    if arch == "Gemma3ForCausalLM":
-        pattern = hf.get("_sliding_window_pattern") or hf["sliding_window_pattern"]
-        return tuple(window if (i + 1) % pattern else None for i in range(num_layers))
-    if hf.get("use_sliding_window"):
-        first = hf.get("max_window_layers", num_layers)
-        return tuple(window if i >= first else None for i in range(num_layers))
-    return (None,) * num_layers

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
+
+from jido.utils.hf_config import kv_tokens_held, layer_sliding_windows, text_config
 
 
 class ModelShapeError(ValueError):
@@ -81,12 +84,18 @@ class ModelShape:
         """K and V for one token in every layer: 2 * layers * kv_heads * head_dim * bytes."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_element
 
-    def kv_bytes(self, num_tokens: float, bytes_per_element: float = 2.0) -> float:
-        """KV bytes one sequence of num_tokens holds; sliding-window layers keep only the window."""
+    def kv_bytes(self, num_tokens: float, bytes_per_element: float = 2.0, block_size: int = 1) -> float:
+        """KV bytes one sequence of num_tokens holds; sliding-window layers keep only the window.
+
+        The runner's formula (:func:`jido.utils.hf_config.kv_tokens_held`): with ``block_size`` set to
+        the engine's, it counts whole blocks as jido's block pool does.
+        """
         per_layer_token = 2 * self.num_kv_heads * self.head_dim * bytes_per_element
         num_full = self.num_layers - self.num_sliding_layers
-        windowed = min(num_tokens, self.sliding_window or 0)
-        return per_layer_token * (num_full * num_tokens + self.num_sliding_layers * windowed)
+        tokens = math.ceil(num_tokens)
+        held = (num_full * kv_tokens_held(tokens, None, block_size)
+                + self.num_sliding_layers * kv_tokens_held(tokens, self.sliding_window, block_size))
+        return per_layer_token * held
 
     def attention_flops(self, num_query_tokens: float, num_context_tokens: float) -> float:
         """QK^T and PV for queries attending to context, over all layers (2 FLOPs per MAC)."""
@@ -122,7 +131,7 @@ def load_model(name_or_path: str) -> ModelShape:
 
 def shape_from_hf_config(config: Mapping[str, Any], name: str = "hf-model") -> ModelShape:
     """Parse the fields of a Hugging Face config.json (text_config of multimodal models too)."""
-    cfg = config.get("text_config", config)
+    cfg = text_config(config)
     try:
         num_layers = int(cfg["num_hidden_layers"])
         hidden = int(cfg["hidden_size"])
@@ -132,7 +141,8 @@ def shape_from_hf_config(config: Mapping[str, Any], name: str = "hf-model") -> M
     except KeyError as exc:
         raise ModelShapeError(f"{name}: config.json lacks {exc.args[0]!r}") from exc
     num_experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 1)
-    num_sliding, window = _sliding_layers(cfg, num_layers)
+    windows = [w for w in layer_sliding_windows(cfg) if w is not None]
+    num_sliding, window = len(windows), (max(windows) if windows else None)
     return ModelShape(
         name=name, num_layers=num_layers, hidden_size=hidden, num_heads=num_heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
@@ -142,17 +152,3 @@ def shape_from_hf_config(config: Mapping[str, Any], name: str = "hf-model") -> M
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         sliding_window=window, num_sliding_layers=num_sliding,
     )
-
-
-def _sliding_layers(cfg: Mapping[str, Any], num_layers: int) -> tuple[int, int | None]:
-    window = cfg.get("sliding_window")
-    if not window:
-        return 0, None
-    if "layer_types" in cfg:
-        return sum(t == "sliding_attention" for t in cfg["layer_types"]), int(window)
-    pattern = cfg.get("sliding_window_pattern")
-    if pattern:  # every pattern-th layer is global
-        return num_layers - num_layers // int(pattern), int(window)
-    if cfg.get("use_sliding_window", True) is False:
-        return 0, None
-    return num_layers, int(window)
