@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from jido import LLM
 from jido.models.loader import resolve_model
 
 REFERENCE_PATH = Path(__file__).parent / "fixtures" / "gemma3_reference.json"
@@ -22,3 +23,9 @@ def gemma_folder() -> Path:
 def gemma_reference() -> dict:
     """transformers' ids and greedy runs on the same GGUF (made by fixtures/make_gemma3_reference.py)."""
     return json.loads(REFERENCE_PATH.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="session")
+def llm() -> LLM:
+    """The default model on CPU in float32, with a KV cache large enough for every test."""
+    return LLM(kv_cache_memory="160MiB")

@@ -159,11 +159,15 @@ class KVCacheManager:
         return max(0, num_computed_tokens - window + 1) // self.block_size
 
     def cache_full_blocks(self, request: Request) -> None:
-        """Index the request's blocks that became full of computed tokens, for later prefix hits."""
+        """Index the request's blocks that became full of computed, known tokens, for later prefix hits.
+
+        Computed proposals the request does not hold as tokens yet wait for a later call.
+        """
         if not self.enable_caching:
             return
         tables = self.req_to_blocks[request.request_id]
-        num_full = min(request.num_computed_tokens // self.block_size, *(len(t) for t in tables))
+        num_known = min(request.num_computed_tokens, request.num_tokens)
+        num_full = min(num_known // self.block_size, *(len(t) for t in tables))
         start = self._num_cached_blocks[request.request_id]
         if num_full <= start:
             return

@@ -170,10 +170,12 @@ class Scheduler:
             num_rejected = max(num_spec + 1 - len(token_ids), 0) if num_spec and token_ids else 0
             request.num_computed_tokens += num_tokens - num_rejected
             request.spec_token_ids = []
-            self.kv.cache_full_blocks(request)
-            if not token_ids:
-                continue  # a prefill chunk that has not reached the end of the prompt yet
-            outputs.append(self._append_tokens(request, token_ids, runner_output.logprobs.get(req_id, [])))
+            self.kv.cache_full_blocks(request)  # before a stop below frees the blocks
+            if token_ids:  # else a prefill chunk that has not reached the end of the prompt yet
+                outputs.append(self._append_tokens(request, token_ids, runner_output.logprobs.get(req_id, [])))
+                if not request.is_finished:
+                    # Accepted proposals are computed tokens the request only has after the append.
+                    self.kv.cache_full_blocks(request)
         return outputs
 
     def _append_tokens(self, request: Request, token_ids: list[int], logprobs: list[Logprobs]) -> EngineCoreOutput:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import Any
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +136,10 @@ class EngineCore:
 
     def check_health(self) -> None:
         self.executor.check_health()
+
+    def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
+                       kwargs: dict[str, Any] | None = None) -> list[Any]:
+        return self.executor.collective_rpc(method, args, kwargs)
 
     def shutdown(self) -> None:
         self.executor.shutdown()

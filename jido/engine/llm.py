@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from tqdm import tqdm
 
@@ -32,6 +33,11 @@ class LLM:
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (as vLLM's ``LLM.reset_prefix_cache``); running requests keep their blocks."""
         self.llm_engine.reset_prefix_cache()
+
+    def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
+                       kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Call a worker method (or ``fn(worker, ...)``) on every worker, as vLLM's ``LLM.collective_rpc``."""
+        return self.llm_engine.collective_rpc(method, args, kwargs)
 
     def shutdown(self) -> None:
         """Stop the engine's worker processes, if any (they also stop when the LLM is garbage-collected)."""

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 import time
 from dataclasses import dataclass, field
 
@@ -147,6 +149,10 @@ class LLMEngine:
     def check_health(self) -> None:
         """Raise if the engine's workers cannot serve (a worker process died)."""
         self.core.check_health()
+
+    def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
+                       kwargs: dict[str, Any] | None = None) -> list[Any]:
+        return self.core.collective_rpc(method, args, kwargs)
 
     def shutdown(self) -> None:
         self.core.shutdown()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,13 @@ class Executor(ABC):
         self.model_folder = Path(model_folder)
 
     @abstractmethod
-    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
-        """Call ``Worker.<method>(*args, **kwargs)`` on every worker; results in rank order."""
+    def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
+                       kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Call ``Worker.<method>(*args, **kwargs)`` on every worker; results in rank order.
+
+        ``method`` may also be a function (importable by module and name, to cross processes), called as
+        ``method(worker, *args, **kwargs)``, as vLLM's ``collective_rpc`` allows.
+        """
 
     @abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput,
@@ -75,3 +81,10 @@ def get_executor_class(backend: str) -> type[Executor]:
         raise ValueError(f"unknown distributed_executor_backend {backend!r}; available: {sorted(_EXECUTORS)}")
     module_name, class_name = _EXECUTORS[backend]
     return getattr(importlib.import_module(module_name), class_name)
+
+
+def call_worker(worker: Any, method: str | Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+    """Run one collective_rpc call on a worker: a method name, or a function taking the worker first."""
+    if callable(method):
+        return method(worker, *args, **kwargs)
+    return getattr(worker, method)(*args, **kwargs)

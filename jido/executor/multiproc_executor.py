@@ -5,6 +5,7 @@ import logging
 import multiprocessing as mp
 import traceback
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -13,7 +14,7 @@ from typing import Any
 
 from jido.config import EngineConfig
 from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
-from jido.executor.abstract import Executor, WorkerError
+from jido.executor.abstract import Executor, WorkerError, call_worker
 
 logger = logging.getLogger("jido")
 _POLL_S = 0.2  # how often a wait for a worker checks that the worker is still alive
@@ -54,7 +55,8 @@ class MultiprocExecutor(Executor):
         child.close()
         return _WorkerHandle(rank, process, parent)
 
-    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+    def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
+                       kwargs: dict[str, Any] | None = None) -> list[Any]:
         self.check_health()
         for worker in self.workers:
             self._send(worker, (method, args, kwargs or {}))
@@ -82,6 +84,8 @@ class MultiprocExecutor(Executor):
         try:
             worker.conn.send(message)
         except (BrokenPipeError, ConnectionResetError, EOFError) as exc:
+            worker.process.join(timeout=_POLL_S)
+            self.check_health()
             self._fail(f"worker {worker.rank} cannot be reached: {exc!r}")
             raise WorkerError(self._failed) from None
 
@@ -92,6 +96,8 @@ class MultiprocExecutor(Executor):
         try:
             status, value = worker.conn.recv()
         except (EOFError, ConnectionResetError) as exc:
+            worker.process.join(timeout=_POLL_S)  # a pipe closes as its process dies: report the exit code
+            self.check_health()
             self._fail(f"worker {worker.rank} closed its pipe: {exc!r}")
             raise WorkerError(self._failed) from None
         if status == "error":
@@ -125,7 +131,7 @@ def worker_main(config: EngineConfig, model_folder: Path, rank: int, conn: Conne
             return
         method, args, kwargs = message
         try:
-            conn.send(("ok", getattr(worker, method)(*args, **kwargs)))
+            conn.send(("ok", call_worker(worker, method, args, kwargs)))
         except Exception:  # noqa: BLE001 - report, and let the engine decide
             conn.send(("error", traceback.format_exc()))
 

@@ -1,13 +1,14 @@
 """UniprocExecutor: the worker runs in the engine's own process, on one device."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from jido.config import EngineConfig
 from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
-from jido.executor.abstract import Executor
+from jido.executor.abstract import Executor, call_worker
 from jido.runner.worker import Worker
 
 
@@ -18,8 +19,9 @@ class UniprocExecutor(Executor):
         super().__init__(config, model_folder)
         self.worker = Worker(config, self.model_folder)
 
-    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
-        return [getattr(self.worker, method)(*args, **(kwargs or {}))]
+    def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
+                       kwargs: dict[str, Any] | None = None) -> list[Any]:
+        return [call_worker(self.worker, method, args, kwargs or {})]
 
     def execute_model(self, scheduler_output: SchedulerOutput,
                       non_block: bool = False) -> ModelRunnerOutput | Future[ModelRunnerOutput]:

@@ -154,3 +154,39 @@ def test_abort_frees_blocks_and_tells_the_runner():
     scheduler.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
     assert scheduler.kv.usage == 0.0
     assert scheduler.schedule().finished_req_ids == {"a"}
+
+
+def test_proposed_tokens_are_scheduled_and_rejected_ones_rolled_back():
+    scheduler = make_scheduler()
+    request = add(scheduler, "a", 6, max_tokens=20)
+    run_step(scheduler)  # prefill: computed 6, one output token (7)
+    request.spec_token_ids = [11, 12, 13]
+    out = scheduler.schedule()
+    assert out.num_scheduled_tokens == {"a": 4} and out.scheduled_spec_decode_tokens == {"a": [11, 12, 13]}
+    # The runner accepted 11 and replaced 12 by 21: two tokens; 12 and 13 are taken back.
+    outputs = scheduler.update_from_output(out, ModelRunnerOutput({"a": [11, 21]}))
+    assert outputs[0].new_token_ids == [11, 21]
+    assert request.output_token_ids == [7, 11, 21] and request.num_computed_tokens == 8
+    assert request.spec_token_ids == []
+    out = scheduler.schedule()
+    assert out.num_scheduled_tokens == {"a": 1} and out.scheduled_spec_decode_tokens == {}
+
+
+def test_a_stop_inside_an_accepted_run_ends_the_request_there():
+    scheduler = make_scheduler()
+    request = add(scheduler, "a", 6, max_tokens=20, stop_token_ids=[12])
+    run_step(scheduler)
+    request.spec_token_ids = [11, 12, 13]
+    out = scheduler.schedule()
+    outputs = scheduler.update_from_output(out, ModelRunnerOutput({"a": [11, 12, 13, 14]}))
+    assert outputs[0].new_token_ids == [11, 12] and outputs[0].finish_reason == "stop"
+    assert outputs[0].stop_reason == 12 and request.output_token_ids == [7, 11, 12]
+    assert "a" in scheduler.schedule().finished_req_ids
+
+
+def test_lookahead_slots_are_allocated_past_the_known_tokens():
+    scheduler = Scheduler(SchedulerLimits(8, 64, 256, num_lookahead_tokens=4), KVCacheManager(64, 4))
+    add(scheduler, "a", 4)
+    out = scheduler.schedule()
+    # 4 prompt tokens + 4 lookahead slots = 2 blocks of 4.
+    assert out.scheduled_new_reqs[0].block_ids == [[0, 1]]

@@ -1,0 +1,53 @@
+"""Engine configuration by concern: keywords routed to their config, each validated at the edge, flags generated."""
+from __future__ import annotations
+
+import pytest
+
+from jido.cli import build_parser
+from jido.config import EngineConfig, SpeculativeConfig, engine_keywords
+
+
+def test_flat_keywords_land_in_the_config_that_owns_them():
+    config = EngineConfig.from_kwargs(model="m.gguf", dtype="bfloat16", block_size=32, max_num_seqs=4,
+                                      device="cpu", distributed_executor_backend="mp")
+    assert config.model_config.model == "m.gguf" and config.model_config.dtype == "bfloat16"
+    assert config.cache_config.block_size == 32 and config.scheduler_config.max_num_seqs == 4
+    assert config.device_config.device == "cpu" and config.parallel_config.distributed_executor_backend == "mp"
+    assert config.speculative_config is None and config.kv_transfer_config is None
+
+
+def test_an_unknown_keyword_names_the_accepted_ones():
+    with pytest.raises(TypeError, match=r"unknown engine setting\(s\) \['blocksize'\]; accepted: .*'block_size'"):
+        EngineConfig.from_kwargs(blocksize=32)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"dtype": "fp8"}, "dtype must be one of auto, float32, bfloat16, float16, got 'fp8'"),
+    ({"block_size": 0}, "block_size must be a positive integer, got 0"),
+    ({"kv_cache_memory": "2 parsecs"}, "cannot read size '2 parsecs'"),
+    ({"max_num_batched_tokens": True}, "max_num_batched_tokens must be a positive integer, got True"),
+    ({"distributed_executor_backend": "ray"}, "distributed_executor_backend must be one of uni, mp, got 'ray'"),
+    ({"tensor_parallel_size": 2}, "tensor_parallel_size=2 is not supported yet"),
+    ({"speculative_config": '{"method": "ngram"'}, "speculative_config must be a JSON object"),
+    ({"speculative_config": {"method": "ngram", "k": 3}}, r"unknown key\(s\) \['k'\]"),
+    ({"speculative_config": {"method": "ngram"}}, "missing 1 required positional argument: 'num_speculative_tokens'"),
+    ({"speculative_config": {"method": "lookahead", "num_speculative_tokens": 2}}, "speculative method must be"),
+    ({"kv_transfer_config": {"kv_connector": "shm", "kv_role": "sender"}}, "kv_role must be one of"),
+])
+def test_bad_values_are_refused_with_what_is_allowed(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        EngineConfig.from_kwargs(**kwargs)
+
+
+def test_json_configs_are_read_from_text_or_dicts():
+    config = EngineConfig.from_kwargs(speculative_config='{"method": "ngram", "num_speculative_tokens": 3}')
+    assert config.speculative_config == SpeculativeConfig("ngram", 3)
+
+
+def test_serve_has_one_flag_per_engine_setting():
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]
+    flags = {option for action in serve._actions for option in action.option_strings}
+    assert {"--" + name.replace("_", "-") for name in engine_keywords()} <= flags
+    args = build_parser().parse_args(["serve", "--distributed-executor-backend", "mp", "--no-enable-prefix-caching",
+                                      "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'])
+    assert args.distributed_executor_backend == "mp" and args.enable_prefix_caching is False
