@@ -76,7 +76,7 @@ def test_a_file_that_is_not_a_model_raises_value_error(tmp_path):
     ({"device": "tpu"}, "device must be 'cpu' or 'cuda"),
     ({"max_model_len": 10**6}, "exceeds the model's limit of 32768"),
     ({"kv_cache_memory": "1MiB", "max_model_len": 4096}, "does not fit in the KV cache"),
-    ({"kv_cache_memory": "64KiB"}, "holds no KV block"),
+    ({"kv_cache_memory": "64KiB"}, "65536 bytes hold no KV block: one block takes 98304 bytes"),
     ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "runs neither: leave them unset"),
 ])
 def test_bad_engine_config_raises(kwargs, message):
