@@ -1,16 +1,43 @@
-"""Batched logit and probability filters: penalties, min-tokens bans, temperature, top-k, top-p and min-p.
-
-Each works on a [R, vocab] float32 batch with one setting per row and gives, row for row, bit for bit
-the float32 result of applying the same step to that row alone (on the CPU, where cumsum runs in order):
-a row's neutral setting leaves it untouched, so rows that share a batch do not affect each other.
-"""
+"""Batched logit and probability filters: penalties, min-tokens bans, temperature, top-k, top-p and min-p."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
-# Top-p and the noise draw work on a row's nonzero probabilities only when there are at most this
-# fraction of the vocabulary of them (top-k makes them few); otherwise the full vocabulary is cheaper.
-_CANDIDATE_FRACTION = 16
+# NOTE: every filter takes a batch of rows with one setting per row and must give, row for row and bit
+# for bit, the float32 result of the same step on that row alone (on the CPU, where cumsum runs in
+# order): seeded requests keep their tokens only so. A row's neutral setting leaves it untouched.
+
+# Room past the largest top-k for logits tied with a row's k-th, which top-k keeps too (bf16 logits
+# tie often); a batch with more ties than that keeps its full-vocabulary probabilities.
+_TIE_ROOM = 64
+# Truncation pays off only while the kept candidates are a small part of the vocabulary.
+_MAX_CANDIDATE_FRACTION = 1 / 16
+
+
+@dataclass
+class Probs:
+    """Filtered probabilities of R rows, full or truncated to each row's candidates.
+
+    Full: ``values`` is [R, vocab] and ``token_ids`` None. Truncated (every row had top-k): ``values``
+    is [R, n], descending in each row, ``token_ids`` [R, n] their vocabulary ids, and every other token
+    has probability 0. Either way the row's probabilities are exactly those of the full computation.
+    """
+
+    values: torch.Tensor
+    token_ids: torch.Tensor | None
+    vocab_size: int
+
+    def select(self, rows: torch.Tensor) -> Probs:
+        return Probs(self.values[rows], None if self.token_ids is None else self.token_ids[rows], self.vocab_size)
+
+    def full_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The [len(rows), vocab] probabilities of ``rows``."""
+        if self.token_ids is None:
+            return self.values[rows]
+        full = torch.zeros(rows.numel(), self.vocab_size, dtype=self.values.dtype, device=self.values.device)
+        return full.scatter_(1, self.token_ids[rows], self.values[rows])
 
 
 def apply_penalties(logits: torch.Tensor, prompt_mask: torch.Tensor, output_counts: torch.Tensor,
@@ -19,12 +46,11 @@ def apply_penalties(logits: torch.Tensor, prompt_mask: torch.Tensor, output_coun
 
     ``logits``, ``prompt_mask`` (bool) and ``output_counts`` (int) are [P, vocab]; the penalties are [P].
     """
-    repetition, presence, frequency = (t.to(logits.device) for t in (repetition, presence, frequency))
+    repetition, presence, frequency = (t.to(logits.device)[:, None] for t in (repetition, presence, frequency))
     seen = prompt_mask | (output_counts > 0)
-    repetition = repetition[:, None]
     penalized = torch.where(logits > 0, logits / repetition, logits * repetition)
     torch.where(seen, penalized, logits, out=logits)
-    logits -= frequency[:, None] * output_counts.to(logits.dtype) + presence[:, None] * (output_counts > 0)
+    logits -= frequency * output_counts.to(logits.dtype) + presence * (output_counts > 0)
 
 
 def ban_tokens(logits: torch.Tensor, rows: list[int], token_ids: list[tuple[int, ...]]) -> None:
@@ -35,57 +61,78 @@ def ban_tokens(logits: torch.Tensor, rows: list[int], token_ids: list[tuple[int,
     logits[torch.tensor(rows, device=logits.device)[:, None], padded] = float("-inf")
 
 
-def top_k_filter(logits: torch.Tensor, top_k: torch.Tensor) -> None:
-    """Keep each row's k highest logits and ties with the k-th (top_k [R] int64, 0 = off), in place.
+def filtered_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None = None,
+                   top_p: torch.Tensor | None = None, min_p: torch.Tensor | None = None) -> Probs:
+    """Probabilities after temperature ([R], > 0), top-k, top-p and min-p; None skips a filter for every row.
 
-    ``top_k`` is best kept on the CPU: its maximum decides how many values to find.
+    ``logits`` [R, vocab] is divided by the temperature in place. When every row has top-k, top-p and
+    min-p work on the few candidates top-k kept rather than on the whole vocabulary.
+    """
+    logits.div_(temperature.to(logits.device)[:, None])
+    candidates = top_k_filter(logits, top_k) if top_k is not None else None
+    # The softmax runs over the full vocabulary even when few tokens remain: summing in another order
+    # would change the last bits.
+    probs = torch.softmax(logits, dim=-1)
+    vocab = logits.shape[-1]
+    filtered = Probs(probs, None, vocab) if candidates is None else Probs(probs.gather(1, candidates), candidates, vocab)
+    if top_p is not None:
+        top_p_filter(filtered, top_p)
+    if min_p is not None:
+        min_p_filter(filtered.values, min_p)
+    return filtered
+
+
+def top_k_filter(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor | None:
+    """Keep each row's k highest logits and ties with the k-th (``top_k`` [R] int64 on the CPU, 0 = off), in place.
+
+    Returns, when every row has top-k and they keep few tokens, [R, n] token ids in descending logit
+    order that include every kept token; else None.
     """
     vocab = logits.shape[-1]
     top_k = top_k.clamp(max=vocab)
-    values = logits.topk(int(top_k.max())).values  # [R, max_k], descending
-    top_k = top_k.to(logits.device)
-    kth = values.gather(1, (top_k - 1).clamp(min=0)[:, None])
-    kth = kth.masked_fill(top_k[:, None] == 0, float("-inf"))  # an off row keeps everything
+    max_k = int(top_k.max())
+    every_row = bool((top_k > 0).all()) and max_k + _TIE_ROOM <= vocab * _MAX_CANDIDATE_FRACTION
+    values, token_ids = logits.topk(max_k + _TIE_ROOM if every_row else max_k)  # [R, n], descending
+    top_k = top_k.to(logits.device)[:, None]
+    kth = values.gather(1, (top_k - 1).clamp(min=0)).masked_fill(top_k == 0, float("-inf"))
     logits.masked_fill_(logits < kth, float("-inf"))
+    # The candidates hold every kept token when their last one is not kept itself.
+    if every_row and bool((values[:, -1:] < kth).all()):
+        return token_ids
+    return None
 
 
-def top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Keep each row's smallest set of most likely tokens whose mass reaches top_p ([R], 1 = off).
+def top_p_filter(probs: Probs, top_p: torch.Tensor) -> None:
+    """Keep each row's smallest set of most likely tokens whose mass reaches top_p ([R] on the CPU, 1 = off), in place.
 
     A token is dropped when the mass of the tokens sorted before it already reaches top_p. The kept set
     is the one a full descending ``sort`` of the row keeps, even where equal probabilities straddle the cut.
     """
-    top_p = top_p.to(probs.device)
-    candidates = nonzero_candidates(probs)
-    if candidates is None:
-        return _top_p_sorted(probs, top_p)
-    values, order = candidates
+    if probs.token_ids is None:
+        # Sorting the whole vocabulary is the costly part: only rows with top-p on pay for it.
+        rows = (top_p < 1).nonzero().flatten().to(probs.values.device)
+        probs.values[rows] = _top_p_sorted(probs.values[rows], top_p.to(rows.device)[rows])
+        return
+    top_p = top_p.to(probs.values.device)
+    values = probs.values  # candidates, already in descending order
     drop = _nucleus_drop(values, top_p)
-    kept = torch.zeros_like(probs).scatter_(1, order, values.masked_fill(drop, 0.0))
     # topk orders equal probabilities its own way; where the drop decision differs inside a run of equal
     # ones, which of them stay depends on that order, so those rows take the full sort.
     split_tie = ((values[:, 1:] == values[:, :-1]) & (drop[:, 1:] != drop[:, :-1]) & (values[:, 1:] > 0)).any(-1)
-    if bool(split_tie.any()):
-        rows = split_tie.nonzero().flatten()
-        kept[rows] = _top_p_sorted(probs[rows], top_p[rows])
-    return kept
+    rows = split_tie.nonzero().flatten()
+    sorted_rows = _top_p_sorted(probs.full_rows(rows), top_p[rows]) if rows.numel() else None
+    values.masked_fill_(drop, 0.0)
+    if sorted_rows is not None:
+        values[rows] = sorted_rows.gather(1, probs.token_ids[rows])
 
 
 def min_p_filter(probs: torch.Tensor, min_p: torch.Tensor) -> None:
-    """Drop tokens less likely than min_p ([R], 0 = off) times the row's most likely token, in place."""
+    """Drop tokens less likely than min_p ([R], 0 = off) times the row's most likely token, in place.
+
+    ``probs`` is [R, vocab] or any [R, n] that holds each row's most likely token.
+    """
     min_p = min_p.to(probs.device)
     probs.masked_fill_(probs < min_p[:, None] * probs.max(-1, keepdim=True).values, 0.0)
-
-
-def nonzero_candidates(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Every row's nonzero probabilities as (values, token ids), [R, n] descending, or None when n is large.
-
-    n is the largest nonzero count of any row, so shorter rows are padded with zero-probability tokens.
-    """
-    n = int((probs > 0).sum(-1).max())
-    if n > probs.shape[-1] // _CANDIDATE_FRACTION:
-        return None
-    return probs.topk(n)
 
 
 def _top_p_sorted(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -96,20 +143,3 @@ def _top_p_sorted(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 def _nucleus_drop(sorted_probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     # A row with top_p 1 keeps everything, even where rounding makes the mass before a token reach 1.
     return (sorted_probs.cumsum(-1) - sorted_probs >= top_p[:, None]) & (top_p[:, None] < 1)
-
-
-def filtered_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None = None,
-                   top_p: torch.Tensor | None = None, min_p: torch.Tensor | None = None) -> torch.Tensor:
-    """Probabilities after temperature ([R], > 0), top-k, top-p and min-p; None skips a filter for every row.
-
-    ``logits`` [R, vocab] is divided by the temperature in place.
-    """
-    logits.div_(temperature.to(logits.device)[:, None])
-    if top_k is not None:
-        top_k_filter(logits, top_k)
-    probs = torch.softmax(logits, dim=-1)
-    if top_p is not None:
-        probs = top_p_filter(probs, top_p)
-    if min_p is not None:
-        min_p_filter(probs, min_p)
-    return probs

@@ -9,7 +9,7 @@ import torch
 from jido.core.outputs import Logprobs
 from jido.core.sampling_params import SamplingParams
 from jido.sampling.batch import SamplingBatch
-from jido.sampling.filters import apply_penalties, ban_tokens, filtered_probs, nonzero_candidates
+from jido.sampling.filters import Probs, apply_penalties, ban_tokens, filtered_probs
 from jido.sampling.metadata import SamplingMetadata
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the generator's seed space
@@ -43,8 +43,8 @@ class Sampler:
     seed gives the same tokens whatever else is in the batch and even after preemption and recompute:
     one noise draw over the row's full vocabulary, as when rows were sampled one by one, so a seeded
     request gets the very tokens it got then. Unseeded rows share the sampler's generator in one draw
-    for all of them (over their nonzero probabilities only, when those are few), so their tokens follow
-    the same distribution as before but are not the same draws.
+    for all of them (over the candidates top-k kept, when every random row has top-k), so their tokens
+    follow the same distribution as before but are not the same draws.
     """
 
     def __init__(self, seed: int = 0, device: torch.device | str = "cpu") -> None:
@@ -72,8 +72,9 @@ class Sampler:
         if md.all_random:
             return self._sample_random(logits, md, None)
         rows = (md.temperature > 0).nonzero().flatten()
+        index = rows.to(logits.device)
         token_ids = logits.argmax(dim=-1)  # one pass over every row beats gathering the greedy ones first
-        token_ids[rows.to(logits.device)] = self._sample_random(logits[rows.to(logits.device)], md, rows)
+        token_ids[index] = self._sample_random(logits[index], md, rows)
         return token_ids
 
     def _sample_random(self, logits: torch.Tensor, md: SamplingMetadata, rows: torch.Tensor | None) -> torch.Tensor:
@@ -83,28 +84,29 @@ class Sampler:
 
         probs = filtered_probs(logits, pick(md.temperature), None if md.no_top_k else pick(md.top_k),
                                None if md.no_top_p else pick(md.top_p), None if md.no_min_p else pick(md.min_p))
-        has_seed = pick(md.has_seed)
-        token_ids = torch.empty(probs.shape[0], dtype=torch.long, device=probs.device)
+        return self._draw(probs, pick(md.has_seed), pick(md.seeds), pick(md.output_positions))
+
+    def _draw(self, probs: Probs, has_seed: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One token per row: seeded rows each from their own generator, the others from the shared one at once."""
         unseeded = (~has_seed).nonzero().flatten()
-        if unseeded.numel() == probs.shape[0]:
+        if unseeded.numel() == has_seed.numel():
             return self._draw_shared(probs)
+        device = probs.values.device
+        token_ids = torch.empty(has_seed.numel(), dtype=torch.long, device=device)
         if unseeded.numel():
-            unseeded = unseeded.to(probs.device)
-            token_ids[unseeded] = self._draw_shared(probs[unseeded])
-        seeds, positions = pick(md.seeds), pick(md.output_positions)
-        for row in has_seed.nonzero().flatten().tolist():
-            token_ids[row] = _draw_seeded(probs[row], int(seeds[row]), int(positions[row]))
+            token_ids[unseeded.to(device)] = self._draw_shared(probs.select(unseeded.to(device)))
+        seeded = has_seed.nonzero().flatten()
+        for row, full, seed, position in zip(seeded.tolist(), probs.full_rows(seeded.to(device)),
+                                             seeds[seeded].tolist(), positions[seeded].tolist()):
+            token_ids[row] = _draw_seeded(full, seed, position)
         return token_ids
 
-    def _draw_shared(self, probs: torch.Tensor) -> torch.Tensor:
+    def _draw_shared(self, probs: Probs) -> torch.Tensor:
         # Gumbel-max in its exponential form: argmax(p / E) with E ~ Exp(1) draws from p, without a
-        # cumulative sum. Zero-probability tokens never win, so they need no noise.
-        candidates = nonzero_candidates(probs)
-        if candidates is None:
-            return (probs / torch.empty_like(probs).exponential_(generator=self.generator)).argmax(dim=-1)
-        values, token_ids = candidates  # [R, n]
-        noise = torch.empty_like(values).exponential_(generator=self.generator)
-        return token_ids.gather(1, (values / noise).argmax(dim=-1, keepdim=True)).flatten()
+        # cumulative sum. Tokens outside truncated probabilities have probability 0 and could never win.
+        noise = torch.empty_like(probs.values).exponential_(generator=self.generator)
+        choice = (probs.values / noise).argmax(dim=-1)
+        return choice if probs.token_ids is None else probs.token_ids.gather(1, choice[:, None]).flatten()
 
 
 def rows_metadata(rows: list[SamplingRow], vocab_size: int, device: torch.device) -> SamplingMetadata:

@@ -42,7 +42,7 @@ def test_filtered_probs_equal_the_one_row_computation_bit_for_bit(quantized, all
         logits = random_logits(len(params), quantized, seed=trial)
         probs = filtered_probs(logits.clone(), column(params, "temperature", torch.float32),
                                column(params, "top_k", torch.int64), column(params, "top_p", torch.float32),
-                               column(params, "min_p", torch.float32))
+                               column(params, "min_p", torch.float32)).full_rows(torch.arange(len(params)))
         for i, p in enumerate(params):
             assert torch.equal(probs[i], reference_filtered_probs(logits[i], p)), (trial, i, p)
 
@@ -56,6 +56,8 @@ def test_top_p_cut_inside_a_run_of_equal_probabilities_keeps_the_sorted_choice()
     # top-k leaves six tokens; top-p cuts after the second of the five tied ones.
     params = SamplingParams(temperature=1.0, top_k=6, top_p=p_top + 1.5 * p_tied)
     probs = filtered_probs(logits.clone(), torch.ones(2), torch.tensor([6, 6]), torch.full((2,), params.top_p))
+    assert probs.token_ids is not None  # the truncated path, where the tie needs the full sort
+    probs = probs.full_rows(torch.arange(2))
     expected = reference_filtered_probs(logits[0], params)
     assert int((expected[tied] > 0).sum()) == 2
     assert torch.equal(probs[0], expected) and torch.equal(probs[1], expected)
@@ -81,3 +83,16 @@ def test_penalties_equal_the_one_row_computation_bit_for_bit():
         expected = logits[i].clone()
         reference_penalties(expected, p, prompts[i], outputs[i])
         assert torch.equal(penalized[i], expected), (i, p)
+
+
+def test_top_k_ties_past_the_candidates_keep_full_probabilities():
+    logits = torch.zeros(2, VOCAB)
+    logits[:, :3] = torch.tensor([3.0, 2.0, 1.0])
+    # 300 tokens tie with the 5th highest logit (0.0 from position 3 on): top-k keeps all of them.
+    logits[:, 303:] = -1.0
+    params = SamplingParams(temperature=0.9, top_k=5, top_p=0.6)
+    probs = filtered_probs(logits.clone(), torch.full((2,), 0.9), torch.tensor([5, 5]), torch.full((2,), 0.6))
+    assert probs.token_ids is None
+    expected = reference_filtered_probs(logits[0], params)
+    assert int((expected > 0).sum()) > 5
+    assert torch.equal(probs.values[0], expected) and torch.equal(probs.values[1], expected)
