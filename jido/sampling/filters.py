@@ -47,10 +47,10 @@ def apply_penalties(logits: torch.Tensor, prompt_mask: torch.Tensor, output_coun
     ``logits``, ``prompt_mask`` (bool) and ``output_counts`` (int) are [P, vocab]; the penalties are [P].
     """
     repetition, presence, frequency = (t.to(logits.device)[:, None] for t in (repetition, presence, frequency))
-    seen = prompt_mask | (output_counts > 0)
+    in_output = output_counts > 0
     penalized = torch.where(logits > 0, logits / repetition, logits * repetition)
-    torch.where(seen, penalized, logits, out=logits)
-    logits -= frequency * output_counts.to(logits.dtype) + presence * (output_counts > 0)
+    torch.where(prompt_mask | in_output, penalized, logits, out=logits)
+    logits -= frequency * output_counts.to(logits.dtype) + presence * in_output
 
 
 def ban_tokens(logits: torch.Tensor, rows: list[int], token_ids: list[tuple[int, ...]]) -> None:

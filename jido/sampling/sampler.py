@@ -96,9 +96,9 @@ class Sampler:
         if unseeded.numel():
             token_ids[unseeded.to(device)] = self._draw_shared(probs.select(unseeded.to(device)))
         seeded = has_seed.nonzero().flatten()
-        for row, full, seed, position in zip(seeded.tolist(), probs.full_rows(seeded.to(device)),
-                                             seeds[seeded].tolist(), positions[seeded].tolist()):
-            token_ids[row] = _draw_seeded(full, seed, position)
+        for row, seed, position in zip(seeded.tolist(), seeds[seeded].tolist(), positions[seeded].tolist()):
+            candidates = None if probs.token_ids is None else probs.token_ids[row]
+            token_ids[row] = _draw_seeded(probs.values[row], candidates, probs.vocab_size, seed, position)
         return token_ids
 
     def _draw_shared(self, probs: Probs) -> torch.Tensor:
@@ -117,13 +117,19 @@ def rows_metadata(rows: list[SamplingRow], vocab_size: int, device: torch.device
     return batch.metadata(range(len(rows)))
 
 
-def _draw_seeded(probs: torch.Tensor, seed: int, position: int) -> int:
-    # NOTE: a seeded row's tokens are a promise: same generator seed, same draw over the row's full
-    # [vocab] float32 probabilities, on its own, as the one-row-at-a-time sampler made.
+def _draw_seeded(probs: torch.Tensor, token_ids: torch.Tensor | None, vocab_size: int, seed: int,
+                 position: int) -> int:
+    """One row's draw from its own generator: ``probs`` [vocab], or [n] for the vocabulary ids ``token_ids``."""
+    # NOTE: a seeded row's tokens are a promise: the same generator seed and the same noise over the full
+    # [vocab] float32 row as the one-row-at-a-time sampler drew, whatever part of it is looked at.
     generator = torch.Generator(probs.device)
     generator.manual_seed((seed * _SEED_MIX + position) % (2**63))
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    return int((probs / noise).argmax())
+    noise = torch.empty(vocab_size, dtype=probs.dtype, device=probs.device).exponential_(generator=generator)
+    if token_ids is None:
+        return int((probs / noise).argmax())
+    # Only candidates can reach the (positive) maximum; among equals the lowest id wins, as in argmax.
+    ratio = probs / noise[token_ids]
+    return int(token_ids[ratio == ratio.max()].min())
 
 
 def _apply_constraints(logits: torch.Tensor, md: SamplingMetadata) -> None:
