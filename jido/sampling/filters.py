@@ -46,11 +46,14 @@ def apply_penalties(logits: torch.Tensor, prompt_mask: torch.Tensor, output_coun
 
     ``logits``, ``prompt_mask`` (bool) and ``output_counts`` (int) are [P, vocab]; the penalties are [P].
     """
-    repetition, presence, frequency = (t.to(logits.device)[:, None] for t in (repetition, presence, frequency))
-    in_output = output_counts > 0
-    penalized = torch.where(logits > 0, logits / repetition, logits * repetition)
-    torch.where(prompt_mask | in_output, penalized, logits, out=logits)
-    logits -= frequency * output_counts.to(logits.dtype) + presence * in_output
+    # Only tokens of the prompt or the output change, a few hundred of the vocabulary per row: work on
+    # those alone. An unseen token would lose frequency * 0 + presence * 0, nothing.
+    rows, token_ids = (prompt_mask | (output_counts > 0)).nonzero(as_tuple=True)
+    values, counts = logits[rows, token_ids], output_counts[rows, token_ids]  # [num_seen]
+    repetition, presence, frequency = (t.to(logits.device)[rows] for t in (repetition, presence, frequency))
+    values = torch.where(values > 0, values / repetition, values * repetition)
+    values -= frequency * counts.to(values.dtype) + presence * (counts > 0)
+    logits[rows, token_ids] = values
 
 
 def ban_tokens(logits: torch.Tensor, rows: list[int], token_ids: list[tuple[int, ...]]) -> None:
