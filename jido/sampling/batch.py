@@ -77,9 +77,10 @@ class SamplingBatch:
             self.token_counts.move_row(src, dst)
         self.remove_request(src)
 
-    def append_tokens(self, slots: Sequence[int], token_ids: torch.Tensor) -> None:
-        """Record one sampled token per slot (``token_ids`` [len(slots)] int64, any device)."""
+    def append_tokens(self, slots: Sequence[int], token_ids: Sequence[int] | torch.Tensor) -> None:
+        """Record one sampled token per slot (``token_ids[i]`` for ``slots[i]``; a tensor may be on any device)."""
         index = torch.tensor(slots, dtype=torch.long)
+        token_ids = torch.as_tensor(token_ids, dtype=torch.long)
         self.columns["output_positions"][index] += 1
         penalized = self._penalty_mask(index)
         if bool(penalized.any()):

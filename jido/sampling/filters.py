@@ -40,20 +40,22 @@ class Probs:
         return full.scatter_(1, self.token_ids[rows], self.values[rows])
 
 
-def apply_penalties(logits: torch.Tensor, prompt_mask: torch.Tensor, output_counts: torch.Tensor,
+def apply_penalties(logits: torch.Tensor, rows: torch.Tensor, prompt_mask: torch.Tensor, output_counts: torch.Tensor,
                     repetition: torch.Tensor, presence: torch.Tensor, frequency: torch.Tensor) -> None:
     """Repetition (HF: prompt and output tokens) then presence and frequency (OpenAI: output only), in place.
 
-    ``logits``, ``prompt_mask`` (bool) and ``output_counts`` (int) are [P, vocab]; the penalties are [P].
+    Row ``rows[i]`` of ``logits`` ([B, vocab]) gets the penalties ``repetition[i]``, ``presence[i]`` and
+    ``frequency[i]`` over the tokens of ``prompt_mask[i]`` (bool) and ``output_counts[i]`` (int), [P, vocab].
     """
     # Only tokens of the prompt or the output change, a few hundred of the vocabulary per row: work on
     # those alone. An unseen token would lose frequency * 0 + presence * 0, nothing.
-    rows, token_ids = (prompt_mask | (output_counts > 0)).nonzero(as_tuple=True)
-    values, counts = logits[rows, token_ids], output_counts[rows, token_ids]  # [num_seen]
-    repetition, presence, frequency = (t.to(logits.device)[rows] for t in (repetition, presence, frequency))
+    index, token_ids = (prompt_mask | (output_counts > 0)).nonzero(as_tuple=True)  # [num_seen] each
+    batch_rows = rows.to(logits.device)[index]
+    values, counts = logits[batch_rows, token_ids], output_counts[index, token_ids]
+    repetition, presence, frequency = (t.to(logits.device)[index] for t in (repetition, presence, frequency))
     values = torch.where(values > 0, values / repetition, values * repetition)
     values -= frequency * counts.to(values.dtype) + presence * (counts > 0)
-    logits[rows, token_ids] = values
+    logits[batch_rows, token_ids] = values
 
 
 def ban_tokens(logits: torch.Tensor, rows: list[int], token_ids: list[tuple[int, ...]]) -> None:
@@ -76,8 +78,7 @@ def filtered_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch
     # The softmax runs over the full vocabulary even when few tokens remain: summing in another order
     # would change the last bits.
     probs = torch.softmax(logits, dim=-1)
-    vocab = logits.shape[-1]
-    filtered = Probs(probs, None, vocab) if candidates is None else Probs(probs.gather(1, candidates), candidates, vocab)
+    filtered = Probs(probs if candidates is None else probs.gather(1, candidates), candidates, logits.shape[-1])
     if top_p is not None:
         top_p_filter(filtered, top_p)
     if min_p is not None:

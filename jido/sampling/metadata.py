@@ -1,4 +1,4 @@
-"""SamplingMetadata: a batch's sampling settings as per-row tensors; TokenCounts: per-row token statistics for penalties."""
+"""SamplingMetadata: a batch's sampling settings as per-row tensors; TokenCounts: token statistics for penalties."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

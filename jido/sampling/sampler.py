@@ -135,11 +135,8 @@ def _draw_seeded(probs: torch.Tensor, token_ids: torch.Tensor | None, vocab_size
 def _apply_constraints(logits: torch.Tensor, md: SamplingMetadata) -> None:
     if md.penalty_rows is not None:
         rows = md.penalty_rows
-        penalized = logits if rows.numel() == md.num_rows else logits[rows.to(logits.device)]
-        apply_penalties(penalized, md.prompt_token_mask, md.output_token_counts, md.repetition_penalty[rows],
+        apply_penalties(logits, rows, md.prompt_token_mask, md.output_token_counts, md.repetition_penalty[rows],
                         md.presence_penalty[rows], md.frequency_penalty[rows])
-        if penalized is not logits:
-            logits[rows.to(logits.device)] = penalized
     if md.banned_rows:
         ban_tokens(logits, md.banned_rows, [md.stop_token_ids[row] for row in md.banned_rows])
 
@@ -162,8 +159,8 @@ def _logprobs(raw: tuple[list[int], torch.Tensor] | None, token_ids: torch.Tenso
     index = torch.tensor(rows, device=values.device)
     sampled = values.gather(1, token_ids[index][:, None]).flatten().tolist()
     top = values.topk(md.max_num_logprobs)
-    top_ids, top_values = top.indices.tolist(), top.values.tolist()
+    top_ids, top_values, num_top = top.indices.tolist(), top.values.tolist(), md.num_logprobs.tolist()
     for i, row in enumerate(rows):
-        n = int(md.num_logprobs[row])
+        n = num_top[row]
         logprobs[row] = Logprobs(token_id_list[row], sampled[i], top_ids[i][:n], top_values[i][:n])
     return logprobs

@@ -63,26 +63,29 @@ def test_top_p_cut_inside_a_run_of_equal_probabilities_keeps_the_sorted_choice()
     assert torch.equal(probs[0], expected) and torch.equal(probs[1], expected)
 
 
-def test_penalties_equal_the_one_row_computation_bit_for_bit():
+def test_penalties_equal_the_one_row_computation_bit_for_bit_and_leave_other_rows_alone():
     rng = random.Random(5)
     params = [SamplingParams(repetition_penalty=rng.choice([1.0, rng.uniform(0.5, 2.0)]),
                              presence_penalty=rng.choice([0.0, rng.uniform(-2, 2)]),
                              frequency_penalty=rng.choice([0.0, rng.uniform(-2, 2)])) for _ in range(10)]
     prompts = [[rng.randrange(VOCAB) for _ in range(rng.randint(0, 40))] for _ in params]
     outputs = [[rng.randrange(50) for _ in range(rng.randint(0, 30))] for _ in params]
-    logits = random_logits(len(params), quantized=False, seed=9)
     mask = torch.zeros(len(params), VOCAB, dtype=torch.bool)
     counts = torch.zeros(len(params), VOCAB, dtype=torch.int32)
     for i, (prompt, output) in enumerate(zip(prompts, outputs)):
         mask[i, prompt] = True
         counts[i] = torch.bincount(torch.tensor(output, dtype=torch.long), minlength=VOCAB)
+    logits = random_logits(2 * len(params), quantized=False, seed=9)
+    rows = torch.arange(1, 2 * len(params), 2)  # the odd rows have penalties
     penalized = logits.clone()
-    apply_penalties(penalized, mask, counts, column(params, "repetition_penalty", torch.float32),
-                    column(params, "presence_penalty", torch.float32), column(params, "frequency_penalty", torch.float32))
+    penalties = [column(params, name, torch.float32)
+                 for name in ("repetition_penalty", "presence_penalty", "frequency_penalty")]
+    apply_penalties(penalized, rows, mask, counts, *penalties)
+    assert torch.equal(penalized[::2], logits[::2])
     for i, p in enumerate(params):
-        expected = logits[i].clone()
+        expected = logits[rows[i]].clone()
         reference_penalties(expected, p, prompts[i], outputs[i])
-        assert torch.equal(penalized[i], expected), (i, p)
+        assert torch.equal(penalized[rows[i]], expected), (i, p)
 
 
 def test_top_k_ties_past_the_candidates_keep_full_probabilities():

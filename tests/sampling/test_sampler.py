@@ -72,8 +72,8 @@ def test_min_tokens_ban_stop_and_eos_ids_until_reached():
     logits[:, 5] = 3.0
     logits[:, 1] = 2.0
     stop = SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[5])
-    rows = [Row(stop, [0], [4]), Row(stop, [0], [4, 4]), Row(SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[5],
-                                                                       ignore_eos=True), [0], [])]
+    ignore_eos = SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[5], ignore_eos=True)
+    rows = [Row(stop, [0], [4]), Row(stop, [0], [4, 4]), Row(ignore_eos, [0], [])]
     # Row 0 is short of min_tokens: 5 and EOS 1 are banned; row 1 has reached it; row 2 ignores EOS.
     assert sample(rows, logits) == [0, 5, 1]
 
@@ -127,3 +127,8 @@ def test_logprobs_are_those_of_the_raw_logits_before_penalties_and_temperature()
         assert entry.sampled_logprob == pytest.approx(float(reference[i, out.token_ids[i]]), abs=1e-5)
         assert entry.top_token_ids == reference[i].topk(n).indices.tolist()
         assert entry.top_logprobs == pytest.approx(reference[i].topk(n).values.tolist(), abs=1e-5)
+
+
+def test_a_step_without_rows_to_sample_gives_nothing():
+    # Every scheduled request may be mid-prompt: the runner then samples zero rows.
+    assert Sampler(0).sample(torch.zeros(0, VOCAB), SamplingBatch(4, VOCAB).metadata([])) == ([], [])
