@@ -5,10 +5,9 @@ tokens, in four settings: greedy; temperature 0.8 / top-k 50 / top-p 0.95 ("rand
 repetition, presence and frequency penalties on every row; the same with a seed on every row.
 (a) patch: old, the runner's per-step SamplingRow lists (prompt and output copied); new,
 ``SamplingBatch.append_tokens`` for the last step's tokens plus ``metadata(slots)``.
-(b) sample: ``Sampler.sample`` on a fresh copy of the logits. Medians of ``--repeats`` runs, in ms; the
-old sampler takes seconds per step, so it runs ``--old-repeats`` times.
+(b) sample: ``Sampler.sample`` on a fresh copy of the logits. Medians of ``--repeats`` runs, in ms.
 
-    .venv/bin/python benchmarks/sampler_step.py [--repeats 3] [--old-repeats 1] [--rows 128] [--vocab 262144]
+    PYTHONPATH=. .venv/bin/python benchmarks/sampler_step.py [--repeats 3] [--rows 128] [--vocab 262144]
 """
 from __future__ import annotations
 
@@ -117,7 +116,7 @@ def median_ms(fn: Callable[[], object], setup: Callable[[], object], repeats: in
     return statistics.median(times) * 1e3
 
 
-def run_setting(name: str, num_rows: int, vocab: int, repeats: int, old_repeats: int) -> dict[str, float]:
+def run_setting(name: str, num_rows: int, vocab: int, repeats: int) -> dict[str, float]:
     params = SamplingParams(max_tokens=None, **SETTINGS[name])
     gen = torch.Generator().manual_seed(0)
     tokens = [torch.randint(0, vocab, (PROMPT_LEN + OUTPUT_LEN,), generator=gen).tolist() for _ in range(num_rows)]
@@ -138,7 +137,7 @@ def run_setting(name: str, num_rows: int, vocab: int, repeats: int, old_repeats:
         "old patch": median_ms(lambda _: [OldRow(params, ids[:PROMPT_LEN], ids[PROMPT_LEN:], (1,)) for ids in tokens],
                                lambda: None, repeats),
         "new patch": median_ms(new_patch, lambda: None, repeats),
-        "old sample": median_ms(lambda x: old.sample(x, old_rows), logits.clone, old_repeats),
+        "old sample": median_ms(lambda x: old.sample(x, old_rows), logits.clone, repeats),
         "new sample": median_ms(lambda x: new.sample(x, metadata), logits.clone, repeats),
     }
 
@@ -146,15 +145,14 @@ def run_setting(name: str, num_rows: int, vocab: int, repeats: int, old_repeats:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--old-repeats", type=int, default=1)
     parser.add_argument("--rows", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=262144)
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rows} rows x {args.vocab} vocab, "
-          f"median of {args.repeats} runs ({args.old_repeats} for the old sample), ms")
+          f"median of {args.repeats} runs, ms")
     print(f"{'setting':<10} {'old patch':>10} {'new patch':>10} {'old sample':>11} {'new sample':>11} {'speed-up':>9}")
     for name in SETTINGS:
-        r = run_setting(name, args.rows, args.vocab, args.repeats, args.old_repeats)
+        r = run_setting(name, args.rows, args.vocab, args.repeats)
         total_old, total_new = r["old patch"] + r["old sample"], r["new patch"] + r["new sample"]
         print(f"{name:<10} {r['old patch']:>10.2f} {r['new patch']:>10.2f} {r['old sample']:>11.1f} "
               f"{r['new sample']:>11.1f} {total_old / total_new:>8.1f}x")
