@@ -92,7 +92,7 @@ class SamplingBatch:
         penalized = self._penalty_mask(index)
         prompt_mask = output_counts = None
         if bool(penalized.any()):
-            prompt_mask, output_counts = self.token_counts.rows(torch.arange(self.max_num_seqs)[index][penalized])
+            prompt_mask, output_counts = self.token_counts.select(torch.arange(self.max_num_seqs)[index][penalized])
         return SamplingMetadata(**{name: column[index] for name, column in self.columns.items()},
                                 stop_token_ids=[self.stop_token_ids[s] for s in slots],
                                 prompt_token_mask=prompt_mask, output_token_counts=output_counts)

@@ -133,7 +133,7 @@ class TokenCounts:
         self.prompt_mask[dst] = self.prompt_mask[src]
         self.output_counts[dst] = self.output_counts[src]
 
-    def rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def select(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The [len(rows), vocab] mask and counts of ``rows`` (CPU int64): views when the rows are consecutive."""
         first, count = int(rows[0]), rows.numel()
         if bool((rows == torch.arange(first, first + count)).all()):

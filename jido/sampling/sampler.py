@@ -56,7 +56,8 @@ class Sampler:
         """Sample one token per row of ``logits`` ([B, vocab] float32), as ``metadata`` says.
 
         ``logits`` is used up: penalties, bans and temperature are applied to it in place. Logprobs are
-        those of the raw model distribution, before any of them.
+        those of the raw model distribution, before any of them. A list of :class:`SamplingRow` (transitional)
+        stands for the metadata of those rows.
         """
         if isinstance(metadata, list):
             metadata = rows_metadata(metadata, logits.shape[-1], logits.device)

@@ -95,9 +95,9 @@ def test_metadata_flags_describe_random_rows_only():
 
 
 def test_counts_must_come_for_exactly_the_rows_with_penalties():
-    metadata = SamplingBatch(max_num_seqs=2, vocab_size=VOCAB)
-    metadata.add_request(0, PENALIZED, [1], [], (1,))
-    fields = {name: column[:2] for name, column in metadata.columns.items()}
+    batch = SamplingBatch(max_num_seqs=2, vocab_size=VOCAB)
+    batch.add_request(0, PENALIZED, [1], [], (1,))
+    fields = {name: column[:2] for name, column in batch.columns.items()}
     with pytest.raises(ValueError, match=r"prompt_token_mask must have one row per row with penalties \(1\), got 2"):
         SamplingMetadata(**fields, stop_token_ids=[(), ()], prompt_token_mask=torch.zeros(2, VOCAB, dtype=torch.bool),
                          output_token_counts=torch.zeros(1, VOCAB, dtype=torch.int32))
