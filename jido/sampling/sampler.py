@@ -2,18 +2,33 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from jido.core.outputs import Logprobs
 from jido.core.sampling_params import SamplingParams
+from jido.sampling.batch import SamplingBatch
+from jido.sampling.filters import Probs, apply_penalties, ban_tokens, filtered_probs
+from jido.sampling.metadata import SamplingMetadata
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the generator's seed space
 
 
+class SamplerOutput(NamedTuple):
+    """One token per row, and its logprobs where the row asked for them."""
+
+    token_ids: list[int]
+    logprobs: list[Logprobs | None]
+
+
 @dataclass
 class SamplingRow:
-    """What one row of the logits needs to be sampled: its settings and its token history."""
+    """What one row of the logits needs to be sampled: its settings and its token history.
+
+    NOTE: transitional, for a runner that rebuilds its rows every step; a runner that keeps a
+    :class:`SamplingBatch` passes ``SamplingBatch.metadata(...)`` instead, and then this goes.
+    """
 
     params: SamplingParams
     prompt_token_ids: list[int]
@@ -22,10 +37,14 @@ class SamplingRow:
 
 
 class Sampler:
-    """Greedy, temperature, top-k, top-p, min-p and penalties, with per-request seeds.
+    """Greedy, temperature, top-k, top-p, min-p and penalties, with per-request seeds, for a whole batch at once.
 
     A seeded row draws its randomness from a generator seeded by (seed, output position), so the same
-    seed gives the same tokens whatever else is in the batch and even after preemption and recompute.
+    seed gives the same tokens whatever else is in the batch and even after preemption and recompute:
+    one noise draw over the row's full vocabulary, as when rows were sampled one by one, so a seeded
+    request gets the very tokens it got then. Unseeded rows share the sampler's generator in one draw
+    for all of them (over the candidates top-k kept, when every random row has top-k), so their tokens
+    follow the same distribution as before but are not the same draws.
     """
 
     def __init__(self, seed: int = 0, device: torch.device | str = "cpu") -> None:
@@ -33,91 +52,116 @@ class Sampler:
         self.generator = torch.Generator(self.device)
         self.generator.manual_seed(seed)
 
-    def sample(self, logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[list[int], list[Logprobs | None]]:
-        """Sample one token per row of ``logits`` ([num_rows, vocab], float32)."""
-        raw_logprobs = None
-        if any(row.params.logprobs is not None for row in rows):
-            raw_logprobs = torch.log_softmax(logits, dim=-1)
-        logits = self._apply_constraints(logits, rows)
-        token_ids = self._choose(logits, rows)
-        logprobs = [_row_logprobs(raw_logprobs, i, token_ids[i], row.params.logprobs)
-                    if raw_logprobs is not None else None for i, row in enumerate(rows)]
-        return token_ids, logprobs
+    def sample(self, logits: torch.Tensor, metadata: SamplingMetadata | list[SamplingRow]) -> SamplerOutput:
+        """Sample one token per row of ``logits`` ([B, vocab] float32), as ``metadata`` says.
 
-    def _apply_constraints(self, logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-        needs = [i for i, r in enumerate(rows) if r.params.needs_penalties or _blocks_stop_tokens(r)]
-        if not needs:
-            return logits
-        logits = logits.clone()
-        for i in needs:
-            row = rows[i]
-            if row.params.needs_penalties:
-                apply_penalties(logits[i], row.params, row.prompt_token_ids, row.output_token_ids)
-            if _blocks_stop_tokens(row):
-                banned = list(row.params.stop_token_ids) + ([] if row.params.ignore_eos else list(row.eos_token_ids))
-                logits[i, [t for t in banned if t < logits.shape[-1]]] = float("-inf")
-        return logits
+        ``logits`` is used up: penalties, bans and temperature are applied to it in place. Logprobs are
+        those of the raw model distribution, before any of them. A list of :class:`SamplingRow` (transitional)
+        stands for the metadata of those rows.
+        """
+        if isinstance(metadata, list):
+            metadata = rows_metadata(metadata, logits.shape[-1], logits.device)
+        raw_logprobs = _raw_logprobs(logits, metadata)
+        _apply_constraints(logits, metadata)
+        token_ids = self._choose(logits, metadata)
+        token_id_list = token_ids.tolist()
+        return SamplerOutput(token_id_list, _logprobs(raw_logprobs, token_ids, token_id_list, metadata))
 
-    def _choose(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
-        token_ids = logits.argmax(dim=-1).tolist()
-        for i, row in enumerate(rows):
-            if not row.params.is_greedy:
-                token_ids[i] = self._sample_row(logits[i], row)
+    def _choose(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        if md.all_greedy:
+            return logits.argmax(dim=-1)
+        if md.all_random:
+            return self._sample_random(logits, md, None)
+        rows = (md.temperature > 0).nonzero().flatten()
+        index = rows.to(logits.device)
+        token_ids = logits.argmax(dim=-1)  # one pass over every row beats gathering the greedy ones first
+        token_ids[index] = self._sample_random(logits[index], md, rows)
         return token_ids
 
-    def _sample_row(self, logits: torch.Tensor, row: SamplingRow) -> int:
-        probs = filtered_probs(logits, row.params)
-        generator = self.generator
-        if row.params.seed is not None:
-            generator = torch.Generator(logits.device)
-            position = len(row.output_token_ids)
-            generator.manual_seed((row.params.seed * _SEED_MIX + position) % (2**63))
+    def _sample_random(self, logits: torch.Tensor, md: SamplingMetadata, rows: torch.Tensor | None) -> torch.Tensor:
+        """Draw for the random rows ``rows`` of the batch (None: all of them), whose logits are ``logits``."""
+        def pick(values: torch.Tensor) -> torch.Tensor:
+            return values if rows is None else values[rows]
+
+        probs = filtered_probs(logits, pick(md.temperature), None if md.no_top_k else pick(md.top_k),
+                               None if md.no_top_p else pick(md.top_p), None if md.no_min_p else pick(md.min_p))
+        return self._draw(probs, pick(md.has_seed), pick(md.seeds), pick(md.output_positions))
+
+    def _draw(self, probs: Probs, has_seed: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One token per row: seeded rows each from their own generator, the others from the shared one at once."""
+        unseeded = (~has_seed).nonzero().flatten()
+        if unseeded.numel() == has_seed.numel():
+            return self._draw_shared(probs)
+        device = probs.values.device
+        token_ids = torch.empty(has_seed.numel(), dtype=torch.long, device=device)
+        if unseeded.numel():
+            token_ids[unseeded.to(device)] = self._draw_shared(probs.select(unseeded.to(device)))
+        seeded = has_seed.nonzero().flatten()
+        for row, seed, position in zip(seeded.tolist(), seeds[seeded].tolist(), positions[seeded].tolist()):
+            candidates = None if probs.token_ids is None else probs.token_ids[row]
+            token_ids[row] = _draw_seeded(probs.values[row], candidates, probs.vocab_size, seed, position)
+        return token_ids
+
+    def _draw_shared(self, probs: Probs) -> torch.Tensor:
         # Gumbel-max in its exponential form: argmax(p / E) with E ~ Exp(1) draws from p, without a
-        # cumulative sum and with one random draw per vocabulary entry.
-        noise = torch.empty_like(probs).exponential_(generator=generator)
+        # cumulative sum. Tokens outside truncated probabilities have probability 0 and could never win.
+        noise = torch.empty_like(probs.values).exponential_(generator=self.generator)
+        choice = (probs.values / noise).argmax(dim=-1)
+        return choice if probs.token_ids is None else probs.token_ids.gather(1, choice[:, None]).flatten()
+
+
+def rows_metadata(rows: list[SamplingRow], vocab_size: int, device: torch.device) -> SamplingMetadata:
+    """Metadata for rows given in full: a batch built for this one step (see :class:`SamplingRow`)."""
+    batch = SamplingBatch(len(rows), vocab_size, device)
+    for slot, row in enumerate(rows):
+        batch.add_request(slot, row.params, row.prompt_token_ids, row.output_token_ids, row.eos_token_ids)
+    return batch.metadata(range(len(rows)))
+
+
+def _draw_seeded(probs: torch.Tensor, token_ids: torch.Tensor | None, vocab_size: int, seed: int,
+                 position: int) -> int:
+    """One row's draw from its own generator: ``probs`` [vocab], or [n] for the vocabulary ids ``token_ids``."""
+    # NOTE: a seeded row's tokens are a promise: the same generator seed and the same noise over the full
+    # [vocab] float32 row as the one-row-at-a-time sampler drew, whatever part of it is looked at.
+    generator = torch.Generator(probs.device)
+    generator.manual_seed((seed * _SEED_MIX + position) % (2**63))
+    noise = torch.empty(vocab_size, dtype=probs.dtype, device=probs.device).exponential_(generator=generator)
+    if token_ids is None:
         return int((probs / noise).argmax())
+    # Only candidates can reach the (positive) maximum; among equals the lowest id wins, as in argmax.
+    ratio = probs / noise[token_ids]
+    return int(token_ids[ratio == ratio.max()].min())
 
 
-def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Probabilities after temperature, top-k, top-p and min-p, for one row."""
-    logits = logits / params.temperature
-    if params.top_k > 0 and params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        # Keep the smallest set whose mass reaches top_p: drop a token when the mass before it already does.
-        drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
-        probs = probs.scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
-    if params.min_p > 0.0:
-        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
-    return probs
+def _apply_constraints(logits: torch.Tensor, md: SamplingMetadata) -> None:
+    if md.penalty_rows is not None:
+        rows = md.penalty_rows
+        apply_penalties(logits, rows, md.prompt_token_mask, md.output_token_counts, md.repetition_penalty[rows],
+                        md.presence_penalty[rows], md.frequency_penalty[rows])
+    if md.banned_rows:
+        ban_tokens(logits, md.banned_rows, [md.stop_token_ids[row] for row in md.banned_rows])
 
 
-def apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_token_ids: list[int],
-                    output_token_ids: list[int]) -> None:
-    """Repetition (HF: prompt and output), presence and frequency (OpenAI: output only), in place."""
-    vocab = logits.shape[-1]
-    if params.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted({t for t in prompt_token_ids + output_token_ids if t < vocab}),
-                            dtype=torch.long, device=logits.device)
-        values = logits[seen]
-        logits[seen] = torch.where(values > 0, values / params.repetition_penalty,
-                                   values * params.repetition_penalty)
-    if output_token_ids and (params.presence_penalty or params.frequency_penalty):
-        counts = torch.bincount(torch.tensor(output_token_ids, device=logits.device), minlength=vocab)[:vocab]
-        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
-
-
-def _blocks_stop_tokens(row: SamplingRow) -> bool:
-    return len(row.output_token_ids) < row.params.min_tokens
-
-
-def _row_logprobs(raw: torch.Tensor, i: int, token_id: int, num_top: int | None) -> Logprobs | None:
-    if num_top is None:
+def _raw_logprobs(logits: torch.Tensor, md: SamplingMetadata) -> tuple[list[int], torch.Tensor] | None:
+    """The rows that report logprobs, and their log_softmax ([L, vocab]) before anything changes the logits."""
+    if md.max_num_logprobs is None:
         return None
-    top = torch.topk(raw[i], num_top) if num_top > 0 else None
-    return Logprobs(token_id, float(raw[i, token_id]),
-                    top.indices.tolist() if top is not None else [],
-                    top.values.tolist() if top is not None else [])
+    rows = (md.num_logprobs >= 0).nonzero().flatten()
+    values = logits if rows.numel() == md.num_rows else logits[rows.to(logits.device)]
+    return rows.tolist(), torch.log_softmax(values, dim=-1)
+
+
+def _logprobs(raw: tuple[list[int], torch.Tensor] | None, token_ids: torch.Tensor, token_id_list: list[int],
+              md: SamplingMetadata) -> list[Logprobs | None]:
+    logprobs: list[Logprobs | None] = [None] * md.num_rows
+    if raw is None:
+        return logprobs
+    rows, values = raw
+    index = torch.tensor(rows, device=values.device)
+    sampled = values.gather(1, token_ids[index][:, None]).flatten().tolist()
+    top = values.topk(md.max_num_logprobs)
+    top_ids, top_values, num_top = top.indices.tolist(), top.values.tolist(), md.num_logprobs.tolist()
+    for i, row in enumerate(rows):
+        n = num_top[row]
+        logprobs[row] = Logprobs(token_id_list[row], sampled[i], top_ids[i][:n], top_values[i][:n])
+    return logprobs

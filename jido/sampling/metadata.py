@@ -1,0 +1,146 @@
+"""SamplingMetadata: a batch's sampling settings as per-row tensors; TokenCounts: token statistics for penalties."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingMetadata:
+    """How each of the B rows of a logits batch samples, as tensors the sampler works on in one go.
+
+    Per-row tensors are [B] and live on the CPU (the sampler moves what it needs to the logits' device),
+    so the flags below are computed without a device sync and the seeded-row loop reads plain ints.
+    The neutral value of every setting is a no-op, so rows that do not use a feature cost nothing
+    beyond the rows that do.
+
+    Contract:
+      - ``temperature`` float32: 0 for a greedy row, else >= 1e-5 (SamplingParams' greedy threshold).
+      - ``top_k`` int64: 0 = off; any k >= vocab is also a no-op. ``top_p`` float32 in (0, 1], 1 = off.
+        ``min_p`` float32 in [0, 1], 0 = off.
+      - ``repetition_penalty`` (1 = off), ``presence_penalty``/``frequency_penalty`` (0 = off) float32.
+        The rows with any of them on are ``penalty_rows`` (derived, ascending); ``prompt_token_mask``
+        [P, vocab] bool and ``output_token_counts`` [P, vocab] int32 hold those rows' token statistics in
+        that order, on the logits' device, and are None when P is 0.
+      - ``seeds`` int64 holds ``seed mod 2**63`` where ``has_seed`` is true (anything elsewhere);
+        ``output_positions`` int64 is how many output tokens the row has, i.e. the position being sampled.
+      - ``min_tokens`` int64 and ``stop_token_ids`` (one tuple per row, ids < vocab): while a row's
+        output position is below its min_tokens, its stop_token_ids get -inf. The caller puts the EOS ids
+        there too unless the request ignores EOS.
+      - ``num_logprobs`` int64: -1 = no logprobs for the row, else how many top entries to report.
+    """
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    repetition_penalty: torch.Tensor
+    presence_penalty: torch.Tensor
+    frequency_penalty: torch.Tensor
+    seeds: torch.Tensor
+    has_seed: torch.Tensor
+    output_positions: torch.Tensor
+    min_tokens: torch.Tensor
+    stop_token_ids: list[tuple[int, ...]]
+    num_logprobs: torch.Tensor
+    prompt_token_mask: torch.Tensor | None = None
+    output_token_counts: torch.Tensor | None = None
+    # Derived in __post_init__; the filter flags look at random rows only (greedy rows ignore them).
+    all_greedy: bool = field(init=False)
+    all_random: bool = field(init=False)
+    no_top_k: bool = field(init=False)
+    no_top_p: bool = field(init=False)
+    no_min_p: bool = field(init=False)
+    penalty_rows: torch.Tensor | None = field(init=False)  # [P] int64, CPU; None when no row has penalties
+    banned_rows: list[int] = field(init=False)  # rows still short of min_tokens with ids to ban
+    max_num_logprobs: int | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        random = self.temperature > 0
+        self.all_greedy = not bool(random.any())
+        self.all_random = bool(random.all())
+        self.no_top_k = not bool((self.top_k[random] > 0).any())
+        self.no_top_p = not bool((self.top_p[random] < 1).any())
+        self.no_min_p = not bool((self.min_p[random] > 0).any())
+        penalized = needs_penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
+        self.penalty_rows = penalized.nonzero().flatten() if bool(penalized.any()) else None
+        _check_counts(self)
+        short = (self.output_positions < self.min_tokens).nonzero().flatten().tolist()
+        self.banned_rows = [row for row in short if self.stop_token_ids[row]]
+        self.max_num_logprobs = int(self.num_logprobs.max()) if bool((self.num_logprobs >= 0).any()) else None
+
+    @property
+    def num_rows(self) -> int:
+        return self.temperature.shape[0]
+
+    @property
+    def no_penalties(self) -> bool:
+        return self.penalty_rows is None
+
+
+def needs_penalties(repetition: torch.Tensor, presence: torch.Tensor, frequency: torch.Tensor) -> torch.Tensor:
+    """Which rows have any penalty on ([B] bool): the one rule for metadata and the rows it counts tokens for."""
+    return (repetition != 1) | (presence != 0) | (frequency != 0)
+
+
+def _check_counts(md: SamplingMetadata) -> None:
+    num_penalized = 0 if md.penalty_rows is None else md.penalty_rows.numel()
+    for name in ("prompt_token_mask", "output_token_counts"):
+        counts = getattr(md, name)
+        rows = 0 if counts is None else counts.shape[0]
+        if rows != num_penalized:
+            raise ValueError(f"{name} must have one row per row with penalties ({num_penalized}), got {rows}")
+
+
+class TokenCounts:
+    """Per-row token statistics that penalties need, kept on the device and updated incrementally.
+
+    Row i is the prompt mask ([vocab] bool: the ids the prompt holds) and the output counts ([vocab]
+    int32: how often each id was sampled) of whatever request the owner keeps in slot i. The tensors
+    ([num_rows, vocab]) are allocated on the first ``set_row``, so a batch that never uses penalties
+    never pays for them. Ids >= vocab (tokenizer entries the logits lack) are ignored.
+    """
+
+    def __init__(self, num_rows: int, vocab_size: int, device: torch.device | str = "cpu") -> None:
+        self.num_rows = num_rows
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        self.prompt_mask: torch.Tensor | None = None
+        self.output_counts: torch.Tensor | None = None
+
+    @property
+    def allocated(self) -> bool:
+        return self.prompt_mask is not None
+
+    def set_row(self, row: int, prompt_token_ids: list[int], output_token_ids: list[int]) -> None:
+        """Make ``row`` describe a request from scratch (a new one, or one resumed after preemption)."""
+        if self.prompt_mask is None:
+            shape = (self.num_rows, self.vocab_size)
+            self.prompt_mask = torch.zeros(shape, dtype=torch.bool, device=self.device)
+            self.output_counts = torch.zeros(shape, dtype=torch.int32, device=self.device)
+        self.prompt_mask[row] = False
+        self.prompt_mask[row, self._ids(prompt_token_ids)] = True
+        self.output_counts[row] = torch.bincount(self._ids(output_token_ids), minlength=self.vocab_size)
+
+    def add_output_tokens(self, rows: torch.Tensor, token_ids: torch.Tensor) -> None:
+        """Count one new output token per listed row: ``rows`` and ``token_ids`` are [N] int64, ids < vocab."""
+        ones = torch.ones(rows.shape, dtype=torch.int32, device=self.device)
+        self.output_counts.index_put_((rows.to(self.device), token_ids.to(self.device)), ones, accumulate=True)
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Copy row ``src`` into row ``dst`` (condensing a batch); ``src`` is left as it was."""
+        self.prompt_mask[dst] = self.prompt_mask[src]
+        self.output_counts[dst] = self.output_counts[src]
+
+    def select(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The [len(rows), vocab] mask and counts of ``rows`` (CPU int64): views when the rows are consecutive."""
+        first, count = int(rows[0]), rows.numel()
+        if bool((rows == torch.arange(first, first + count)).all()):
+            return self.prompt_mask[first:first + count], self.output_counts[first:first + count]
+        index = rows.to(self.device)
+        return self.prompt_mask[index], self.output_counts[index]
+
+    def _ids(self, token_ids: list[int]) -> torch.Tensor:
+        ids = torch.tensor(token_ids, dtype=torch.long)
+        return ids[ids < self.vocab_size].to(self.device)
