@@ -114,9 +114,9 @@ class MultiprocExecutor(Executor):
 def worker_main(config: EngineConfig, model_folder: Path, rank: int, conn: Connection, log_level: int) -> None:
     """A worker process: build the Worker, then answer ``(method, args, kwargs)`` calls until told to stop."""
     logging.basicConfig(level=log_level, format=f"%(levelname)s %(name)s[worker {rank}]: %(message)s")
-    from jido.runner.worker import Worker  # imported here: only worker processes load the model code
-
     try:
+        from jido.runner.worker import Worker  # imported here: only worker processes load the model code
+
         worker = Worker(config, model_folder, rank)
         conn.send(("ok", "ready"))
     except Exception:  # noqa: BLE001 - the engine must hear why the start failed

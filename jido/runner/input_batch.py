@@ -8,7 +8,7 @@ import torch
 
 from jido.attention.backend import AttentionMetadata, build_common_metadata
 from jido.core.outputs import NewRequestData, SchedulerOutput
-from jido.core.sampling_params import SamplingParams
+from jido.sampling.batch import SamplingBatch
 
 
 @dataclass
@@ -30,7 +30,8 @@ class InputBatch:
     count from every step's diff and never advances it.
     """
 
-    def __init__(self, max_num_reqs: int, num_groups: int, block_size: int, device: torch.device) -> None:
+    def __init__(self, max_num_reqs: int, num_groups: int, block_size: int, vocab_size: int,
+                 device: torch.device) -> None:
         self.block_size = block_size
         self.device = device
         self.req_index: dict[str, int] = {}
@@ -41,8 +42,7 @@ class InputBatch:
         self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.block_tables = [np.zeros((max_num_reqs, 16), dtype=np.int32) for _ in range(num_groups)]
         self.num_blocks = np.zeros((num_groups, max_num_reqs), dtype=np.int64)
-        self.sampling_params: list[SamplingParams | None] = [None] * max_num_reqs
-        self.eos_token_ids: list[tuple[int, ...]] = [()] * max_num_reqs
+        self.sampling = SamplingBatch(max_num_reqs, vocab_size, device)  # row i is sampling slot i
 
     # -- diffs ------------------------------------------------------------------------------------
     def update(self, sched: SchedulerOutput) -> None:
@@ -67,13 +67,14 @@ class InputBatch:
         for group, block_ids in enumerate(new.block_ids):
             self.num_blocks[group, row] = 0
             self._append_blocks(group, row, block_ids)
-        self.sampling_params[row] = new.sampling_params
-        self.eos_token_ids[row] = new.eos_token_ids
+        prompt = new.token_ids[:new.num_prompt_tokens]
+        self.sampling.add_request(row, new.sampling_params, prompt, new.token_ids[new.num_prompt_tokens:],
+                                  new.eos_token_ids)
 
     def remove(self, req_id: str) -> None:
         row = self.req_index.pop(req_id, None)
         if row is not None:
-            self.sampling_params[row] = None
+            self.sampling.remove_request(row)
             self._free_rows.append(row)
 
     def append_tokens(self, row: int, token_ids: list[int]) -> None:
@@ -83,6 +84,15 @@ class InputBatch:
             self.token_ids = _grown(self.token_ids, end)
         self.token_ids[row, start:end] = token_ids
         self.num_tokens[row] = end
+
+    def append_sampled(self, rows: np.ndarray, token_ids: list[int]) -> None:
+        """Record one sampled token per row: in the token rows and in the sampling state (penalty counts)."""
+        ends = self.num_tokens[rows]
+        if int(ends.max()) >= self.token_ids.shape[1]:
+            self.token_ids = _grown(self.token_ids, int(ends.max()) + 1)
+        self.token_ids[rows, ends] = token_ids
+        self.num_tokens[rows] = ends + 1
+        self.sampling.append_tokens(rows.tolist(), token_ids)
 
     def _append_blocks(self, group: int, row: int, block_ids: list[int]) -> None:
         if not block_ids:

@@ -17,7 +17,7 @@ from jido.models.config import ModelArchConfig
 from jido.models.loader import iter_weights, load_config
 from jido.models.registry import get_model_class
 from jido.runner.input_batch import InputBatch
-from jido.sampling.sampler import Sampler, SamplingRow
+from jido.sampling.sampler import Sampler
 
 logger = logging.getLogger("jido")
 
@@ -93,7 +93,7 @@ class ModelRunner:
         self.kv_caches = [tensors[kv_cache_config.tensor_index(i)] for i in layers]
         self.layer_groups = [kv_cache_config.group_index(i) for i in layers]
         self.input_batch = InputBatch(self.config.scheduler_config.max_num_seqs, len(kv_cache_config.groups),
-                                      self.block_size, self.device)
+                                      self.block_size, arch.vocab_size, self.device)
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -107,17 +107,9 @@ class ModelRunner:
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn_metadata)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         model_done = time.perf_counter()
-        rows = [self._sampling_row(int(row)) for row in inputs.sampled_rows]
-        token_ids, logprobs = self.sampler.sample(logits, rows)
-        for row, token_id in zip(inputs.sampled_rows, token_ids):
-            batch.append_tokens(int(row), [token_id])
+        token_ids, logprobs = self.sampler.sample(logits, batch.sampling.metadata(inputs.sampled_rows.tolist()))
+        batch.append_sampled(inputs.sampled_rows, token_ids)
         return ModelRunnerOutput(
             {r: [t] for r, t in zip(inputs.sampled_req_ids, token_ids)},
             {r: [lp] for r, lp in zip(inputs.sampled_req_ids, logprobs) if lp is not None},
             model_time_s=model_done - start, sample_time_s=time.perf_counter() - model_done)
-
-    def _sampling_row(self, row: int) -> SamplingRow:
-        b = self.input_batch
-        num_prompt, num_tokens = int(b.num_prompt_tokens[row]), int(b.num_tokens[row])
-        return SamplingRow(b.sampling_params[row], b.token_ids[row, :num_prompt].tolist(),
-                           b.token_ids[row, num_prompt:num_tokens].tolist(), b.eos_token_ids[row])

@@ -1,14 +1,11 @@
 """Sampler: turns the logits of a batch of rows into next tokens, each row with its own settings."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
 from jido.core.outputs import Logprobs
-from jido.core.sampling_params import SamplingParams
-from jido.sampling.batch import SamplingBatch
 from jido.sampling.filters import Probs, apply_penalties, ban_tokens, filtered_probs
 from jido.sampling.metadata import SamplingMetadata
 
@@ -20,20 +17,6 @@ class SamplerOutput(NamedTuple):
 
     token_ids: list[int]
     logprobs: list[Logprobs | None]
-
-
-@dataclass
-class SamplingRow:
-    """What one row of the logits needs to be sampled: its settings and its token history.
-
-    NOTE: transitional, for a runner that rebuilds its rows every step; a runner that keeps a
-    :class:`SamplingBatch` passes ``SamplingBatch.metadata(...)`` instead, and then this goes.
-    """
-
-    params: SamplingParams
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    eos_token_ids: tuple[int, ...]
 
 
 class Sampler:
@@ -52,15 +35,12 @@ class Sampler:
         self.generator = torch.Generator(self.device)
         self.generator.manual_seed(seed)
 
-    def sample(self, logits: torch.Tensor, metadata: SamplingMetadata | list[SamplingRow]) -> SamplerOutput:
+    def sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Sample one token per row of ``logits`` ([B, vocab] float32), as ``metadata`` says.
 
         ``logits`` is used up: penalties, bans and temperature are applied to it in place. Logprobs are
-        those of the raw model distribution, before any of them. A list of :class:`SamplingRow` (transitional)
-        stands for the metadata of those rows.
+        those of the raw model distribution, before any of them.
         """
-        if isinstance(metadata, list):
-            metadata = rows_metadata(metadata, logits.shape[-1], logits.device)
         raw_logprobs = _raw_logprobs(logits, metadata)
         _apply_constraints(logits, metadata)
         token_ids = self._choose(logits, metadata)
@@ -108,14 +88,6 @@ class Sampler:
         noise = torch.empty_like(probs.values).exponential_(generator=self.generator)
         choice = (probs.values / noise).argmax(dim=-1)
         return choice if probs.token_ids is None else probs.token_ids.gather(1, choice[:, None]).flatten()
-
-
-def rows_metadata(rows: list[SamplingRow], vocab_size: int, device: torch.device) -> SamplingMetadata:
-    """Metadata for rows given in full: a batch built for this one step (see :class:`SamplingRow`)."""
-    batch = SamplingBatch(len(rows), vocab_size, device)
-    for slot, row in enumerate(rows):
-        batch.add_request(slot, row.params, row.prompt_token_ids, row.output_token_ids, row.eos_token_ids)
-    return batch.metadata(range(len(rows)))
 
 
 def _draw_seeded(probs: torch.Tensor, token_ids: torch.Tensor | None, vocab_size: int, seed: int,
