@@ -105,6 +105,8 @@ class ModelRunner:
         inputs = batch.prepare_inputs(sched)
         attn_metadata = build_step_metadata(self.attn_backend, inputs.group_metadata, self.layer_groups)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn_metadata)
+        if not inputs.sampled_req_ids:  # only prefill chunks that have not reached their prompts' ends
+            return ModelRunnerOutput({}, model_time_s=time.perf_counter() - start)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         model_done = time.perf_counter()
         token_ids, logprobs = self.sampler.sample(logits, batch.sampling.metadata(inputs.sampled_rows.tolist()))

@@ -13,13 +13,14 @@ pytestmark = pytest.mark.slow
 
 BODY_LIMIT = 64 * 1024
 COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+MAX_MODEL_LEN = 4544
 GOOD = {"prompt": "Hello", "max_tokens": 1, "temperature": 0}
 USER = [{"role": "user", "content": "Hi"}]
 
 
 @pytest.fixture(scope="module")
 def server():
-    with running_server(ServerConfig(max_request_body_bytes=BODY_LIMIT)) as server:
+    with running_server(ServerConfig(max_request_body_bytes=BODY_LIMIT), max_model_len=MAX_MODEL_LEN) as server:
         yield server
 
 
@@ -35,8 +36,8 @@ CASES = {
     "token_outside_vocabulary": (COMPLETIONS, {**GOOD, "prompt": [2, 10**9]}, 400, "prompt",
                                  "outside the vocabulary"),
     "unknown_model": (COMPLETIONS, {**GOOD, "model": "gpt-4"}, 404, "model", "'gpt-4' does not exist"),
-    "prompt_too_long": (COMPLETIONS, {**GOOD, "prompt": [2] * 33000}, 400, "prompt",
-                        "max_model_len is 32768"),
+    "prompt_too_long": (COMPLETIONS, {**GOOD, "prompt": [2] * 5000}, 400, "prompt",
+                        f"max_model_len is {MAX_MODEL_LEN}"),
     "max_tokens_too_large": (COMPLETIONS, {**GOOD, "max_tokens": 10**6}, 400, "max_tokens",
                              "max_tokens=1000000 is too large"),
     "n_too_large": (COMPLETIONS, {**GOOD, "n": 1000}, 400, "n", "n=1000 is too large"),
