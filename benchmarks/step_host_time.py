@@ -81,7 +81,7 @@ def _old_step(states: dict[str, _OldState], sched: SchedulerOutput, sampled: lis
 # -- the engine's own path ------------------------------------------------------------------------
 def _running_scheduler(params: SamplingParams) -> tuple[Scheduler, InputBatch, dict[str, _OldState]]:
     """128 requests whose 2048-token prompts are computed (no model runs), ready to decode."""
-    num_blocks = NUM_REQS * (CONTEXT // BLOCK + 5 * 40) + 1024
+    num_blocks = NUM_REQS * len(WINDOWS) * (CONTEXT // BLOCK + 1)  # the whole prompts at once, before windows slide
     kv = KVCacheManager(num_blocks, BLOCK, enable_caching=True, sliding_windows=WINDOWS)
     scheduler = Scheduler(SchedulerLimits(NUM_REQS, NUM_REQS * CONTEXT, 32768), kv)
     rng = random.Random(0)

@@ -38,6 +38,7 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[BlockTable]] = {}
         self._num_cached_blocks: dict[str, int] = {}  # leading positions already indexed, in every group
+        self._num_released: dict[str, list[int]] = {}  # per group, leading positions already released
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found in the cache
 
@@ -115,6 +116,9 @@ class KVCacheManager:
         tables = self.req_to_blocks.get(request.request_id)
         if tables is not None:
             self._release_dead_blocks(request, tables)
+            num_positions = -(-(request.num_computed_tokens + num_new_tokens + num_lookahead_tokens) // self.block_size)
+            if num_positions <= min(len(t) for t in tables):
+                return [[] for _ in tables]  # most decode steps: the last blocks still have room
         computed = new_computed_blocks or [[] for _ in self.sliding_windows]
         num_hit = len(computed[0]) * self.block_size
         num_tokens = request.num_computed_tokens + num_hit + num_new_tokens + num_lookahead_tokens
@@ -142,17 +146,24 @@ class KVCacheManager:
         tables = [list(blocks) for blocks in computed]
         self.req_to_blocks[request.request_id] = tables
         self._num_cached_blocks[request.request_id] = len(computed[0])
+        # A hit on a sliding group starts with positions it never held (None).
+        self._num_released[request.request_id] = [next((i for i, b in enumerate(t) if b is not None), len(t))
+                                                  for t in tables]
         return tables
 
     def _release_dead_blocks(self, request: Request, tables: list[BlockTable]) -> None:
-        for window, table in zip(self.sliding_windows, tables):
+        # Only positions that died since the last call are looked at: the work per step stays constant.
+        released = self._num_released[request.request_id]
+        for group, (window, table) in enumerate(zip(self.sliding_windows, tables)):
             if window is None:
                 continue
             dead = self._num_dead_blocks(window, request.num_computed_tokens)
-            released = [b for b in table[:dead] if b is not None]
-            if released:
-                table[:dead] = [None] * dead
-                self.pool.free(reversed(released))
+            if dead <= released[group]:
+                continue
+            blocks = [b for b in table[released[group]:dead] if b is not None]
+            table[released[group]:dead] = [None] * (dead - released[group])
+            released[group] = dead
+            self.pool.free(reversed(blocks))
 
     def _num_dead_blocks(self, window: int, num_computed_tokens: int) -> int:
         # The query at num_computed_tokens sees keys from num_computed_tokens - window + 1 on.
@@ -183,6 +194,7 @@ class KVCacheManager:
         """Return a request's blocks. Tail blocks go first so that shared prefixes are evicted last."""
         tables = self.req_to_blocks.pop(request.request_id, [])
         self._num_cached_blocks.pop(request.request_id, None)
+        self._num_released.pop(request.request_id, None)
         for table in tables:
             self.pool.free(b for b in reversed(table) if b is not None)
 
