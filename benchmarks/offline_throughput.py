@@ -115,7 +115,9 @@ def median_run(fn, repeats: int) -> dict:
 def machine() -> dict:
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
-    return {"cpu": model, "cores": torch.get_num_threads(), "python": platform.python_version(),
+    flags = sorted({f for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
+                    for f in line.split(":", 1)[1].split() if f.startswith(("avx", "amx", "fma"))})
+    return {"cpu": model, "cores": torch.get_num_threads(), "cpu_flags": flags, "python": platform.python_version(),
             "torch": torch.__version__}
 
 
@@ -124,9 +126,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--distributed-executor-backend", default="uni", choices=["uni", "mp"])
+    parser.add_argument("--tag", default="", help="appended to the result file's name")
     args = parser.parse_args()
 
-    llm = LLM(dtype=args.dtype, kv_cache_memory="2GiB")
+    llm = LLM(dtype=args.dtype, kv_cache_memory="2GiB", distributed_executor_backend=args.distributed_executor_backend)
     timer = AttentionTimer(llm)
     ids = corpus_token_ids(llm)
     bos = llm.get_tokenizer().bos_token_id
@@ -148,9 +152,10 @@ def main() -> None:
             "batch1_ttft": results["transformers"]["batch1"]["ttft_s"] / results["jido"]["batch1"]["ttft_s"],
             "batch32_output_tok_s": results["jido"]["batch32"]["output_tok_s"] / results["transformers"]["batch32"]["output_tok_s"]}
     record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine(),
-              "dtype": args.dtype, "repeats": args.repeats, "results": results}
+              "dtype": args.dtype, "executor": args.distributed_executor_backend, "repeats": args.repeats,
+              "results": results}
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"offline_throughput-{datetime.date.today()}-{args.dtype}.json"
+    path = RESULTS / f"offline_throughput-{datetime.date.today()}-{args.dtype}{args.tag}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
     print(f"wrote {path}")
