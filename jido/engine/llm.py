@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from jido.config import EngineConfig
 from jido.core.sampling_params import SamplingParams
-from jido.engine.llm_engine import LLMEngine, PromptType
+from jido.engine.llm_engine import LLMEngine, ProcessedPrompt, PromptType
 from jido.engine.outputs import RequestOutput
 from jido.models.tokenizer import Tokenizer
 
@@ -63,11 +63,9 @@ class LLM:
             self.llm_engine.abort_request(request_ids)
             raise
 
-    def _tokenize(self, prompt: PromptType) -> dict:
+    def _tokenize(self, prompt: PromptType) -> ProcessedPrompt:
         """Validate a prompt and tokenize it once; the engine takes the ids as they are."""
-        text, ids = self.llm_engine.process_prompt(prompt)
-        self.llm_engine.check_prompt_length(ids)
-        return {"prompt": text, "prompt_token_ids": ids}
+        return self.llm_engine.prepare_prompt(prompt)
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}

@@ -20,7 +20,15 @@ from jido.models.config import ModelArchConfig
 from jido.models.loader import load_config, resolve_model
 from jido.models.tokenizer import Tokenizer
 
-PromptType = str | list[int] | dict
+@dataclass(frozen=True)
+class ProcessedPrompt:
+    """A prompt already validated and tokenized by :meth:`LLMEngine.prepare_prompt`; taken as it is."""
+
+    text: str | None
+    token_ids: list[int]
+
+
+PromptType = str | list[int] | dict | ProcessedPrompt
 
 
 @dataclass
@@ -97,6 +105,12 @@ class LLMEngine:
                 raise ValueError(f"prompt token id {token_id} at position {position} is outside the "
                                  f"vocabulary: ids must be in [0, {self.vocab_size})")
 
+    def prepare_prompt(self, prompt: PromptType) -> ProcessedPrompt:
+        """Validate and tokenize a prompt once (length checked too); raise ValueError saying what is wrong."""
+        text, ids = self.process_prompt(prompt)
+        self.check_prompt_length(ids)
+        return ProcessedPrompt(text, ids)
+
     def check_prompt_length(self, prompt_token_ids: list[int]) -> None:
         if len(prompt_token_ids) >= self.max_model_len:
             raise ValueError(f"prompt has {len(prompt_token_ids)} tokens but max_model_len is "
@@ -110,8 +124,9 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        text, ids = self.process_prompt(prompt)
-        self.check_prompt_length(ids)
+        if not isinstance(prompt, ProcessedPrompt):
+            prompt = self.prepare_prompt(prompt)
+        text, ids = prompt.text, prompt.token_ids
         arrival = time.monotonic() if arrival_time is None else arrival_time
         children = self._child_params(params)
         sequences = [_Sequence(i, IncrementalDetokenizer(self.tokenizer, ids, p)) for i, p in enumerate(children)]

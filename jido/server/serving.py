@@ -16,6 +16,7 @@ from jido.core.sampling_params import SamplingParams
 from jido.engine.async_engine import AsyncEngine, EngineOverloadedError, EngineStoppedError, RequestStream
 from jido.engine.chat_template import ChatTemplate
 from jido.engine.detokenizer import stop_string_holdback
+from jido.engine.llm_engine import ProcessedPrompt
 from jido.engine.outputs import RequestOutput
 from jido.server.errors import APIError, bad_request, from_validation_error, parse_json
 from jido.server.metrics import RequestTimer, ServerMetrics
@@ -79,11 +80,9 @@ class OpenAIServing:
 
     def _prompt_ids(self, prompt: object) -> list[int]:
         try:
-            _, ids = self.llm.process_prompt(prompt)
-            self.llm.check_prompt_length(ids)
+            return self.llm.prepare_prompt(prompt).token_ids
         except ValueError as exc:
             raise bad_request(str(exc), "prompt") from exc
-        return ids
 
     def _params(self, body: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int],
                 max_tokens: int | None, logprobs: int | None) -> SamplingParams:
@@ -116,7 +115,8 @@ class OpenAIServing:
     def _submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                 timer: RequestTimer) -> RequestStream:
         try:
-            return self.engine.add_request(request_id, prompt_ids, params, timer.arrival)
+            # Validated and tokenized once, in _prompt_ids: the engine takes the ids as they are.
+            return self.engine.add_request(request_id, ProcessedPrompt(None, prompt_ids), params, timer.arrival)
         except EngineOverloadedError as exc:
             self.metrics.on_rejected("overload")
             raise APIError(503, str(exc), "service_unavailable", code="overloaded",

@@ -82,3 +82,22 @@ def test_a_file_that_is_not_a_model_raises_value_error(tmp_path):
 def test_bad_engine_config_raises(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LLM(**kwargs)
+
+
+def test_each_prompt_is_validated_and_tokenized_once(llm, monkeypatch):
+    engine = llm.llm_engine
+    calls = {"encode": 0, "check": 0}
+    encode, check = engine.tokenizer.encode, engine._check_token_ids
+
+    def counting_encode(*args, **kwargs):
+        calls["encode"] += 1
+        return encode(*args, **kwargs)
+
+    def counting_check(ids):
+        calls["check"] += 1
+        return check(ids)
+
+    monkeypatch.setattr(engine.tokenizer, "encode", counting_encode)
+    monkeypatch.setattr(engine, "_check_token_ids", counting_check)
+    llm.generate(["The capital of France is", [2, 818, 5279]], SamplingParams(max_tokens=1), use_tqdm=False)
+    assert calls == {"encode": 1, "check": 1}
