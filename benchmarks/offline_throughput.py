@@ -78,7 +78,7 @@ def run_jido(llm: LLM, prompts: list[list[int]], max_tokens: int, timer: Attenti
         steps += 1
         if first_token is None and outputs:
             first_token = time.perf_counter()
-        num_out += sum(len(o.outputs[0].token_ids) for o in outputs if o.finished)
+        num_out += sum(len(o.outputs[0].token_ids) for o in outputs)  # deltas: this step's tokens
         last = engine.last_iteration_stats
         for key in split:
             split[key] += getattr(last, f"{key}_s")

@@ -58,20 +58,28 @@ _STOP = object()
 class RequestStream:
     """One request's outputs as an async iterator of cumulative RequestOutputs.
 
-    Outputs are cumulative, so a consumer that falls behind gets only the latest one (bigger deltas,
-    nothing lost). Leaving the ``with`` block before the last output aborts the request in the engine.
+    The engine sends deltas; the stream merges them into one cumulative output (on the event loop, the
+    only thread that reads it), so a consumer that falls behind gets the latest state (bigger deltas,
+    nothing lost). NOTE: every iteration yields the same object, grown since the last one. Leaving the
+    ``with`` block before the last output aborts the request in the engine.
     """
 
     def __init__(self, request_id: str, engine: AsyncEngine) -> None:
         self.request_id = request_id
         self.finished = False
         self._engine = engine
-        self._latest: RequestOutput | BaseException | None = None
+        self._output: RequestOutput | None = None
+        self._error: BaseException | None = None
         self._ready = asyncio.Event()
 
     def put(self, item: RequestOutput | BaseException) -> None:
-        if not isinstance(self._latest, BaseException):  # an error is final: keep it
-            self._latest = item
+        """Merge the engine's next delta, or record an error (final: later deltas are dropped)."""
+        if isinstance(item, BaseException):
+            self._error = self._error or item
+        elif self._output is None:
+            self._output = item
+        else:
+            self._output.add(item)
         self._ready.set()
 
     def __aiter__(self) -> RequestStream:
@@ -82,12 +90,11 @@ class RequestStream:
             raise StopAsyncIteration
         await self._ready.wait()
         self._ready.clear()
-        item, self._latest = self._latest, None
-        if isinstance(item, BaseException):
+        if self._error is not None:
             self.finished = True
-            raise item
-        self.finished = item.finished
-        return item
+            raise self._error
+        self.finished = self._output.finished
+        return self._output
 
     def __enter__(self) -> RequestStream:
         return self

@@ -68,16 +68,18 @@ class LLM:
         return self.llm_engine.prepare_prompt(prompt)
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
-        finished: dict[str, RequestOutput] = {}
+        merged: dict[str, RequestOutput] = {}  # the first delta of a request becomes its cumulative output
         bar = tqdm(total=len(request_ids), desc="generating", unit="req",
                    disable=not use_tqdm or len(request_ids) < 2)
         with bar:
             while self.llm_engine.has_unfinished_requests():
-                for output in self.llm_engine.step():
+                for delta in self.llm_engine.step():
+                    output = merged.setdefault(delta.request_id, delta)
+                    if output is not delta:
+                        output.add(delta)
                     if output.finished:
-                        finished[output.request_id] = output
                         bar.update(1)
-        return [finished[r] for r in request_ids]
+        return [merged[r] for r in request_ids]
 
 
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:

@@ -37,8 +37,10 @@ class _Sequence:
 
     index: int
     detokenizer: IncrementalDetokenizer
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[Logprobs] = field(default_factory=list)
+    new_token_ids: list[int] = field(default_factory=list)  # since the last output: the next delta
+    new_logprobs: list[Logprobs] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    num_text_sent: int = 0  # characters of the text already in earlier deltas
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -174,7 +176,11 @@ class LLMEngine:
 
     # -- one step ---------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one engine step; returns the (cumulative) outputs of every request that advanced.
+        """Run one engine step; returns a delta for every request that advanced.
+
+        Each delta carries only what its request gained in this step, so a step's work does not grow with
+        what was generated before; merge them with :meth:`RequestOutput.add` (the first one starts the
+        cumulative output).
 
         The step's records (queue times, where the time went) are kept in ``last_iteration_stats``.
         """
@@ -202,8 +208,9 @@ class LLMEngine:
             parent.num_cached_tokens = out.num_cached_tokens
         stop, num_used = seq.detokenizer.update(out.new_token_ids)
         # Tokens after the one that completed a stop string are not part of the output.
-        seq.token_ids.extend(out.new_token_ids[:num_used])
-        seq.logprobs.extend(out.logprobs[:num_used])
+        seq.new_token_ids.extend(out.new_token_ids[:num_used])
+        seq.new_logprobs.extend(out.logprobs[:num_used])
+        seq.cumulative_logprob += sum(lp.sampled_logprob for lp in out.logprobs[:num_used])
         if stop is not None:
             seq.finish_reason, seq.stop_reason = "stop", stop
             if out.finish_reason is None:
@@ -212,12 +219,19 @@ class LLMEngine:
             seq.finish_reason, seq.stop_reason = out.finish_reason, out.stop_reason
 
     def _make_output(self, parent: _Parent) -> RequestOutput:
-        want_logprobs = parent.params.logprobs is not None
-        completions = [CompletionOutput(
-            s.index, s.detokenizer.text, list(s.token_ids),
-            sum(lp.sampled_logprob for lp in s.logprobs) if want_logprobs else None,
-            list(s.logprobs) if want_logprobs else None, s.finish_reason, s.stop_reason)
-            for s in parent.sequences]
+        """The request's delta: what each completion gained since its last output (see ``RequestOutput.add``)."""
+        completions = [self._delta(s, parent.params.logprobs is not None) for s in parent.sequences]
         metrics = {"arrival_time": parent.arrival_time, "first_token_time": parent.first_token_time or 0.0}
         return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, completions,
                              parent.finished, parent.num_cached_tokens, metrics)
+
+    @staticmethod
+    def _delta(seq: _Sequence, want_logprobs: bool) -> CompletionOutput:
+        text = seq.detokenizer.text
+        offset = min(seq.num_text_sent, len(text))  # a stop string found now may cut into sent text
+        delta = CompletionOutput(seq.index, text[offset:], seq.new_token_ids,
+                                 seq.cumulative_logprob if want_logprobs else None,
+                                 seq.new_logprobs if want_logprobs else None, seq.finish_reason, seq.stop_reason,
+                                 text_offset=offset)
+        seq.new_token_ids, seq.new_logprobs, seq.num_text_sent = [], [], len(text)
+        return delta

@@ -17,6 +17,7 @@ class CompletionOutput:
     logprobs: list[Logprobs] | None
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    text_offset: int = 0  # in a delta: where ``text`` starts in the whole text (a stop string can cut back)
 
     def finished(self) -> bool:
         return self.finish_reason is not None
@@ -33,3 +34,19 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+
+    def add(self, delta: RequestOutput) -> None:
+        """Merge the next delta of this request (from ``LLMEngine.step``) into this cumulative output.
+
+        Costs what the delta carries, not what was generated before, except the text's concatenation.
+        """
+        for whole, new in zip(self.outputs, delta.outputs):
+            whole.text = whole.text[:new.text_offset] + new.text
+            whole.token_ids.extend(new.token_ids)
+            if whole.logprobs is not None and new.logprobs is not None:
+                whole.logprobs.extend(new.logprobs)
+            whole.cumulative_logprob = new.cumulative_logprob
+            whole.finish_reason, whole.stop_reason = new.finish_reason, new.stop_reason
+        self.finished = delta.finished
+        self.num_cached_tokens = delta.num_cached_tokens
+        self.metrics = delta.metrics

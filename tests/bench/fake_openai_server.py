@@ -87,7 +87,7 @@ def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
                 f'vllm:request_queue_time_seconds_sum{{model_name="fake-model"}} {n * QUEUE_SECONDS_PER_REQUEST}',
                 f'vllm:request_queue_time_seconds_count{{model_name="fake-model"}} {n}',
                 f'vllm:kv_cache_usage_perc{{model_name="fake-model"}} {KV_USAGE}',
-                f'vllm:num_requests_running{{model_name="fake-model"}} 1',
+                'vllm:num_requests_running{model_name="fake-model"} 1',
                 "",
             ])
 

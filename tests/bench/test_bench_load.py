@@ -1,7 +1,6 @@
 """The load generator against the fake server: timings, percentiles, goodput, errors, /metrics, result keys."""
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from jido.core.sampling_params import SamplingParams
-from jido.engine.async_engine import AsyncEngine, EngineOverloadedError, EngineStoppedError
+from jido.engine.async_engine import AsyncEngine, EngineOverloadedError, EngineStoppedError, RequestStream
 from jido.engine.outputs import CompletionOutput, RequestOutput
 from jido.metrics.stats import IterationStats, SchedulerStats
 
@@ -105,3 +105,35 @@ def test_a_dying_engine_loop_fails_every_stream_and_refuses_new_requests():
         await engine.shutdown()
 
     run(scenario())
+
+
+def delta(text: str, token_ids: list[int], finished: bool, offset: int) -> RequestOutput:
+    reason = "stop" if finished else None
+    return RequestOutput("r", None, [1], [CompletionOutput(0, text, token_ids, None, None, reason, None, offset)],
+                         finished)
+
+
+def test_a_stream_merges_deltas_a_slow_reader_missed():
+    async def scenario():
+        stream = RequestStream("r", AsyncEngine(FakeEngine(), max_waiting_requests=8))
+        stream.put(delta("Hello", [5], False, 0))
+        first = await anext(stream)
+        assert (first.outputs[0].text, first.outputs[0].token_ids) == ("Hello", [5])
+        stream.put(delta(" wor", [6], False, 5))
+        stream.put(delta("", [7], True, 6))  # a stop string found now cuts " wor" back to " "
+        last = await anext(stream)
+        assert (last.outputs[0].text, last.outputs[0].token_ids, last.finished) == ("Hello ", [5, 6, 7], True)
+        assert last.outputs[0].finish_reason == "stop"
+
+    run(scenario())
+
+
+def test_a_dead_worker_makes_the_engine_unhealthy_before_any_step():
+    class DeadWorkers(FakeEngine):
+        def check_health(self) -> None:
+            raise RuntimeError("worker 0 (pid 7) exited with code -9")
+
+    engine = AsyncEngine(DeadWorkers(), max_waiting_requests=8)
+    with pytest.raises(EngineStoppedError, match="unhealthy: worker 0 .* exited with code -9"):
+        engine.check_health()
+    AsyncEngine(FakeEngine(), max_waiting_requests=8).check_health()

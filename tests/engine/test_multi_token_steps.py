@@ -83,9 +83,10 @@ def run(engine: LLMEngine, prompts: list[str], params: list[SamplingParams]) -> 
         engine.add_request(str(i), prompt, p)
     finished = {}
     while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                finished[out.request_id] = out
+        for delta in engine.step():
+            output = finished.setdefault(delta.request_id, delta)
+            if output is not delta:
+                output.add(delta)
     return [(c.token_ids, c.text, c.finish_reason, c.stop_reason)
             for r in sorted(finished, key=int) for c in finished[r].outputs]
 

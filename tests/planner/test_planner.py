@@ -7,7 +7,7 @@ import pytest
 from jido.planner.cli import plan_main
 from jido.planner.design_space import SearchSpace
 from jido.planner.model_shapes import CATALOG
-from jido.planner.planner import PlanSettings, pareto_front, plan
+from jido.planner.planner import pareto_front, plan
 from jido.planner.sizing import PlanInputs
 from jido.planner.workloads import WORKLOADS
 
