@@ -12,10 +12,11 @@ repetition, presence and frequency penalties on every row; the same with a seed 
 from __future__ import annotations
 
 import argparse
+import sys
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -23,6 +24,10 @@ from jido.core.outputs import Logprobs
 from jido.core.sampling_params import SamplingParams
 from jido.sampling.batch import SamplingBatch
 from jido.sampling.sampler import Sampler
+
+# The per-row filters of the old sampler live once, in the tests' reference; the benchmark times them.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "sampling"))
+from reference_sampler import Row, reference_filtered_probs, reference_penalties  # noqa: E402
 
 _SEED_MIX = 0x9E3779B97F4A7C15
 PROMPT_LEN, OUTPUT_LEN = 512, 64
@@ -37,12 +42,6 @@ SETTINGS = {
 
 # --- The per-row sampler this benchmark measures against (jido/sampling/sampler.py before batching) ---
 
-@dataclass
-class OldRow:
-    params: SamplingParams
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
-    eos_token_ids: tuple[int, ...]
 
 
 class OldSampler:
@@ -50,7 +49,7 @@ class OldSampler:
         self.generator = torch.Generator()
         self.generator.manual_seed(seed)
 
-    def sample(self, logits: torch.Tensor, rows: list[OldRow]) -> tuple[list[int], list[Logprobs | None]]:
+    def sample(self, logits: torch.Tensor, rows: list[Row]) -> tuple[list[int], list[Logprobs | None]]:
         logits = self._apply_constraints(logits, rows)
         token_ids = logits.argmax(dim=-1).tolist()
         for i, row in enumerate(rows):
@@ -58,50 +57,23 @@ class OldSampler:
                 token_ids[i] = self._sample_row(logits[i], row)
         return token_ids, [None] * len(rows)
 
-    def _apply_constraints(self, logits: torch.Tensor, rows: list[OldRow]) -> torch.Tensor:
+    def _apply_constraints(self, logits: torch.Tensor, rows: list[Row]) -> torch.Tensor:
         needs = [i for i, r in enumerate(rows) if r.params.needs_penalties]
         if not needs:
             return logits
         logits = logits.clone()
         for i in needs:
-            old_apply_penalties(logits[i], rows[i].params, rows[i].prompt_token_ids, rows[i].output_token_ids)
+            reference_penalties(logits[i], rows[i].params, rows[i].prompt_token_ids, rows[i].output_token_ids)
         return logits
 
-    def _sample_row(self, logits: torch.Tensor, row: OldRow) -> int:
-        probs = old_filtered_probs(logits, row.params)
+    def _sample_row(self, logits: torch.Tensor, row: Row) -> int:
+        probs = reference_filtered_probs(logits, row.params)
         generator = self.generator
         if row.params.seed is not None:
             generator = torch.Generator(logits.device)
             generator.manual_seed((row.params.seed * _SEED_MIX + len(row.output_token_ids)) % (2**63))
         noise = torch.empty_like(probs).exponential_(generator=generator)
         return int((probs / noise).argmax())
-
-
-def old_filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    logits = logits / params.temperature
-    if params.top_k > 0 and params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
-        probs = probs.scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
-    if params.min_p > 0.0:
-        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
-    return probs
-
-
-def old_apply_penalties(logits: torch.Tensor, params: SamplingParams, prompt_token_ids: list[int],
-                        output_token_ids: list[int]) -> None:
-    vocab = logits.shape[-1]
-    if params.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted({t for t in prompt_token_ids + output_token_ids if t < vocab}), dtype=torch.long)
-        values = logits[seen]
-        logits[seen] = torch.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
-    if output_token_ids and (params.presence_penalty or params.frequency_penalty):
-        counts = torch.bincount(torch.tensor(output_token_ids), minlength=vocab)[:vocab]
-        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
 
 
 # --- Measurement ---
@@ -125,7 +97,7 @@ def run_setting(name: str, num_rows: int, vocab: int, repeats: int) -> dict[str,
     batch = SamplingBatch(num_rows, vocab)
     for slot, ids in enumerate(tokens):
         batch.add_request(slot, params, ids[:PROMPT_LEN], ids[PROMPT_LEN:], (1,))
-    old_rows = [OldRow(params, ids[:PROMPT_LEN], ids[PROMPT_LEN:], (1,)) for ids in tokens]
+    old_rows = [Row(params, ids[:PROMPT_LEN], ids[PROMPT_LEN:], (1,)) for ids in tokens]
     old, new = OldSampler(0), Sampler(0)
 
     def new_patch(_: object) -> object:
@@ -134,7 +106,7 @@ def run_setting(name: str, num_rows: int, vocab: int, repeats: int) -> dict[str,
 
     metadata = new_patch(None)
     return {
-        "old patch": median_ms(lambda _: [OldRow(params, ids[:PROMPT_LEN], ids[PROMPT_LEN:], (1,)) for ids in tokens],
+        "old patch": median_ms(lambda _: [Row(params, ids[:PROMPT_LEN], ids[PROMPT_LEN:], (1,)) for ids in tokens],
                                lambda: None, repeats),
         "new patch": median_ms(new_patch, lambda: None, repeats),
         "old sample": median_ms(lambda x: old.sample(x, old_rows), logits.clone, repeats),
