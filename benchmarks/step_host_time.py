@@ -8,7 +8,9 @@ the host work a step adds to the model's — exactly what the core-seams issue b
   ``update_states`` + ``build_inputs`` + one ``sampling_row()`` per request (prompt and output copied).
 - after: ``InputBatch.update`` + ``prepare_inputs`` + ``SamplingBatch.metadata`` + ``append_sampled``.
 The scheduler's ``schedule`` and ``update_from_output`` (after only; the same for both runners) are
-reported too. Medians over ``--steps`` steps, ``--repeats`` times.
+reported too, and the mp executor's transport: one decode step's ``SchedulerOutput`` sent over a pipe to
+a spawned process that answers with a ``ModelRunnerOutput`` of 128 tokens (pickling both ways).
+Medians over ``--steps`` steps, ``--repeats`` times.
 
     .venv/bin/python benchmarks/step_host_time.py [--steps 50] [--repeats 3]
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import random
 import statistics
 import time
@@ -123,6 +126,30 @@ def time_steps(params: SamplingParams, steps: int) -> dict[str, float]:
     return {f"{name}_ms": statistics.median(values) for name, values in phases.items()}
 
 
+def _echo(conn) -> None:
+    """A stand-in worker: answers each step with one token per scheduled request."""
+    while (sched := conn.recv()) is not None:
+        conn.send(ModelRunnerOutput({r: [1] for r in sched.num_scheduled_tokens}))
+
+
+def time_pipe_round_trip(steps: int) -> float:
+    scheduler, _, _ = _running_scheduler(PLAIN)
+    sched = scheduler.schedule()
+    context = mp.get_context("spawn")
+    parent, child = context.Pipe()
+    worker = context.Process(target=_echo, args=(child,), daemon=True)
+    worker.start()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        parent.send(sched)
+        parent.recv()
+        times.append((time.perf_counter() - start) * 1e3)
+    parent.send(None)
+    worker.join()
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50)
@@ -132,6 +159,7 @@ def main() -> None:
     for name, params in (("no_penalties", PLAIN), ("penalties", PENALTIES)):
         runs = [time_steps(params, args.steps) for _ in range(args.repeats)]
         results[name] = {key: round(statistics.median(r[key] for r in runs), 3) for key in runs[0]}
+    results["mp_pipe_round_trip_ms"] = round(time_pipe_round_trip(args.steps), 3)
     print(json.dumps({"num_requests": NUM_REQS, "context": CONTEXT, "steps": args.steps, "repeats": args.repeats,
                       "torch_threads": torch.get_num_threads(), "results": results}, indent=2))
 
