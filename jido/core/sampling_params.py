@@ -1,9 +1,15 @@
 """SamplingParams: how one request samples and when it stops, validated when created."""
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _GREEDY_EPS = 1e-5
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_FLOAT32_MAX = 3.4028234663852886e38
+_MAX_SHOWN = 80  # characters of a bad value an error message repeats
+_FINITE = f"finite (at most {_FLOAT32_MAX:.4g}, the largest float32)"
 
 
 @dataclass
@@ -35,31 +41,26 @@ class SamplingParams:
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
-        _require(_is_number(self.temperature) and self.temperature >= 0,
-                 f"temperature must be >= 0 (0 means greedy), got {self.temperature!r}")
-        _require(_is_number(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
-        _require(isinstance(self.top_k, int) and self.top_k >= -1,
-                 f"top_k must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
-        _require(_is_number(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
-        _require(_is_number(self.repetition_penalty) and self.repetition_penalty > 0,
-                 f"repetition_penalty must be > 0 (1 disables it), got {self.repetition_penalty!r}")
+        _check_int("n", self.n, 1)
+        _check_real("temperature", self.temperature, lambda t: t >= 0, f">= 0 (0 means greedy) and {_FINITE}")
+        _check_real("top_p", self.top_p, lambda p: 0 < p <= 1, "in (0, 1]")
+        _check_int("top_k", self.top_k, -1, allowed="-1, 0 (disabled) or a positive integer")
+        _check_real("min_p", self.min_p, lambda p: 0 <= p <= 1, "in [0, 1]")
+        _check_real("repetition_penalty", self.repetition_penalty, lambda r: r > 0,
+                    f"> 0 (1 disables it) and {_FINITE}")
         for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            _require(_is_number(value) and -2 <= value <= 2, f"{name} must be in [-2, 2], got {value!r}")
-        _require(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
-        _require(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
-                 f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        _require(isinstance(self.min_tokens, int) and self.min_tokens >= 0,
-                 f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+            _check_real(name, getattr(self, name), lambda x: -2 <= x <= 2, "in [-2, 2]")
+        _check_int("seed", self.seed, _INT64_MIN, optional=True)
+        _check_int("max_tokens", self.max_tokens, 1, optional=True)
+        _check_int("min_tokens", self.min_tokens, 0)
         _require(self.max_tokens is None or self.min_tokens <= self.max_tokens,
                  f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        _require(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20),
-                 f"logprobs must be an integer in [0, 20], got {self.logprobs!r}")
+        _check_int("logprobs", self.logprobs, 0, 20, optional=True)
+        for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
+            flag = getattr(self, name)
+            _require(isinstance(flag, bool), f"{name} must be true or false, got {_show(flag)}")
         self.stop_strings = _normalize_stop(self.stop)
-        self.stop_token_ids = list(self.stop_token_ids or [])
-        _require(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
-                 f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        self.stop_token_ids = _normalize_stop_token_ids(self.stop_token_ids)
 
     @property
     def is_greedy(self) -> bool:
@@ -70,16 +71,66 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _check_int(name: str, value: object, low: int, high: int = _INT64_MAX, allowed: str | None = None,
+               optional: bool = False) -> None:
+    """Raise ValueError unless ``value`` is an int (not a bool) in [low, high], or None when ``optional``."""
+    if (optional and value is None) or (_is_int(value) and low <= value <= high):
+        return
+    if allowed is None:
+        allowed = (f"an integer in [{low}, {high}]" if high != _INT64_MAX
+                   else f"an integer >= {low}" if low > _INT64_MIN else "an integer")
+    if high == _INT64_MAX:
+        allowed += " that fits in an int64"
+    raise ValueError(f"{name} must be {allowed}, got {_show(value)}")
 
 
-def _normalize_stop(stop: list[str] | str | None) -> tuple[str, ...]:
+def _check_real(name: str, value: object, ok: Callable[[float], bool], allowed: str) -> None:
+    """Raise ValueError unless ``value`` is an int or float, finite as a float32, for which ``ok`` holds."""
+    # The sampler computes in float32: a larger value would become inf there (and inf / inf NaN).
+    number = _as_float(value)
+    if number is None or not abs(number) <= _FLOAT32_MAX or not ok(number):
+        raise ValueError(f"{name} must be {allowed}, got {_show(value)}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _as_float(value: object) -> float | None:
+    """``value`` as a float (inf when too large for one), or None when it is not a number."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
+def _show(value: object) -> str:
+    """``value`` for an error message, short even for huge integers or long lists."""
+    if _is_int(value) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, (list, tuple, dict)) and any(_is_int(v) and v.bit_length() > 64 for v in value):
+        return f"a {type(value).__name__} holding an integer of more than 64 bits"
+    text = repr(value)
+    return text if len(text) <= _MAX_SHOWN else text[:_MAX_SHOWN] + "..."
+
+
+def _normalize_stop(stop: object) -> tuple[str, ...]:
     if stop is None:
         return ()
-    items = [stop] if isinstance(stop, str) else list(stop)
-    _require(all(isinstance(s, str) and s for s in items), f"stop must be non-empty strings, got {stop!r}")
+    items = [stop] if isinstance(stop, str) else list(stop) if isinstance(stop, (list, tuple)) else None
+    _require(items is not None and all(isinstance(s, str) and s for s in items),
+             f"stop must be non-empty strings (a string or a list of strings), got {_show(stop)}")
     return tuple(items)
+
+
+def _normalize_stop_token_ids(stop_token_ids: object) -> list[int]:
+    ok = stop_token_ids is None or (isinstance(stop_token_ids, (list, tuple))
+                                    and all(_is_int(t) and 0 <= t <= _INT64_MAX for t in stop_token_ids))
+    _require(ok, "stop_token_ids must be a list of non-negative integers that fit in an int64, "
+                 f"got {_show(stop_token_ids)}")
+    return list(stop_token_ids or [])
 
 
 def _require(ok: bool, message: str) -> None:
