@@ -65,7 +65,9 @@ class Sampler:
 
         probs = filtered_probs(logits, pick(md.temperature), None if md.no_top_k else pick(md.top_k),
                                None if md.no_top_p else pick(md.top_p), None if md.no_min_p else pick(md.min_p))
-        return self._draw(probs, pick(md.has_seed), pick(md.seeds), pick(md.output_positions))
+        degenerate = _zero_degenerate_rows(probs)
+        token_ids = self._draw(probs, pick(md.has_seed), pick(md.seeds), pick(md.output_positions))
+        return token_ids if degenerate is None else torch.where(degenerate, logits.argmax(dim=-1), token_ids)
 
     def _draw(self, probs: Probs, has_seed: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One token per row: seeded rows each from their own generator, the others from the shared one at once."""
@@ -103,6 +105,22 @@ def _draw_seeded(probs: torch.Tensor, token_ids: torch.Tensor | None, vocab_size
     # Only candidates can reach the (positive) maximum; among equals the lowest id wins, as in argmax.
     ratio = probs / noise[token_ids]
     return int(token_ids[ratio == ratio.max()].min())
+
+
+def _zero_degenerate_rows(probs: Probs) -> torch.Tensor | None:
+    """The [R] mask of rows with nothing to draw from, their probabilities set to 0; None when there are none.
+
+    A row is degenerate when its filtered probabilities are all 0 (a top_p so small it is 0 in float32)
+    or NaN (logits made infinite by an extreme penalty): a draw from it would say nothing of the model,
+    so such a row takes the argmax of its logits instead. Zeroed, it draws harmlessly with the others,
+    which keep their draws bit for bit.
+    """
+    # NaN > 0 is False and amax propagates NaN, so a row with any NaN counts as degenerate.
+    degenerate = ~(probs.values.amax(dim=-1) > 0)
+    if not bool(degenerate.any()):
+        return None
+    probs.values[degenerate] = 0.0
+    return degenerate
 
 
 def _apply_constraints(logits: torch.Tensor, md: SamplingMetadata) -> None:

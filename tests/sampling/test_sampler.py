@@ -28,7 +28,7 @@ def random_row(rng: random.Random, all_top_k: bool) -> Row:
         top_p=sometimes(rng.uniform(0.3, 0.99), 1.0, 0.5), min_p=sometimes(rng.uniform(0.01, 0.3), 0.0),
         repetition_penalty=sometimes(rng.uniform(0.5, 2.0), 1.0),
         presence_penalty=sometimes(rng.uniform(-2, 2), 0.0), frequency_penalty=sometimes(rng.uniform(-2, 2), 0.0),
-        seed=sometimes(rng.choice([rng.randrange(1000), -rng.randrange(2**70), rng.randrange(2**70)]), None, 0.5),
+        seed=sometimes(rng.choice([rng.randrange(1000), -rng.randrange(2**63), rng.randrange(2**63)]), None, 0.5),
         min_tokens=min_tokens, max_tokens=16, ignore_eos=sometimes(True, False, 0.5),
         stop_token_ids=sometimes([rng.randrange(VOCAB) for _ in range(rng.randint(1, 3))] + [VOCAB + 1], None, 0.5),
         logprobs=sometimes(rng.randint(0, 5), None))
@@ -132,3 +132,19 @@ def test_logprobs_are_those_of_the_raw_logits_before_penalties_and_temperature()
 def test_a_step_without_rows_to_sample_gives_nothing():
     # Every scheduled request may be mid-prompt: the runner then samples zero rows.
     assert Sampler(0).sample(torch.zeros(0, VOCAB), SamplingBatch(4, VOCAB).metadata([])) == ([], [])
+
+
+@pytest.mark.parametrize("top_k", [0, 5], ids=["full_vocab", "candidates"])
+def test_a_row_with_nothing_to_draw_from_gets_its_argmax_and_the_others_keep_their_tokens(top_k):
+    # top_p 1e-300 is 0 in float32 and drops every token; repetition_penalty 1e-300 divides the positive
+    # logit of prompt token 7 by 0, and softmax of inf is NaN. Either row used to get token 0.
+    underflow = SamplingParams(temperature=0.8, top_k=top_k, top_p=1e-300)
+    underflow_seeded = SamplingParams(temperature=0.8, top_k=top_k, top_p=1e-300, seed=5)
+    nan = SamplingParams(temperature=0.8, top_k=top_k, repetition_penalty=1e-300, seed=6)
+    normal = SamplingParams(temperature=0.8, top_k=top_k, seed=7)
+    rows = [Row(underflow, [9], []), Row(underflow_seeded, [9], []), Row(nan, [7], []), Row(normal, [9], [])]
+    logits = torch.randn(len(rows), VOCAB, generator=torch.Generator().manual_seed(2))
+    logits[:, 3], logits[:, 7] = 30.0, 2.0
+    got = sample(rows, logits)
+    assert got[:3] == [3, 3, 7]
+    assert [got[3]] == sample(rows[3:], logits[3:]) == reference_sample(logits[3:], rows[3:], torch.Generator())
