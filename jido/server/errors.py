@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
+# No request field takes an integer past int64 (19 digits); longer ones are refused before conversion,
+# whose cost grows with the square of the length.
+_MAX_INT_DIGITS = 4300  # Python's own default limit
 
 @dataclass
 class APIError(Exception):
@@ -44,12 +47,23 @@ def from_validation_error(exc: ValidationError) -> APIError:
 def parse_json(body: bytes) -> dict:
     """The request body as a JSON object, or a 400 saying why it is not one."""
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(body, parse_int=_parse_int)
+    except RecursionError as exc:
+        # from None: the chained traceback would be thousands of frames deep.
+        raise APIError(400, "request body is not valid JSON: its arrays and objects are nested too deeply "
+                       "to read", code="invalid_json") from None
+    except ValueError as exc:  # malformed JSON, bytes that are not UTF-8, an integer too long to read
         raise APIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from exc
     if not isinstance(data, dict):
         raise APIError(400, f"request body must be a JSON object, got {type(data).__name__}", code="invalid_json")
     return data
+
+
+def _parse_int(digits: str) -> int:
+    # int() refuses more digits than sys.get_int_max_str_digits() with advice meant for the server's owner.
+    if len(digits.lstrip("-")) > _MAX_INT_DIGITS:
+        raise ValueError(f"an integer has {len(digits.lstrip('-'))} digits; at most {_MAX_INT_DIGITS} are read")
+    return int(digits)
 
 
 STATUS_TYPES = {401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
