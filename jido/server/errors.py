@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-# No request field takes an integer past int64 (19 digits); longer ones are refused before conversion,
-# whose cost grows with the square of the length.
-_MAX_INT_DIGITS = 4300  # Python's own default limit
+# Integers longer than this are refused before conversion, whose cost grows with the square of the
+# length (Python's own default limit); no field takes more than an int64's 19 digits anyway.
+_MAX_INT_DIGITS = 4300
+
 
 @dataclass
 class APIError(Exception):
