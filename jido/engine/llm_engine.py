@@ -18,7 +18,7 @@ from jido.executor.abstract import Executor
 from jido.metrics.stats import IterationStats, SchedulerStats
 from jido.models.config import ModelArchConfig
 from jido.models.loader import load_config, resolve_model
-from jido.models.tokenizer import Tokenizer
+from jido.models.tokenizer import Tokenizer, check_encodable
 
 @dataclass(frozen=True)
 class ProcessedPrompt:
@@ -92,6 +92,7 @@ class LLMEngine:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty: give a non-empty string or at least one token id")
+            check_encodable(prompt, "prompt")
             return prompt, self.tokenizer.encode(prompt)
         if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool)
                                                             for t in prompt):

@@ -59,7 +59,11 @@ class Tokenizer:
         )
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids for `text`; with add_special_tokens, BOS (and EOS) as the model's tokenizer adds them."""
+        """Token ids for `text`; with add_special_tokens, BOS (and EOS) as the model's tokenizer adds them.
+
+        Raises ValueError for text that is not valid Unicode (see ``check_encodable``).
+        """
+        check_encodable(text)
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -114,3 +118,12 @@ def _chat_template(folder: Path, settings: dict[str, Any]) -> str | None:
         # Several named templates: the engine renders the default one.
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
     return template
+
+
+def check_encodable(text: str, name: str = "text") -> None:
+    """Raise ValueError, naming ``name``, if ``text`` holds a lone surrogate: it has no UTF-8 bytes, so no tokens."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{name} is not valid Unicode: character {exc.start} is a lone surrogate "
+                         f"({text[exc.start]!r}); text must be encodable as UTF-8") from None

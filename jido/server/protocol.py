@@ -1,11 +1,14 @@
 """The OpenAI request bodies jido accepts (with vLLM's sampling extras), as pydantic models."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PlainValidator
+from pydantic_core import PydanticCustomError
 
 from jido.core.sampling_params import SamplingParams
+from jido.models.tokenizer import check_encodable
 
 # Fields passed to SamplingParams unchanged when the client sets them.
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
@@ -13,9 +16,46 @@ _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "repetition_p
                     "include_stop_str_in_output", "skip_special_tokens")
 
 
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
+               type(None): "null"}
+
+
+def _json_type(value: object) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def _is_list_of(value: object, kind: type) -> bool:
+    # bool is an int to isinstance, never to JSON.
+    return isinstance(value, list) and all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
+
+
+def _one_of(allowed: str, ok: Callable[[Any], bool]) -> PlainValidator:
+    """A validator for a field of several JSON shapes: the value if ``ok``, else an error saying ``allowed``."""
+    def validate(value: Any) -> Any:
+        if ok(value):
+            return value
+        got = _json_type(value)
+        if isinstance(value, list):
+            got = "an array holding " + ", ".join(sorted({_json_type(v) for v in value}))
+        raise PydanticCustomError("invalid_type", "must be {allowed}, got {got}", {"allowed": allowed, "got": got})
+    return PlainValidator(validate)
+
+
+# The shapes of vLLM's completion prompt; a list of more than one prompt is refused by the server.
+Prompt = Annotated[str | list[int] | list[str] | list[list[int]], _one_of(
+    "a string, an array of token ids, or an array of one of those",
+    lambda v: isinstance(v, str) or _is_list_of(v, int) or _is_list_of(v, str)
+    or (isinstance(v, list) and all(_is_list_of(p, int) for p in v)))]
+Stop = Annotated[str | list[str] | None, _one_of(
+    "a string or an array of strings", lambda v: v is None or isinstance(v, str) or _is_list_of(v, str))]
+# Parts are checked when the messages are rendered, which says which part types jido serves.
+Content = Annotated[str | list[dict[str, Any]] | None, _one_of(
+    "a string or an array of content parts", lambda v: v is None or isinstance(v, str) or _is_list_of(v, dict))]
+
+
 class _Body(BaseModel):
-    # Strict: "5" is not a number. Unknown fields (user, tools, ...) are ignored, as vLLM does.
-    model_config = ConfigDict(strict=True, extra="ignore")
+    # Strict: "5" is not a number, nor NaN or 1e999. Unknown fields (user, tools, ...) are ignored, as vLLM does.
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(_Body):
@@ -23,14 +63,14 @@ class StreamOptions(_Body):
 
 
 class _SamplingBody(_Body):
-    """Fields shared by completions and chat. ``stop`` is checked by SamplingParams, which says why."""
+    """Fields shared by completions and chat; SamplingParams checks the values' ranges and says why."""
 
     model: str | None = None
     n: int = 1
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
-    stop: Any = None
+    stop: Stop = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
@@ -57,7 +97,7 @@ class _SamplingBody(_Body):
 class CompletionRequest(_SamplingBody):
     """POST /v1/completions. ``prompt`` is text or token ids (checked by the engine); one per request."""
 
-    prompt: Any
+    prompt: Prompt
     max_tokens: int | None = 16
     logprobs: int | None = None
     echo: Literal[False] = False
@@ -67,7 +107,7 @@ class ChatMessage(_Body):
     """One message; ``content`` is text or a list of ``{"type": "text", "text": ...}`` parts."""
 
     role: str
-    content: Any = None
+    content: Content = None
 
 
 class ChatCompletionRequest(_SamplingBody):
@@ -90,14 +130,21 @@ class ChatCompletionRequest(_SamplingBody):
 
     def template_messages(self) -> list[dict[str, str]]:
         """Messages with text content, as chat templates expect; raises ValueError for other content."""
-        return [{"role": m.role, "content": _text_content(m.content, i)} for i, m in enumerate(self.messages)]
+        return [_template_message(m, i) for i, m in enumerate(self.messages)]
 
 
-def _text_content(content: Any, index: int) -> str:
+def _template_message(message: ChatMessage, index: int) -> dict[str, str]:
+    # Checked here: the rendered prompt's text no longer says which message a bad character came from.
+    check_encodable(message.role, f"messages[{index}].role")
+    content = _text_content(message.content, index)
+    check_encodable(content, f"messages[{index}].content")
+    return {"role": message.role, "content": content}
+
+
+def _text_content(content: str | list[dict[str, Any]] | None, index: int) -> str:
     if content is None or isinstance(content, str):
         return content or ""
-    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
-        if all(p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-            return "".join(p["text"] for p in content)
+    if all(p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
     raise ValueError(f"messages[{index}].content must be a string or a list of "
                      '{"type": "text", "text": "..."} parts (jido serves text-only models)')

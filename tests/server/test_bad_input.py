@@ -31,7 +31,39 @@ CASES = {
     "missing_prompt": (COMPLETIONS, {"max_tokens": 3}, 400, "prompt", "Field required"),
     "max_tokens_wrong_type": (COMPLETIONS, {**GOOD, "max_tokens": "ten"}, 400, "max_tokens", "valid integer"),
     "stream_wrong_type": (COMPLETIONS, {**GOOD, "stream": "yes"}, 400, "stream", "valid boolean"),
-    "prompt_wrong_type": (COMPLETIONS, {**GOOD, "prompt": {"text": 1}}, 400, "prompt", "a dict prompt needs"),
+    "prompt_wrong_type": (COMPLETIONS, {**GOOD, "prompt": {"text": 1}}, 400, "prompt",
+                          "must be a string, an array of token ids, or an array of one of those, got object"),
+    "prompt_ids_with_a_boolean": (COMPLETIONS, {**GOOD, "prompt": [2, True]}, 400, "prompt",
+                                  "got an array holding boolean, integer"),
+    "stop_integer": (COMPLETIONS, {**GOOD, "stop": 5}, 400, "stop",
+                     "must be a string or an array of strings, got integer"),
+    "stop_boolean": (COMPLETIONS, {**GOOD, "stop": True}, 400, "stop", "got boolean"),
+    "stop_object": (COMPLETIONS, {**GOOD, "stop": {"a": 1}}, 400, "stop", "got object"),
+    "stop_list_with_integer": (COMPLETIONS, {**GOOD, "stop": ["a", 1]}, 400, "stop",
+                               "got an array holding integer, string"),
+    "stop_token_ids_boolean": (COMPLETIONS, {**GOOD, "stop_token_ids": [True]}, 400, "stop_token_ids.0",
+                               "valid integer"),
+    "top_k_float": (COMPLETIONS, {**GOOD, "top_k": 1.5}, 400, "top_k", "valid integer"),
+    "lone_surrogate_prompt": (COMPLETIONS, {**GOOD, "prompt": "\ud800x"}, 400, "prompt",
+                              "prompt is not valid Unicode: character 0 is a lone surrogate"),
+    "lone_surrogate_content": (CHAT, {"messages": [{"role": "user", "content": "Hi \ud800"}]}, 400, "messages",
+                               "messages[0].content is not valid Unicode: character 3 is a lone surrogate"),
+    "content_wrong_type": (CHAT, {"messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content",
+                           "must be a string or an array of content parts, got integer"),
+    "deeply_nested_json": (COMPLETIONS, b'{"prompt": "Hi", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, None,
+                           "nested too deeply"),
+    "integer_of_5000_digits": (COMPLETIONS, b'{"prompt": "Hi", "seed": ' + b"9" * 5000 + b"}", 400, None,
+                               "an integer has 5000 digits; at most 4300 are read"),
+    "seed_past_int64": (COMPLETIONS, {**GOOD, "seed": 2**63}, 400, "seed",
+                        "seed must be an integer that fits in an int64"),
+    "temperature_infinity": (COMPLETIONS, b'{"prompt": "Hi", "temperature": Infinity}', 400, "temperature",
+                             "finite number"),
+    "temperature_1e999": (COMPLETIONS, b'{"prompt": "Hi", "temperature": 1e999}', 400, "temperature", "finite number"),
+    "top_p_nan": (COMPLETIONS, b'{"prompt": "Hi", "top_p": NaN}', 400, "top_p", "finite number"),
+    "temperature_past_float32": (COMPLETIONS, {**GOOD, "temperature": 1e39}, 400, "temperature",
+                                 "the largest float32"),
+    "presence_penalty_out_of_range": (COMPLETIONS, {**GOOD, "presence_penalty": 3}, 400, "presence_penalty",
+                                      "presence_penalty must be in [-2, 2], got 3"),
     "empty_prompt": (COMPLETIONS, {**GOOD, "prompt": ""}, 400, "prompt", "prompt is empty"),
     "token_outside_vocabulary": (COMPLETIONS, {**GOOD, "prompt": [2, 10**9]}, 400, "prompt",
                                  "outside the vocabulary"),
@@ -70,6 +102,15 @@ def test_bad_request_gets_an_openai_error_then_the_server_still_serves(server, n
     assert words in error["message"]
     assert error["param"] == param
     assert server.request("POST", COMPLETIONS, GOOD)[0] == 200
+
+
+@pytest.mark.parametrize("extreme", [{"top_p": 1e-300}, {"top_p": 1e-300, "seed": 3}, {"top_k": 1, "top_p": 1e-300}])
+def test_a_top_p_that_underflows_samples_the_most_likely_token_not_padding(server, extreme):
+    prompt = {"prompt": "The capital of France is", "max_tokens": 4, "ignore_eos": True}
+    _, _, greedy = server.request("POST", COMPLETIONS, {**prompt, "temperature": 0})
+    status, _, raw = server.request("POST", COMPLETIONS, {**prompt, "temperature": 1, **extreme})
+    assert status == 200, raw
+    assert json.loads(raw)["choices"][0]["text"] == json.loads(greedy)["choices"][0]["text"]
 
 
 def test_chunked_body_over_limit_is_refused_while_it_streams_in(server):
