@@ -21,6 +21,7 @@ def expected(llm) -> list[int]:
     ([[2, -1]], "token id -1 at position 1"),
     ([3.5], "a prompt must be a string or a list of token ids"),
     ([{"text": "x"}], "needs a 'prompt'"),
+    (["ok \ud800"], r"prompt is not valid Unicode: character 3 is a lone surrogate \('\\ud800'\)"),
 ])
 def test_bad_prompt_raises_and_engine_keeps_serving(llm, expected, prompt, message):
     with pytest.raises(ValueError, match=message):
