@@ -22,6 +22,14 @@ def test_histograms_render_cumulative_buckets_that_prometheus_parsers_read():
     assert '{model_name="my \\"model\\""}' in metrics.render()
 
 
+def test_gauges_and_success_counters_are_exported_at_zero_before_any_request():
+    parsed = parse_metrics(ServerMetrics("m", max_model_len=100).render())
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert parsed.samples[name] == [({"model_name": "m"}, 0.0)], name
+    assert parsed.samples["vllm:request_success_total"] == [
+        ({"model_name": "m", "finished_reason": reason}, 0.0) for reason in ("stop", "length", "abort")]
+
+
 def test_token_histograms_use_1_2_5_buckets_up_to_max_model_len():
     assert ServerMetrics("m", max_model_len=600)["vllm:request_prompt_tokens"].buckets == (
         1, 2, 5, 10, 20, 50, 100, 200, 500)
