@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from server_harness import self_signed_cert
 
 from jido.engine.outputs import CompletionOutput
 from jido.planner.prometheus import parse_metrics
@@ -60,6 +61,34 @@ def test_stream_cursor_sends_tokens_that_added_no_text_with_the_next_delta():
 def test_server_config_rejects_bad_values(kwargs, words):
     with pytest.raises(ValueError, match=words):
         ServerConfig(**kwargs)
+
+
+def test_api_key_comes_from_jido_api_key_when_not_given(monkeypatch):
+    monkeypatch.setenv("JIDO_API_KEY", "from-env")
+    assert ServerConfig().api_key == "from-env"
+    assert ServerConfig(api_key="from-flag").api_key == "from-flag"
+    assert ServerConfig(api_key=None).api_key is None
+    assert "from-env" not in repr(ServerConfig())
+    monkeypatch.setenv("JIDO_API_KEY", "")
+    assert ServerConfig().api_key is None
+    monkeypatch.delenv("JIDO_API_KEY")
+    assert ServerConfig().api_key is None
+
+
+def test_server_config_takes_a_matching_tls_key_and_certificate(tmp_path):
+    key, cert = self_signed_cert(tmp_path)
+    assert ServerConfig(ssl_keyfile=key, ssl_certfile=cert).scheme == "https"
+    assert ServerConfig().scheme == "http"
+
+
+def test_server_config_rejects_incomplete_missing_or_unloadable_tls_files(tmp_path):
+    key, cert = self_signed_cert(tmp_path)
+    with pytest.raises(ValueError, match="^ssl_keyfile and ssl_certfile go together: give both to serve HTTPS"):
+        ServerConfig(ssl_certfile=cert)
+    with pytest.raises(ValueError, match=f"^ssl_keyfile: no such file: {tmp_path}/missing.pem$"):
+        ServerConfig(ssl_keyfile=str(tmp_path / "missing.pem"), ssl_certfile=cert)
+    with pytest.raises(ValueError, match="are not a PEM certificate and its unencrypted private key"):
+        ServerConfig(ssl_keyfile=cert, ssl_certfile=cert)
 
 
 def test_served_model_name_defaults_to_the_model_name(tmp_path):
