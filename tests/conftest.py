@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from jido import LLM
 from jido.models.loader import resolve_model
+from jido.server.config import API_KEY_ENV
 
 REFERENCE_PATH = Path(__file__).parent / "fixtures" / "gemma3_reference.json"
 
@@ -29,3 +31,11 @@ def gemma_reference() -> dict:
 def llm() -> LLM:
     """The default model on CPU in float32, with a KV cache large enough for every test."""
     return LLM(kv_cache_memory="160MiB")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_api_key_from_the_environment() -> Iterator[None]:
+    """Servers under test take their key from the test, never from the tester's ``JIDO_API_KEY``."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(API_KEY_ENV, raising=False)
+        yield

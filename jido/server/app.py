@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException
@@ -40,7 +41,9 @@ def create_app(llm: LLMEngine, config: ServerConfig) -> FastAPI:
         yield
         await engine.shutdown()
 
-    app = FastAPI(title="jido", lifespan=lifespan)
+    # No /docs, /redoc or /openapi.json: the UIs load from a CDN, and the schema would list the routes
+    # without their bodies (the handlers parse raw requests), telling clients less than OpenAI's API docs.
+    app = FastAPI(title="jido", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serving = serving
     _add_routes(app, serving)
     _add_error_handlers(app)
@@ -48,8 +51,13 @@ def create_app(llm: LLMEngine, config: ServerConfig) -> FastAPI:
     return app
 
 
+def _get(app: FastAPI, path: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A GET route that answers HEAD too (load balancers probe with HEAD); uvicorn drops the HEAD body."""
+    return app.api_route(path, methods=["GET", "HEAD"])
+
+
 def _add_routes(app: FastAPI, serving: OpenAIServing) -> None:
-    @app.get("/health")
+    @_get(app, "/health")
     async def health() -> Response:
         try:
             serving.engine.check_health()
@@ -57,11 +65,11 @@ def _add_routes(app: FastAPI, serving: OpenAIServing) -> None:
             return http_error(503, str(exc), "engine_dead").response()
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
+    @_get(app, "/metrics")
     async def metrics() -> Response:
         return PlainTextResponse(serving.metrics.render(), media_type=_PROMETHEUS_TEXT)
 
-    @app.get("/v1/models")
+    @_get(app, "/v1/models")
     async def models() -> Response:
         return JSONResponse(serving.models())
 

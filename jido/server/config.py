@@ -1,10 +1,19 @@
 """ServerConfig: the HTTP server's settings, validated on creation; `jido serve` flags come from its fields."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import ssl
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from jido.models.loader import DEFAULT_MODEL
+
+API_KEY_ENV = "JIDO_API_KEY"
+
+
+def _api_key_from_env() -> str | None:
+    """The key from ``JIDO_API_KEY`` (as vLLM reads ``VLLM_API_KEY``); unset or empty means no key."""
+    return os.environ.get(API_KEY_ENV) or None
 
 
 @dataclass(frozen=True)
@@ -12,20 +21,24 @@ class ServerConfig:
     """Where to listen and how to protect the engine.
 
     ``port=0`` picks a free port (the address is logged). ``api_key``: when set, every endpoint but
-    ``/health`` needs ``Authorization: Bearer <key>``. ``max_waiting_requests`` bounds the sequences
+    ``/health`` needs ``Authorization: Bearer <key>``; when not given it comes from ``JIDO_API_KEY``
+    (``api_key=None`` given explicitly means no key). ``max_waiting_requests`` bounds the sequences
     accepted but not yet running; past it requests get 503 with ``Retry-After``. ``served_model_name``
     defaults to the model's name (``gemma-3-270m`` for the default model, else the file or folder name).
-    ``chat_template`` is a Jinja file that overrides the model's chat template.
+    ``chat_template`` is a Jinja file that overrides the model's chat template. ``ssl_keyfile`` and
+    ``ssl_certfile`` (PEM files, both or neither; the key unencrypted) serve HTTPS instead of HTTP.
     """
 
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None
+    api_key: str | None = field(default_factory=_api_key_from_env, repr=False)
     served_model_name: str | None = None
     chat_template: str | None = None
     max_waiting_requests: int = 256
     max_request_body_bytes: int = 4 * 2**20
     drain_timeout_s: float = 30.0
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
@@ -38,6 +51,28 @@ class ServerConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.drain_timeout_s, (int, float)) or self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be a number of seconds >= 0, got {self.drain_timeout_s!r}")
+        self._check_tls()
+
+    def _check_tls(self) -> None:
+        """Both TLS files or neither, and they must load as a certificate chain and its private key."""
+        if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
+            raise ValueError("ssl_keyfile and ssl_certfile go together: give both to serve HTTPS, or neither")
+        if self.ssl_keyfile is None or self.ssl_certfile is None:
+            return
+        for name in ("ssl_keyfile", "ssl_certfile"):
+            if not Path(getattr(self, name)).is_file():
+                raise ValueError(f"{name}: no such file: {getattr(self, name)}")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            # The empty password makes an encrypted key fail here rather than prompt on the terminal.
+            context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile, password=lambda: b"")
+        except ssl.SSLError as exc:
+            raise ValueError(f"ssl_certfile {self.ssl_certfile} and ssl_keyfile {self.ssl_keyfile} are not a PEM "
+                             f"certificate and its unencrypted private key: {exc}") from exc
+
+    @property
+    def scheme(self) -> str:
+        return "http" if self.ssl_certfile is None else "https"
 
     def model_name(self, model: str | None) -> str:
         """The name clients must send as ``model`` for the engine's ``model`` setting."""

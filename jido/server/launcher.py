@@ -37,7 +37,8 @@ def uvicorn_server(app: object, config: ServerConfig) -> uvicorn.Server:
     # Uvicorn drains on shutdown: it stops accepting, waits for open requests up to the timeout,
     # then cancels them (which aborts their engine requests).
     return uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
-                                         timeout_graceful_shutdown=config.drain_timeout_s))
+                                         timeout_graceful_shutdown=config.drain_timeout_s,
+                                         ssl_keyfile=config.ssl_keyfile, ssl_certfile=config.ssl_certfile))
 
 
 def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
@@ -46,7 +47,7 @@ def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
     app = create_app(llm, config)
     sock = bind_socket(config.host, config.port)
     host, port = sock.getsockname()[:2]
-    _log_usage(host, port, config.model_name(engine_config.model_config.model), config.api_key is not None)
+    _log_usage(config, host, port, config.model_name(engine_config.model_config.model))
     server = uvicorn_server(app, config)
     # Uvicorn re-raises the signal once it has drained; handling it here makes that a clean exit 0.
     previous = {sig: signal.signal(sig, _drained) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -63,10 +64,10 @@ def _drained(signum: int, frame: object) -> None:
     logger.info("%s: drained, exiting", signal.Signals(signum).name)
 
 
-def _log_usage(host: str, port: int, model_name: str, needs_key: bool) -> None:
-    base = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+def _log_usage(config: ServerConfig, host: str, port: int, model_name: str) -> None:
+    base = f"{config.scheme}://{host if ':' not in host else f'[{host}]'}:{port}"
     body = json.dumps({"model": model_name, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32})
-    auth = " -H 'Authorization: Bearer <key>'" if needs_key else ""
+    auth = " -H 'Authorization: Bearer <key>'" if config.api_key is not None else ""
     logger.info("jido serve: listening on %s (OpenAI API at %s/v1, metrics at %s/metrics)", base, base, base)
     logger.info("try: curl %s/v1/chat/completions -H 'Content-Type: application/json'%s -d '%s'",
                 base, auth, body)

@@ -5,6 +5,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from jido.core.request import RequestStatus
 from jido.engine.async_engine import StepReport
 from jido.engine.outputs import RequestOutput
 
@@ -16,6 +17,10 @@ _REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30
                     240.0, 480.0, 960.0, 1920.0, 7680.0)
 _STEP_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _PHASES = ("schedule", "model", "sample", "update")
+_FINISH_REASONS = tuple(status.value for status in RequestStatus if status.is_finished)  # stop, length, abort
+_ZERO_AT_START = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                  "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
+                  "vllm:prompt_tokens", "vllm:generation_tokens", "jido:requests_aborted")
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -100,9 +105,11 @@ class ServerMetrics:
             ("jido:requests_aborted", "counter", "Requests abandoned before finishing (client gone).", ()),
         ):
             self._families[name] = _Family(name, kind, help_text, buckets)
-        for name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
-                     "vllm:prompt_tokens", "vllm:generation_tokens", "jido:requests_aborted"):
+        # Exported at zero before the first request, as vLLM does, so dashboards and alerts see a value.
+        for name in _ZERO_AT_START:
             self._families[name].set(0.0, self._labels)
+        for reason in _FINISH_REASONS:
+            self._families["vllm:request_success"].set(0.0, self._labels + (("finished_reason", reason),))
 
     def __getitem__(self, name: str) -> _Family:
         return self._families[name]

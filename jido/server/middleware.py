@@ -17,7 +17,8 @@ class GuardMiddleware:
 
     def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
         self.app = app
-        self.api_key = api_key
+        # NOTE: bytes, because a header arrives as bytes: a non-ASCII key matches the UTF-8 a client sends.
+        self.api_key = None if api_key is None else api_key.encode("utf-8")
         self.max_body_bytes = max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -33,10 +34,10 @@ class GuardMiddleware:
     def _check_headers(self, scope: Scope) -> APIError | None:
         headers = dict(scope["headers"])
         if self.api_key is not None and scope["path"] not in _OPEN_PATHS:
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
-                return http_error(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                                  "invalid_api_key")
+            if not _bearer_matches(headers.get(b"authorization", b""), self.api_key):
+                return APIError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                                "authentication_error", code="invalid_api_key",
+                                headers={"WWW-Authenticate": "Bearer"})
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return self._too_large()
@@ -60,3 +61,9 @@ class GuardMiddleware:
             return message
 
         return limited_receive
+
+
+def _bearer_matches(authorization: bytes, api_key: bytes) -> bool:
+    """``Bearer <key>`` with the scheme in any case (RFC 7235), the key compared in constant time."""
+    scheme, _, credentials = authorization.partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.lstrip(b" "), api_key)

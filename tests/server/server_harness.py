@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -25,10 +29,11 @@ KV_CACHE = "160MiB"
 class Server:
     """A running server in a background thread of the test process (so tests can also see its engine)."""
 
-    def __init__(self, port: int, serving: Any) -> None:
+    def __init__(self, port: int, serving: Any, ssl_context: ssl.SSLContext | None = None) -> None:
         self.port = port
-        self.base_url = f"http://127.0.0.1:{port}"
+        self.base_url = f"{'https' if ssl_context else 'http'}://127.0.0.1:{port}"
         self.serving = serving
+        self.ssl_context = ssl_context
 
     def client(self, api_key: str = "unused") -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key=api_key, max_retries=0, timeout=60)
@@ -37,9 +42,12 @@ class Server:
         return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
     def request(self, method: str, path: str, body: bytes | dict | None = None,
-                headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-        """One HTTP request; returns status, headers (lower-case names) and the raw body."""
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+                headers: dict[str, str | bytes] | None = None) -> tuple[int, dict[str, str], bytes]:
+        """One HTTP(S) request; returns status, headers (lower-case names) and the raw body."""
+        if self.ssl_context is None:
+            connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        else:
+            connection = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=60, context=self.ssl_context)
         try:
             data = json.dumps(body).encode() if isinstance(body, dict) else body
             connection.request(method, path, body=data, headers={"Content-Type": "application/json",
@@ -49,7 +57,7 @@ class Server:
         finally:
             connection.close()
 
-    def metrics(self, headers: dict[str, str] | None = None) -> Metrics:
+    def metrics(self, headers: dict[str, str | bytes] | None = None) -> Metrics:
         status, _, body = self.request("GET", "/metrics", headers=headers)
         assert status == 200
         return parse_metrics(body.decode())
@@ -66,10 +74,26 @@ def running_server(server_config: ServerConfig | None = None, **engine_kwargs: A
     thread.start()
     try:
         wait_until(lambda: uv.started, 60, "the server to start")
-        yield Server(sock.getsockname()[1], app.state.serving)
+        yield Server(sock.getsockname()[1], app.state.serving, _client_context(server_config))
     finally:
         uv.should_exit = True
         thread.join(30)
+
+
+def _client_context(config: ServerConfig) -> ssl.SSLContext | None:
+    """A client context that trusts the server's own (self-signed) certificate, for an HTTPS server."""
+    return None if config.ssl_certfile is None else ssl.create_default_context(cafile=config.ssl_certfile)
+
+
+def self_signed_cert(directory: Path) -> tuple[str, str]:
+    """A key and a certificate for 127.0.0.1 made with the openssl command; skips the test without it."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is needed to make a self-signed certificate")
+    key, cert = directory / "key.pem", directory / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    return str(key), str(cert)
 
 
 def wait_until(condition: Callable[[], object], timeout_s: float, what: str) -> object:

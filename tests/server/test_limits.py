@@ -28,8 +28,8 @@ def server():
                                           ("POST", "/v1/chat/completions"), ("GET", "/metrics")])
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}])
 def test_missing_or_wrong_key_gets_401_and_nothing_about_the_model(server, method, path, headers):
-    status, _, raw = server.request(method, path, {"prompt": "Hi", "max_tokens": 1}, headers)
-    assert status == 401
+    status, response_headers, raw = server.request(method, path, {"prompt": "Hi", "max_tokens": 1}, headers)
+    assert (status, response_headers["www-authenticate"]) == (401, "Bearer")
     error = json.loads(raw)["error"]
     assert error["code"] == "invalid_api_key" and error["type"] == "authentication_error"
     assert b"gemma" not in raw

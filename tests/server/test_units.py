@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from server_harness import self_signed_cert
 
 from jido.engine.outputs import CompletionOutput
 from jido.planner.prometheus import parse_metrics
@@ -20,6 +21,14 @@ def test_histograms_render_cumulative_buckets_that_prometheus_parsers_read():
     assert parsed.total("vllm:time_to_first_token_seconds_sum") == pytest.approx(3.033)
     assert parsed.total("vllm:prompt_tokens") == 0  # counters start at 0, exported with _total
     assert '{model_name="my \\"model\\""}' in metrics.render()
+
+
+def test_gauges_and_success_counters_are_exported_at_zero_before_any_request():
+    parsed = parse_metrics(ServerMetrics("m", max_model_len=100).render())
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+        assert parsed.samples[name] == [({"model_name": "m"}, 0.0)], name
+    assert parsed.samples["vllm:request_success_total"] == [
+        ({"model_name": "m", "finished_reason": reason}, 0.0) for reason in ("stop", "length", "abort")]
 
 
 def test_token_histograms_use_1_2_5_buckets_up_to_max_model_len():
@@ -52,6 +61,34 @@ def test_stream_cursor_sends_tokens_that_added_no_text_with_the_next_delta():
 def test_server_config_rejects_bad_values(kwargs, words):
     with pytest.raises(ValueError, match=words):
         ServerConfig(**kwargs)
+
+
+def test_api_key_comes_from_jido_api_key_when_not_given(monkeypatch):
+    monkeypatch.setenv("JIDO_API_KEY", "from-env")
+    assert ServerConfig().api_key == "from-env"
+    assert ServerConfig(api_key="from-flag").api_key == "from-flag"
+    assert ServerConfig(api_key=None).api_key is None
+    assert "from-env" not in repr(ServerConfig())
+    monkeypatch.setenv("JIDO_API_KEY", "")
+    assert ServerConfig().api_key is None
+    monkeypatch.delenv("JIDO_API_KEY")
+    assert ServerConfig().api_key is None
+
+
+def test_server_config_takes_a_matching_tls_key_and_certificate(tmp_path):
+    key, cert = self_signed_cert(tmp_path)
+    assert ServerConfig(ssl_keyfile=key, ssl_certfile=cert).scheme == "https"
+    assert ServerConfig().scheme == "http"
+
+
+def test_server_config_rejects_incomplete_missing_or_unloadable_tls_files(tmp_path):
+    key, cert = self_signed_cert(tmp_path)
+    with pytest.raises(ValueError, match="^ssl_keyfile and ssl_certfile go together: give both to serve HTTPS"):
+        ServerConfig(ssl_certfile=cert)
+    with pytest.raises(ValueError, match=f"^ssl_keyfile: no such file: {tmp_path}/missing.pem$"):
+        ServerConfig(ssl_keyfile=str(tmp_path / "missing.pem"), ssl_certfile=cert)
+    with pytest.raises(ValueError, match="are not a PEM certificate and its unencrypted private key"):
+        ServerConfig(ssl_keyfile=cert, ssl_certfile=cert)
 
 
 def test_served_model_name_defaults_to_the_model_name(tmp_path):
