@@ -49,7 +49,7 @@ def parse_json(body: bytes) -> dict:
     """The request body as a JSON object, or a 400 saying why it is not one."""
     try:
         data = json.loads(body, parse_int=_parse_int)
-    except RecursionError as exc:
+    except RecursionError:
         # from None: the chained traceback would be thousands of frames deep.
         raise APIError(400, "request body is not valid JSON: its arrays and objects are nested too deeply "
                        "to read", code="invalid_json") from None
