@@ -18,7 +18,7 @@ logger = logging.getLogger("jido")
 
 
 class EngineOverloadedError(RuntimeError):
-    """The waiting queue is full; the caller should retry later."""
+    """The waiting queue is full and no running slot is free; the caller should retry later."""
 
 
 class EngineStoppedError(RuntimeError):
@@ -118,6 +118,7 @@ class AsyncEngine:
             raise ValueError(f"max_waiting_requests must be a positive integer, got {max_waiting_requests!r}")
         self.engine = engine
         self.max_waiting_requests = max_waiting_requests
+        self.max_num_seqs = engine.config.scheduler_config.max_num_seqs
         self._on_report = on_report
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}
@@ -141,26 +142,38 @@ class AsyncEngine:
         """Sequences accepted but not yet running: queued for the engine thread or in its waiting queue."""
         return self._num_submitted - self.last_report.num_added + self.last_report.stats.num_waiting
 
+    @property
+    def num_free_slots(self) -> int:
+        """Running slots free as of the last report; the sequences in ``num_waiting`` will take them first."""
+        return max(0, self.max_num_seqs - self.last_report.stats.num_running)
+
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                     arrival_time: float | None = None) -> RequestStream:
         """Queue a request and return its stream.
 
         Raises EngineStoppedError while draining or after a failure, and EngineOverloadedError when
-        ``max_waiting_requests`` sequences already wait. Invalid input surfaces as a ValueError raised
-        by the stream.
+        the sequences not yet running would exceed ``max_waiting_requests`` plus the free running
+        slots. Invalid input surfaces as a ValueError raised by the stream.
         """
         if not self.accepting or self.error is not None:
             raise EngineStoppedError("the engine is shutting down" if self.error is None
                                      else f"the engine loop failed: {self.error}")
-        if self.num_waiting + params.n > self.max_waiting_requests:
-            raise EngineOverloadedError(f"{self.num_waiting} sequences are already waiting (the limit is "
-                                        f"{self.max_waiting_requests}); retry later")
+        self._check_room(params.n)
         stream = RequestStream(request_id, self)
         self._streams[request_id] = stream
         self._num_submitted += params.n
         arrival = time.monotonic() if arrival_time is None else arrival_time
         self._inbox.put(_Add(request_id, prompt, params, arrival))
         return stream
+
+    def _check_room(self, num_seqs: int) -> None:
+        # Sequences that arrived but were not yet picked up count as waiting, yet the next step will
+        # run them if slots are free: refusing them then would turn away a burst on an idle engine.
+        waiting, free = self.num_waiting, self.num_free_slots
+        if waiting + num_seqs > self.max_waiting_requests + free:
+            raise EngineOverloadedError(f"{waiting} sequences are already waiting and {free} of "
+                                        f"{self.max_num_seqs} running slots are free (the waiting limit is "
+                                        f"{self.max_waiting_requests}); retry later")
 
     def release(self, request_id: str, abort: bool) -> None:
         """Forget a stream; with ``abort`` also stop the request and free its KV blocks."""

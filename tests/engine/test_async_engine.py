@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,9 +14,14 @@ from jido.metrics.stats import IterationStats, SchedulerStats
 
 
 class FakeEngine:
-    """Finishes each request one step after it is added; ``step`` blocks until the test allows it."""
+    """Finishes each request one step after it is added; ``step`` blocks until the test allows it.
 
-    def __init__(self, fail_step: bool = False) -> None:
+    ``num_running`` sequences of other requests hold running slots throughout; by default all of them.
+    """
+
+    def __init__(self, fail_step: bool = False, max_num_seqs: int = 4, num_running: int = 4) -> None:
+        self.config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs))
+        self.num_running = num_running
         self.pending: list[str] = []
         self.aborted: list[str] = []
         self.fail_step = fail_step
@@ -23,7 +29,7 @@ class FakeEngine:
         self.last_iteration_stats = IterationStats()
 
     def get_scheduler_stats(self) -> SchedulerStats:
-        return SchedulerStats(0, len(self.pending), 0.0, 0, 0, 0)
+        return SchedulerStats(self.num_running, len(self.pending), 0.0, 0, 0, 0)
 
     def check_health(self) -> None:
         """A scripted engine has no workers to lose."""
@@ -74,6 +80,17 @@ def test_requests_past_the_waiting_limit_are_refused_until_the_queue_moves():
             engine.add_request("d", "x", SamplingParams())
 
     run(scenario())
+
+
+def test_free_running_slots_admit_requests_beyond_the_waiting_limit():
+    # Not started: every request stays submitted and not yet picked up, as in a burst on an idle server.
+    engine = AsyncEngine(FakeEngine(max_num_seqs=8, num_running=3), max_waiting_requests=2)  # 5 free slots
+    for i, n in enumerate([1, 3, 2, 1]):
+        engine.add_request(f"r{i}", "x", SamplingParams(n=n))
+    assert (engine.num_waiting, engine.num_free_slots) == (7, 5)
+    with pytest.raises(EngineOverloadedError, match="7 sequences are already waiting and 5 of 8 running "
+                                                    "slots are free .the waiting limit is 2."):
+        engine.add_request("over", "x", SamplingParams())
 
 
 def test_leaving_a_stream_early_aborts_its_request_and_bad_input_raises_from_the_stream():

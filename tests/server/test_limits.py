@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import http.client
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -77,3 +78,13 @@ def test_full_waiting_queue_gets_503_with_retry_after_and_accepted_requests_stil
     tokens = [c for e in events[:-1] for c in json.loads(e[6:])["choices"]]
     assert tokens[-1]["finish_reason"] == "length"
     assert server.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1}, AUTH)[0] == 200
+
+
+def test_a_burst_on_an_idle_server_fills_the_free_running_slot_and_the_waiting_one(server):
+    wait_until(lambda: metric(server.metrics(AUTH), "vllm:num_requests_running") == 0, 30, "the server to be idle")
+    rejected = metric(server.metrics(AUTH), "jido:requests_rejected_total", reason="overload")
+    body = {"prompt": "Hi", "max_tokens": 2}
+    with ThreadPoolExecutor(2) as pool:
+        statuses = list(pool.map(lambda _: server.request("POST", "/v1/completions", body, AUTH)[0], range(2)))
+    assert statuses == [200, 200]
+    assert metric(server.metrics(AUTH), "jido:requests_rejected_total", reason="overload") == rejected
