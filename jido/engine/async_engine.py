@@ -106,8 +106,8 @@ class RequestStream:
 class AsyncEngine:
     """Owns an LLMEngine on a background thread; asyncio code adds requests and reads RequestStreams.
 
-    NOTE: after ``start()`` only the engine thread touches the LLMEngine's request state. The event loop
-    thread may call the tokenizer and the engine's read-only validators (``prepare_prompt``,
+    NOTE: after ``start()`` only the engine thread touches the LLMEngine's request state. Other threads
+    (the event loop, the server's tokenizing workers) may call the tokenizer and the engine's read-only validators (``prepare_prompt``,
     ``check_prompt_length``). Torch releases the GIL inside its ops, so the event loop keeps serving
     HTTP while a step computes.
     """

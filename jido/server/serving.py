@@ -24,6 +24,9 @@ from jido.server.protocol import ChatCompletionRequest, CompletionRequest
 from jido.server.responses import ChatFormat, CompletionFormat, ResponseFormat, StreamCursor
 
 _RETRY_AFTER_S = "1"
+# Prompts with more UTF-8 bytes than max_model_len times this are refused before tokenizing: real text
+# averages about 4 bytes a token, so such a prompt cannot fit, and tokenizing it costs seconds.
+PROMPT_BYTES_PER_TOKEN = 32
 _Body = TypeVar("_Body", bound=BaseModel)
 
 
@@ -37,6 +40,7 @@ class OpenAIServing:
         self.chat_template = chat_template
         self.metrics = metrics
         self.llm = engine.engine
+        self.max_prompt_bytes = self.llm.max_model_len * PROMPT_BYTES_PER_TOKEN
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
@@ -51,7 +55,8 @@ class OpenAIServing:
             prompt = prompt[0]  # a batch of one, as the openai client may send it
         elif isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             raise bad_request("batched prompts are not supported: send one prompt per request", "prompt")
-        prompt_ids = self._prompt_ids(prompt)
+        # Tokenized on a worker thread: a long prompt must not stall the event loop (every stream, /health).
+        prompt_ids = await asyncio.to_thread(self._completion_prompt_ids, prompt)
         params = self._params(body, prompt_ids, body.max_tokens, body.logprobs)
         fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer)
         return await self._respond(http_request, fmt, prompt_ids, params, body.stream, body.include_usage, timer)
@@ -62,12 +67,7 @@ class OpenAIServing:
         self._check_model(body.model)
         if not body.messages:
             raise bad_request("messages is empty: give at least one message", "messages")
-        try:
-            text = self.chat_template.render(body.template_messages(), body.add_generation_prompt)
-        except ValueError as exc:
-            raise bad_request(str(exc), "messages") from exc
-        # The template already wrote the special tokens (BOS), as transformers' apply_chat_template does.
-        prompt_ids = self._prompt_ids(self.llm.tokenizer.encode(text, add_special_tokens=False))
+        prompt_ids = await asyncio.to_thread(self._chat_prompt_ids, body)  # off the event loop, as above
         params = self._params(body, prompt_ids, body.requested_max_tokens, body.num_logprobs)
         fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer)
         return await self._respond(http_request, fmt, prompt_ids, params, body.stream, body.include_usage, timer)
@@ -77,6 +77,27 @@ class OpenAIServing:
         if model is not None and model != self.model_name:
             raise APIError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
+
+    def _completion_prompt_ids(self, prompt: object) -> list[int]:
+        if isinstance(prompt, str):
+            self._check_prompt_bytes(_utf8_len(prompt), "prompt")
+        return self._prompt_ids(prompt)
+
+    def _chat_prompt_ids(self, body: ChatCompletionRequest) -> list[int]:
+        try:
+            messages = body.template_messages()
+            self._check_prompt_bytes(sum(_utf8_len(m["content"]) for m in messages), "messages")
+            text = self.chat_template.render(messages, body.add_generation_prompt)
+        except ValueError as exc:
+            raise bad_request(str(exc), "messages") from exc
+        # The template already wrote the special tokens (BOS), as transformers' apply_chat_template does.
+        return self._prompt_ids(self.llm.tokenizer.encode(text, add_special_tokens=False))
+
+    def _check_prompt_bytes(self, num_bytes: int, param: str) -> None:
+        if num_bytes > self.max_prompt_bytes:
+            raise bad_request(f"{param} has {num_bytes} bytes of text; at most {self.max_prompt_bytes} are "
+                              f"taken (max_model_len {self.llm.max_model_len} tokens times "
+                              f"{PROMPT_BYTES_PER_TOKEN} bytes), and no prompt that long fits", param)
 
     def _prompt_ids(self, prompt: object) -> list[int]:
         try:
@@ -183,6 +204,11 @@ def _validate(model: type[_Body], data: dict) -> _Body:
         return model.model_validate(data)
     except ValidationError as exc:
         raise from_validation_error(exc) from exc
+
+
+def _utf8_len(text: str) -> int:
+    # surrogatepass: a lone surrogate is reported later, by the tokenizer's own check, with its position.
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 async def _disconnected(http_request: Request) -> None:
