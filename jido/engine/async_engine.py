@@ -181,6 +181,17 @@ class AsyncEngine:
         if abort:
             self._inbox.put(_Abort(request_id))
 
+    def end_streams(self, message: str) -> None:
+        """Refuse new requests; end every open stream with EngineStoppedError(message) and abort its request.
+
+        For a drain that ran out of time: the handlers then answer a clean 503 (an error event and
+        ``[DONE]`` when streaming) instead of being cancelled mid-response.
+        """
+        self.accepting = False
+        for request_id, stream in list(self._streams.items()):
+            stream.put(EngineStoppedError(message))
+            self.release(request_id, abort=True)
+
     async def shutdown(self) -> None:
         """Abort what is left and stop the engine thread."""
         self.accepting = False

@@ -1,12 +1,15 @@
 """serve(): load the engine, listen, serve until SIGTERM or Ctrl-C, drain in-flight requests, return 0."""
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import signal
 import socket
+from collections.abc import Callable
 
 import uvicorn
+from fastapi import FastAPI
 
 from jido.config import EngineConfig
 from jido.engine.llm_engine import LLMEngine
@@ -33,12 +36,39 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def uvicorn_server(app: object, config: ServerConfig) -> uvicorn.Server:
-    # Uvicorn drains on shutdown: it stops accepting, waits for open requests up to the timeout,
-    # then cancels them (which aborts their engine requests).
-    return uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
-                                         timeout_graceful_shutdown=config.drain_timeout_s,
-                                         ssl_keyfile=config.ssl_keyfile, ssl_certfile=config.ssl_certfile))
+# Uvicorn's own drain timeout runs this much longer than ours, so that requests ended at our timeout
+# can send their 503 or last events before uvicorn cancels what is left.
+_END_STREAMS_GRACE_S = 5.0
+
+
+class _DrainingServer(uvicorn.Server):
+    """Uvicorn whose drain ends the requests still open after ``drain_timeout_s`` with a clean 503.
+
+    Uvicorn drains on shutdown: it stops accepting and waits for open requests; past its timeout it
+    cancels them, which cuts streams off with no error event or ``[DONE]`` and logs a traceback each.
+    """
+
+    def __init__(self, config: uvicorn.Config, drain_timeout_s: float, end_streams: Callable[[str], None]) -> None:
+        super().__init__(config)
+        self.drain_timeout_s = drain_timeout_s
+        self.end_streams = end_streams
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        message = (f"the server is shutting down: the request did not finish within the "
+                   f"{self.drain_timeout_s:g} s drain timeout")
+        timer = asyncio.get_running_loop().call_later(self.drain_timeout_s, self.end_streams, message)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
+
+def uvicorn_server(app: FastAPI, config: ServerConfig) -> uvicorn.Server:
+    """A uvicorn server for an app from ``create_app``, draining as ``_DrainingServer`` says."""
+    uv_config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
+                               timeout_graceful_shutdown=config.drain_timeout_s + _END_STREAMS_GRACE_S,
+                               ssl_keyfile=config.ssl_keyfile, ssl_certfile=config.ssl_certfile)
+    return _DrainingServer(uv_config, config.drain_timeout_s, app.state.serving.engine.end_streams)
 
 
 def serve(engine_config: EngineConfig, config: ServerConfig) -> int:

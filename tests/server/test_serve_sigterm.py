@@ -11,19 +11,22 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from server_harness import KV_CACHE, wait_until
+from server_harness import KV_CACHE, metric, wait_until
+
+from jido.planner.prometheus import parse_metrics
 
 pytestmark = pytest.mark.slow
 
 STREAM_TOKENS = 60
 
 
-def _start_serve() -> tuple[subprocess.Popen, queue.Queue, threading.Thread]:
+def _start_serve(drain_timeout_s: float = 120) -> tuple[subprocess.Popen, queue.Queue, threading.Thread]:
     process = subprocess.Popen(
         [sys.executable, "-m", "jido.cli", "serve", "--port", "0", "--kv-cache-memory", KV_CACHE,
-         "--drain-timeout-s", "120"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+         "--drain-timeout-s", str(drain_timeout_s)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     lines: queue.Queue = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stderr], daemon=True)
     reader.start()
@@ -78,3 +81,44 @@ def test_sigterm_finishes_in_flight_streams_then_exits_0():
     while not lines.empty():
         stderr.append(lines.get())
     assert any("SIGTERM: drained" in line for line in stderr), "".join(stderr)
+
+
+def _post(port: int, body: dict) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    return connection, connection.getresponse()
+
+
+def _num_running(port: int) -> float:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection.request("GET", "/metrics")
+    return metric(parse_metrics(connection.getresponse().read().decode()), "vllm:num_requests_running")
+
+
+def test_requests_outliving_the_drain_timeout_end_with_a_clean_503_and_no_traceback():
+    process, lines, reader = _start_serve(drain_timeout_s=1)
+    try:
+        port, _ = _wait_for_port(lines, 120)
+        long = {"prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True}
+        _, streaming = _post(port, {**long, "stream": True})
+        events = [streaming.readline()]  # the first token is out: the stream is in flight
+        with ThreadPoolExecutor(1) as pool:
+            plain = pool.submit(lambda: _post(port, long)[1])
+            wait_until(lambda: _num_running(port) == 2, 30, "the non-streaming request to run too")
+            process.send_signal(signal.SIGTERM)
+            events += list(streaming)
+            answer = plain.result()
+            assert (answer.status, json.loads(answer.read())["error"]["code"]) == (503, "unavailable")
+        data = [e.decode().strip()[6:] for e in events if e.startswith(b"data: ")]
+        assert data[-1] == "[DONE]"
+        error = json.loads(data[-2])["error"]
+        assert (error["type"], error["code"]) == ("service_unavailable", "unavailable")
+        assert "the server is shutting down" in error["message"]
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    reader.join(10)
+    stderr = "".join(lines.get() for _ in range(lines.qsize()))
+    assert "Traceback" not in stderr and "Cancel" not in stderr, stderr
