@@ -38,6 +38,8 @@ def uvicorn_server(app: object, config: ServerConfig) -> uvicorn.Server:
     # then cancels them (which aborts their engine requests).
     return uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                                          timeout_graceful_shutdown=config.drain_timeout_s,
+                                         timeout_keep_alive=config.timeout_keep_alive_s,
+                                         limit_concurrency=config.limit_concurrency,
                                          ssl_keyfile=config.ssl_keyfile, ssl_certfile=config.ssl_certfile))
 
 
