@@ -14,9 +14,13 @@ from jido.models.tokenizer import Tokenizer
 # family's official template, trimmed to text-only messages.
 _GEMMA = (
     "{{ bos_token }}"
-    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- if messages[0]['role'] == 'system' and messages | length > 1 -%}"
     "{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}"
     "{%- set loop_messages = messages[1:] -%}"
+    # A system message alone has no user turn to fold into (the official template drops its text): it
+    # becomes the user turn.
+    "{%- elif messages[0]['role'] == 'system' -%}{%- set first_user_prefix = '' -%}"
+    "{%- set loop_messages = [{'role': 'user', 'content': messages[0]['content']}] -%}"
     "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
     "{%- for message in loop_messages -%}"
     "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"

@@ -47,7 +47,8 @@ def create_app(llm: LLMEngine, config: ServerConfig) -> FastAPI:
     app.state.serving = serving
     _add_routes(app, serving)
     _add_error_handlers(app)
-    app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_request_body_bytes)
+    app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_request_body_bytes,
+                       read_timeout_s=config.request_read_timeout_s)
     return app
 
 

@@ -27,6 +27,9 @@ class ServerConfig:
     defaults to the model's name (``gemma-3-270m`` for the default model, else the file or folder name).
     ``chat_template`` is a Jinja file that overrides the model's chat template. ``ssl_keyfile`` and
     ``ssl_certfile`` (PEM files, both or neither; the key unencrypted) serve HTTPS instead of HTTP.
+    Slow clients: a request body not fully received ``request_read_timeout_s`` after its headers gets 408;
+    an idle keep-alive connection is closed after ``timeout_keep_alive_s``; past ``limit_concurrency``
+    open connections (or requests in flight), new requests get 503 from uvicorn.
     """
 
     host: str = "127.0.0.1"
@@ -37,6 +40,11 @@ class ServerConfig:
     max_waiting_requests: int = 256
     max_request_body_bytes: int = 4 * 2**20
     drain_timeout_s: float = 30.0
+    # 30 s reads the largest default body (4 MiB) at about 1 Mbit/s.
+    request_read_timeout_s: float = 30.0
+    timeout_keep_alive_s: float = 5.0
+    # Above max_waiting_requests plus the running ones, so the queue, not this, refuses load first.
+    limit_concurrency: int = 1024
     ssl_keyfile: str | None = None
     ssl_certfile: str | None = None
 
@@ -45,12 +53,16 @@ class ServerConfig:
             raise ValueError(f"port must be an integer in [0, 65535] (0 picks a free port), got {self.port!r}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must not be empty: leave it unset to serve without a key")
-        for name in ("max_waiting_requests", "max_request_body_bytes"):
+        for name in ("max_waiting_requests", "max_request_body_bytes", "limit_concurrency"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.drain_timeout_s, (int, float)) or self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be a number of seconds >= 0, got {self.drain_timeout_s!r}")
+        for name in ("request_read_timeout_s", "timeout_keep_alive_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
         self._check_tls()
 
     def _check_tls(self) -> None:

@@ -67,6 +67,8 @@ def uvicorn_server(app: FastAPI, config: ServerConfig) -> uvicorn.Server:
     """A uvicorn server for an app from ``create_app``, draining as ``_DrainingServer`` says."""
     uv_config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
                                timeout_graceful_shutdown=config.drain_timeout_s + _END_STREAMS_GRACE_S,
+                               timeout_keep_alive=config.timeout_keep_alive_s,
+                               limit_concurrency=config.limit_concurrency,
                                ssl_keyfile=config.ssl_keyfile, ssl_certfile=config.ssl_certfile)
     return _DrainingServer(uv_config, config.drain_timeout_s, app.state.serving.engine.end_streams)
 

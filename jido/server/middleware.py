@@ -1,7 +1,9 @@
-"""ASGI guards in front of every route: the API key and the request body size limit."""
+"""ASGI guards in front of every route: the API key, the request body size limit and its read timeout."""
 from __future__ import annotations
 
+import asyncio
 import hmac
+import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -12,14 +14,16 @@ _OPEN_PATHS = ("/health",)
 
 class GuardMiddleware:
     """Refuses a request before the app parses it: a wrong or missing API key (401, nothing about the
-    model) or a body over ``max_body_bytes`` (413, from Content-Length or while the body streams in).
+    model), a body over ``max_body_bytes`` (413, from Content-Length or while the body streams in), or a
+    body not fully received within ``read_timeout_s`` of the headers (408, and the connection closes).
     """
 
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int, read_timeout_s: float) -> None:
         self.app = app
         # NOTE: bytes, because a header arrives as bytes: a non-ASCII key matches the UTF-8 a client sends.
         self.api_key = None if api_key is None else api_key.encode("utf-8")
         self.max_body_bytes = max_body_bytes
+        self.read_timeout_s = read_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -47,17 +51,33 @@ class GuardMiddleware:
         return http_error(413, f"request body is larger than the limit of {self.max_body_bytes} bytes",
                           "request_too_large")
 
+    def _too_slow(self) -> APIError:
+        # Connection: close, as the rest of the body may still be on its way: the connection cannot be reused.
+        return APIError(408, f"request body was not received within {self.read_timeout_s:g} s",
+                        code="request_timeout", headers={"Connection": "close"})
+
     def _limited(self, receive: Receive) -> Receive:
-        """``receive`` that raises a 413 APIError (rendered by the app) once the body passes the limit."""
+        """``receive`` that raises an APIError (rendered by the app): 413 once the body passes the limit,
+        408 when the whole body has not arrived by the deadline. After the body it waits without a deadline
+        (the next message is the client hanging up, whenever it does).
+        """
         received = 0
+        deadline = time.monotonic() + self.read_timeout_s
+        body_done = False
 
         async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                raise self._too_slow() from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body_bytes:
                     raise self._too_large()
+                body_done = not message.get("more_body", False)
             return message
 
         return limited_receive

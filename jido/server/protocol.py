@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, PlainValidator
 from pydantic_core import PydanticCustomError
@@ -18,6 +18,31 @@ _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "repetition_p
 
 _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
                type(None): "null"}
+
+
+# Fields jido cannot honour, with what they would ask for and the values that ask for nothing (accepted as
+# no-ops, as clients often send the defaults). Any other value gets a 400 naming the field: silently doing
+# something else than asked is worse than refusing. Unknown fields not listed here (user, ...) are ignored.
+_UNSUPPORTED: dict[str, tuple[str, Callable[[Any, dict], bool]]] = {
+    "best_of": ("server-side best-of sampling (best_of above n)",
+                lambda v, body: v is None or (type(v) is int and v == body.get("n", 1))),
+    "echo": ("echoing the prompt", lambda v, body: v is None or v is False),
+    "suffix": ("text after the completion (fill-in-the-middle)", lambda v, body: v is None or v == ""),
+    "logit_bias": ("logit biases", lambda v, body: v is None or v == {}),
+    "tools": ("tool calling", lambda v, body: v is None or v == []),
+    "tool_choice": ("tool calling", lambda v, body: v is None or v == "none"),
+    "functions": ("function calling", lambda v, body: v is None or v == []),
+    "function_call": ("function calling", lambda v, body: v is None or v == "none"),
+    "response_format": ("structured output", lambda v, body: v is None or v == {"type": "text"}),
+}
+
+
+def check_supported(data: dict) -> tuple[str, str] | None:
+    """The first field of ``data`` jido cannot honour, with an error message; None when all can be."""
+    for name, (feature, is_noop) in _UNSUPPORTED.items():
+        if name in data and not is_noop(data[name], data):
+            return name, f"{name} is not supported: jido does not serve {feature}; leave it out"
+    return None
 
 
 def _json_type(value: object) -> str:
@@ -54,7 +79,8 @@ Content = Annotated[str | list[dict[str, Any]] | None, _one_of(
 
 
 class _Body(BaseModel):
-    # Strict: "5" is not a number, nor NaN or 1e999. Unknown fields (user, tools, ...) are ignored, as vLLM does.
+    # Strict: "5" is not a number, nor NaN or 1e999. Unknown fields (user, ...) are ignored, as vLLM does;
+    # NOTE: fields jido cannot honour are refused before validation, by check_supported.
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
@@ -100,7 +126,6 @@ class CompletionRequest(_SamplingBody):
     prompt: Prompt
     max_tokens: int | None = 16
     logprobs: int | None = None
-    echo: Literal[False] = False
 
 
 class ChatMessage(_Body):

@@ -20,7 +20,7 @@ from jido.engine.llm_engine import ProcessedPrompt
 from jido.engine.outputs import RequestOutput
 from jido.server.errors import APIError, bad_request, from_validation_error, parse_json
 from jido.server.metrics import RequestTimer, ServerMetrics
-from jido.server.protocol import ChatCompletionRequest, CompletionRequest
+from jido.server.protocol import ChatCompletionRequest, CompletionRequest, check_supported
 from jido.server.responses import ChatFormat, CompletionFormat, ResponseFormat, StreamCursor
 
 _RETRY_AFTER_S = "1"
@@ -200,6 +200,9 @@ class OpenAIServing:
 
 
 def _validate(model: type[_Body], data: dict) -> _Body:
+    unsupported = check_supported(data)
+    if unsupported is not None:
+        raise bad_request(unsupported[1], unsupported[0])
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -77,7 +77,18 @@ CASES = {
                              "temperature must be >= 0"),
     "top_p_zero": (COMPLETIONS, {**GOOD, "top_p": 0.0}, 400, "top_p", "top_p must be in (0, 1]"),
     "empty_stop_string": (COMPLETIONS, {**GOOD, "stop": [""]}, 400, "stop", "stop must be non-empty strings"),
-    "echo": (COMPLETIONS, {**GOOD, "echo": True}, 400, "echo", "Input should be False"),
+    "echo": (COMPLETIONS, {**GOOD, "echo": True}, 400, "echo", "echo is not supported"),
+    "best_of_above_n": (COMPLETIONS, {**GOOD, "best_of": 2}, 400, "best_of", "best_of is not supported"),
+    "suffix": (COMPLETIONS, {**GOOD, "suffix": "end"}, 400, "suffix", "suffix is not supported"),
+    "logit_bias": (COMPLETIONS, {**GOOD, "logit_bias": {"2": 5}}, 400, "logit_bias", "logit_bias is not supported"),
+    "chat_logit_bias": (CHAT, {"messages": USER, "logit_bias": {"2": 5}}, 400, "logit_bias", "logit biases"),
+    "tools": (CHAT, {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools",
+              "tools is not supported: jido does not serve tool calling"),
+    "tool_choice": (CHAT, {"messages": USER, "tool_choice": "auto"}, 400, "tool_choice", "tool calling"),
+    "functions": (CHAT, {"messages": USER, "functions": [{"name": "f"}]}, 400, "functions", "function calling"),
+    "function_call": (CHAT, {"messages": USER, "function_call": "auto"}, 400, "function_call", "function calling"),
+    "response_format": (CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, 400,
+                        "response_format", "structured output"),
     "batched_prompts": (COMPLETIONS, {**GOOD, "prompt": ["a", "b"]}, 400, "prompt", "batched prompts"),
     "empty_messages": (CHAT, {"messages": []}, 400, "messages", "messages is empty"),
     "messages_wrong_type": (CHAT, {"messages": "Hi"}, 400, "messages", "valid list"),
@@ -102,6 +113,42 @@ def test_bad_request_gets_an_openai_error_then_the_server_still_serves(server, n
     assert words in error["message"]
     assert error["param"] == param
     assert server.request("POST", COMPLETIONS, GOOD)[0] == 200
+
+
+# Values of unsupported fields that ask for nothing, and unknown fields, are accepted (as vLLM accepts them).
+NO_OPS = {"best_of": 1, "echo": False, "suffix": None, "logit_bias": {}, "tools": [], "tool_choice": "none",
+          "functions": [], "function_call": "none", "response_format": {"type": "text"}, "user": "someone"}
+
+
+@pytest.mark.parametrize("path, body", [(COMPLETIONS, GOOD), (COMPLETIONS, {**GOOD, "n": 2, "best_of": 2}),
+                                        (COMPLETIONS, {**GOOD, "best_of": None}),
+                                        (CHAT, {"messages": USER, "max_tokens": 1})])
+def test_unsupported_fields_with_values_that_ask_for_nothing_are_accepted(server, path, body):
+    status, _, raw = server.request("POST", path, {**NO_OPS, **body})
+    assert status == 200, raw
+
+
+def _completion_tokens(server, path: str, body: dict) -> tuple[int, int]:
+    status, _, raw = server.request("POST", path, {"temperature": 0, "ignore_eos": True, **body})
+    assert status == 200, raw
+    usage = json.loads(raw)["usage"]
+    return usage["prompt_tokens"], usage["completion_tokens"]
+
+
+def test_completions_max_tokens_defaults_to_16_and_null_means_the_rest_of_the_context(server):
+    assert _completion_tokens(server, COMPLETIONS, {"prompt": "Hello"})[1] == 16
+    near_the_end = [2] * (MAX_MODEL_LEN - 5)
+    assert _completion_tokens(server, COMPLETIONS, {"prompt": near_the_end, "max_tokens": None}) == (
+        MAX_MODEL_LEN - 5, 5)
+
+
+@pytest.mark.parametrize("limit", [{}, {"max_tokens": None}, {"max_completion_tokens": None}])
+def test_chat_max_tokens_omitted_or_null_means_the_rest_of_the_context(server, limit):
+    content = " ".join(["cat"] * (MAX_MODEL_LEN - 20))
+    prompt_tokens, completion_tokens = _completion_tokens(
+        server, CHAT, {"messages": [{"role": "user", "content": content}], **limit})
+    assert prompt_tokens > MAX_MODEL_LEN - 40  # so generating to the end takes seconds, not minutes
+    assert completion_tokens == MAX_MODEL_LEN - prompt_tokens
 
 
 @pytest.mark.parametrize("extreme", [{"top_p": 1e-300}, {"top_p": 1e-300, "seed": 3}, {"top_k": 1, "top_p": 1e-300}])

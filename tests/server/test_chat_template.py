@@ -30,6 +30,11 @@ def test_gemma_format_folds_the_system_prompt_into_the_first_user_turn():
         "<start_of_turn>model\n")
 
 
+def test_gemma_format_renders_a_system_message_alone_as_the_user_turn():
+    template = load_chat_template(FakeTokenizer(), "Gemma3ForCausalLM")
+    assert template.render(CHAT[:1]) == "<bos><start_of_turn>user\nBe brief.<end_of_turn>\n<start_of_turn>model\n"
+
+
 def test_gemma_format_without_generation_prompt_ends_after_the_last_turn():
     template = load_chat_template(FakeTokenizer(), "Gemma3ForCausalLM")
     assert template.render(CHAT[1:2], add_generation_prompt=False) == "<bos><start_of_turn>user\nHi<end_of_turn>\n"

@@ -1,8 +1,11 @@
-"""Protection: the API key is enforced everywhere but /health, and a full waiting queue answers 503."""
+"""Protection: the API key everywhere but /health, 503 on a full waiting queue or too many connections,
+and 408 for a body that trickles in too slowly."""
 from __future__ import annotations
 
 import http.client
 import json
+import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
@@ -15,12 +18,15 @@ pytestmark = pytest.mark.slow
 
 KEY = "test-key-123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+READ_TIMEOUT_S = 1.0
+MAX_CONNECTIONS = 8
 
 
 @pytest.fixture(scope="module")
 def server():
     # One running sequence and one waiting one: the third request finds the queue full.
-    config = ServerConfig(api_key=KEY, max_waiting_requests=1)
+    config = ServerConfig(api_key=KEY, max_waiting_requests=1, request_read_timeout_s=READ_TIMEOUT_S,
+                          limit_concurrency=MAX_CONNECTIONS)
     with running_server(config, max_num_seqs=1) as server:
         yield server
 
@@ -88,3 +94,60 @@ def test_a_burst_on_an_idle_server_fills_the_free_running_slot_and_the_waiting_o
         statuses = list(pool.map(lambda _: server.request("POST", "/v1/completions", body, AUTH)[0], range(2)))
     assert statuses == [200, 200]
     assert metric(server.metrics(AUTH), "jido:requests_rejected_total", reason="overload") == rejected
+
+
+def _trickle_body(port: int, seconds: float) -> tuple[bytes, float]:
+    """Headers promising 100 body bytes, then one byte every 0.1 s; returns what the server sent until it
+    closed the connection (or ``seconds`` passed), and when it began answering."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=0.1)
+    start = time.monotonic()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 100\r\n\r\n{")
+    received, answered_at = b"", None
+    while time.monotonic() - start < seconds:
+        try:
+            sock.sendall(b" ")
+        except OSError:  # the server closed the connection
+            pass
+        try:
+            chunk = sock.recv(65536)
+        except socket.timeout:
+            continue
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        answered_at = answered_at or time.monotonic() - start
+        received += chunk
+    sock.close()
+    return received, answered_at
+
+
+def test_a_body_that_trickles_in_gets_408_and_the_connection_closes(server):
+    received, answered_at = _trickle_body(server.port, seconds=READ_TIMEOUT_S + 10)
+    assert received.startswith(b"HTTP/1.1 408 "), received
+    assert b"connection: close" in received.lower()
+    error = json.loads(received.split(b"\r\n\r\n", 1)[1])["error"]
+    assert (error["code"], error["message"]) == ("request_timeout", "request body was not received within 1 s")
+    assert READ_TIMEOUT_S <= answered_at < READ_TIMEOUT_S + 3
+
+
+def test_a_normal_request_is_served_while_a_body_trickles_in(server):
+    slow = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
+                 + b"\r\nContent-Length: 100\r\n\r\n{")
+    assert server.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1}, AUTH)[0] == 200
+    assert slow.recv(65536).startswith(b"HTTP/1.1 408 ")
+    slow.close()
+
+
+def test_connections_past_the_limit_get_503_until_some_close(server):
+    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(MAX_CONNECTIONS)]
+    try:
+        wait_until(lambda: server.request("GET", "/v1/models", headers=AUTH)[0] == 503, 10,
+                   "a connection past the limit to get 503")
+    finally:
+        for sock in idle:
+            sock.close()
+    wait_until(lambda: server.request("GET", "/v1/models", headers=AUTH)[0] == 200, 10,
+               "the server to serve again once the idle connections closed")
