@@ -113,16 +113,15 @@ class KVCacheManager:
         someone and try again. ``new_computed_blocks`` are prefix-cache hits (from
         :meth:`get_computed_blocks`) to attach in front, on the request's first allocation.
         """
-        tables = self.req_to_blocks.get(request.request_id)
-        if tables is not None:
-            self._release_dead_blocks(request, tables)
-            num_positions = -(-(request.num_computed_tokens + num_new_tokens + num_lookahead_tokens) // self.block_size)
-            if num_positions <= min(len(t) for t in tables):
-                return [[] for _ in tables]  # most decode steps: the last blocks still have room
         computed = new_computed_blocks or [[] for _ in self.sliding_windows]
         num_hit = len(computed[0]) * self.block_size
         num_tokens = request.num_computed_tokens + num_hit + num_new_tokens + num_lookahead_tokens
         num_positions = -(-num_tokens // self.block_size)
+        tables = self.req_to_blocks.get(request.request_id)
+        if tables is not None:
+            self._release_dead_blocks(request, tables)
+            if num_positions <= min(len(t) for t in tables):
+                return [[] for _ in tables]  # most decode steps: the last blocks still have room
         held = [len(t) for t in tables] if tables is not None else [len(c) for c in computed]
         num_needed = sum(max(num_positions - n, 0) for n in held)
         # Hits sitting in the free queue stop being allocatable once we take them.

@@ -173,7 +173,7 @@ class Scheduler:
             self.kv.cache_full_blocks(request)  # before a stop below frees the blocks
             if token_ids:  # else a prefill chunk that has not reached the end of the prompt yet
                 outputs.append(self._append_tokens(request, token_ids, runner_output.logprobs.get(req_id, [])))
-                if not request.is_finished:
+                if num_spec and not request.is_finished:
                     # Accepted proposals are computed tokens the request only has after the append.
                     self.kv.cache_full_blocks(request)
         return outputs
