@@ -11,7 +11,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
 from server_harness import KV_CACHE, metric, wait_until
@@ -23,14 +25,27 @@ pytestmark = pytest.mark.slow
 STREAM_TOKENS = 60
 
 
-def _start_serve(drain_timeout_s: float = 120) -> tuple[subprocess.Popen, queue.Queue, threading.Thread]:
+@contextmanager
+def _serving(drain_timeout_s: float = 120) -> Iterator[tuple[subprocess.Popen, int, list[str]]]:
+    """A `jido serve` process listening on a free port; on leaving, it is killed if still running and its
+    stderr after the listening line lands in the yielded list."""
     process = subprocess.Popen(
         [sys.executable, "-m", "jido.cli", "serve", "--port", "0", "--kv-cache-memory", KV_CACHE,
          "--drain-timeout-s", str(drain_timeout_s)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     lines: queue.Queue = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stderr], daemon=True)
     reader.start()
-    return process, lines, reader
+    stderr: list[str] = []
+    try:
+        port, _ = _wait_for_port(lines, 120)
+        yield process, port, stderr
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        reader.join(10)
+        while not lines.empty():
+            stderr.append(lines.get())
 
 
 def _wait_for_port(lines: queue.Queue, timeout_s: float) -> tuple[int, list[str]]:
@@ -46,6 +61,12 @@ def _wait_for_port(lines: queue.Queue, timeout_s: float) -> tuple[int, list[str]
     pytest.fail("jido serve did not start listening:\n" + "".join(seen))
 
 
+def _post(port: int, body: dict) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    return connection, connection.getresponse()
+
+
 def _refuses_connections(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
@@ -55,14 +76,10 @@ def _refuses_connections(port: int) -> bool:
 
 
 def test_sigterm_finishes_in_flight_streams_then_exits_0():
-    process, lines, reader = _start_serve()
-    try:
-        port, _ = _wait_for_port(lines, 120)
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    with _serving() as (process, port, stderr):
         body = {"prompt": "Once upon a time", "max_tokens": STREAM_TOKENS, "ignore_eos": True, "stream": True,
                 "stream_options": {"include_usage": True}}
-        connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-        response = connection.getresponse()
+        _, response = _post(port, body)
         events = [response.readline()]  # the first token is out: the request is in flight
         process.send_signal(signal.SIGTERM)
 
@@ -72,21 +89,7 @@ def test_sigterm_finishes_in_flight_streams_then_exits_0():
         assert data[-1] == "[DONE]"
         assert json.loads(data[-2])["usage"]["completion_tokens"] == STREAM_TOKENS
         assert process.wait(timeout=60) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    reader.join(10)
-    stderr = []
-    while not lines.empty():
-        stderr.append(lines.get())
     assert any("SIGTERM: drained" in line for line in stderr), "".join(stderr)
-
-
-def _post(port: int, body: dict) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    return connection, connection.getresponse()
 
 
 def _num_running(port: int) -> float:
@@ -96,9 +99,7 @@ def _num_running(port: int) -> float:
 
 
 def test_requests_outliving_the_drain_timeout_end_with_a_clean_503_and_no_traceback():
-    process, lines, reader = _start_serve(drain_timeout_s=1)
-    try:
-        port, _ = _wait_for_port(lines, 120)
+    with _serving(drain_timeout_s=1) as (process, port, stderr):
         long = {"prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True}
         _, streaming = _post(port, {**long, "stream": True})
         events = [streaming.readline()]  # the first token is out: the stream is in flight
@@ -115,10 +116,5 @@ def test_requests_outliving_the_drain_timeout_end_with_a_clean_503_and_no_traceb
         assert (error["type"], error["code"]) == ("service_unavailable", "unavailable")
         assert "the server is shutting down" in error["message"]
         assert process.wait(timeout=60) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    reader.join(10)
-    stderr = "".join(lines.get() for _ in range(lines.qsize()))
-    assert "Traceback" not in stderr and "Cancel" not in stderr, stderr
+    log = "".join(stderr)
+    assert "Traceback" not in log and "Cancel" not in log, log
