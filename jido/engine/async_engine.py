@@ -107,8 +107,8 @@ class AsyncEngine:
     """Owns an LLMEngine on a background thread; asyncio code adds requests and reads RequestStreams.
 
     NOTE: after ``start()`` only the engine thread touches the LLMEngine's request state. Other threads
-    (the event loop, the server's tokenizing workers) may call the tokenizer and the engine's read-only validators (``prepare_prompt``,
-    ``check_prompt_length``). Torch releases the GIL inside its ops, so the event loop keeps serving
+    (the event loop, the server's tokenizing workers) may call the tokenizer and the engine's read-only
+    validator ``prepare_prompt``. Torch releases the GIL inside its ops, so the event loop keeps serving
     HTTP while a step computes.
     """
 
