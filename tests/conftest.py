@@ -29,8 +29,8 @@ def gemma_reference() -> dict:
 
 @pytest.fixture(scope="session")
 def llm() -> LLM:
-    """The default model on CPU in float32, with a KV cache large enough for every test."""
-    return LLM(kv_cache_memory="160MiB")
+    """The default model on CPU in float32 (explicitly: ``auto`` is bf16 on CPUs with native bf16), with a KV cache large enough for every test."""
+    return LLM(kv_cache_memory="160MiB", dtype="float32")
 
 
 @pytest.fixture(scope="session", autouse=True)

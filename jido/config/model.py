@@ -12,7 +12,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 class ModelConfig:
     """The model and how it computes.
 
-    ``None`` means "derive it": ``dtype="auto"`` becomes float32 on CPU and bfloat16 on CUDA;
+    ``None`` means "derive it": ``dtype="auto"`` becomes bfloat16 on CUDA and on CPUs with native bf16
+    (AVX-512 BF16 or AMX), float32 on other CPUs;
     ``max_model_len`` becomes the model's own limit, capped by what the KV cache can hold.
     """
 

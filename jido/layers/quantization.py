@@ -42,9 +42,24 @@ class LinearMethod(ABC):
         """
         return self.apply(layer, hidden)
 
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Turn the loaded checkpoint tensors into the form :meth:`apply` runs fastest on (vLLM's hook).
+
+        Called once per layer after every weight is loaded; the default keeps them as they are.
+        """
+
+    def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
+        """The same for the LM head (``layer`` may be the tied embedding, whose table must stay dense)."""
+
 
 class UnquantizedLinearMethod(LinearMethod):
-    """A dense ``weight`` in the model dtype."""
+    """A dense ``weight`` in the model dtype; on CPU repacked for oneDNN once loaded.
+
+    oneDNN's matmul wants the weight in a blocked layout. Given a plain ``[out, in]`` tensor, every
+    ``F.linear`` call reorders it first; packing once after loading removes that per-call copy (measured on
+    Gemma 3 270M's shapes, AVX-512 BF16 EPYC, 2 threads: the 72 layer matmuls of a batch-1 decode step
+    17.4 -> 9.4 ms in bf16, 33 -> 18 ms in fp32; the 262k-row LM head 26 -> 11 ms in bf16).
+    """
 
     def create_weights(
         self, layer: nn.Module, in_features: int, out_features: int, weight_loader: WeightLoader
@@ -52,14 +67,57 @@ class UnquantizedLinearMethod(LinearMethod):
         layer.weight = empty_parameter(out_features, in_features, weight_loader=weight_loader)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if layer.weight.is_mkldnn:
+            return _packed_linear(x, layer.weight, bias)
         return F.linear(x, layer.weight, bias)
 
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if _packable(layer.weight):
+            layer.weight = nn.Parameter(_pack(layer.weight), requires_grad=False)
+
+    def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
+        # A tied head is the embedding, whose lookups need the dense table: the packed copy sits beside it.
+        if _packable(layer.weight):
+            layer.packed_logits_weight = _pack(layer.weight)
+
     def apply_logits(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        packed = getattr(layer, "packed_logits_weight", None)
+        if packed is not None or layer.weight.is_mkldnn:
+            return _packed_linear(hidden, layer.weight if packed is None else packed)
         if hidden.shape[0] <= _FEW_ROWS:
             # [vocab, hidden] @ [hidden, N]: with a huge vocab and a few rows, BLAS runs this orientation
             # ~2x faster than hidden @ weight.T on CPU (measured: 36 vs 79 ms for 8 rows of Gemma 3's head).
             return torch.matmul(layer.weight, hidden.t()).t().contiguous()
         return F.linear(hidden, layer.weight)
+
+
+def _packable(weight: torch.Tensor) -> bool:
+    return (weight.device.type == "cpu" and not weight.is_mkldnn and weight.dtype in (torch.float32, torch.bfloat16)
+            and torch.backends.mkldnn.is_available())
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` reordered into oneDNN's blocked layout for small batches (an opaque ``torch._mkldnn`` tensor).
+
+    The hint of one row is the decode case, where the layout matters most (memory-bound); larger batches
+    still run on it at full speed (measured: within noise of a layout packed for 32 or 256 rows).
+    """
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+
+
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def process_weights_after_loading(model: nn.Module) -> None:
+    """Give every linear layer's method, and the LM head's, its chance to repack the loaded weights."""
+    for module in model.modules():
+        method = getattr(module, "linear_method", None)
+        if method is not None:
+            method.process_weights_after_loading(module)
+    logits_method = getattr(model, "logits_method", None)
+    if logits_method is not None:
+        logits_method.process_logits_weights_after_loading(model.lm_head)
 
 
 class QuantizationConfig(ABC):

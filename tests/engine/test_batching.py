@@ -33,7 +33,7 @@ def test_batched_equals_unbatched(llm, gemma_reference, alone):
 
 
 def test_chunked_prefill_equals_whole_prefill(gemma_reference, alone):
-    chunked = LLM(kv_cache_memory="160MiB", max_num_batched_tokens=48, enable_prefix_caching=False)
+    chunked = LLM(kv_cache_memory="160MiB", max_num_batched_tokens=48, enable_prefix_caching=False, dtype="float32")
     outputs = chunked.generate(mixed_prompts(chunked.get_tokenizer(), gemma_reference), GREEDY, use_tqdm=False)
     assert token_ids(outputs) == alone
 
@@ -53,7 +53,7 @@ def test_small_kv_pool_preempts_and_every_request_finishes_with_the_same_tokens(
     # and decodes that cross a block boundary with no block free preempt the newest request.
     longer = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     prompts = mixed_prompts(llm.get_tokenizer(), gemma_reference)
-    small = LLM(kv_cache_memory=48 * 16 * 36864, max_model_len=768)
+    small = LLM(kv_cache_memory=48 * 16 * 36864, max_model_len=768, dtype="float32")
     outputs = small.generate(prompts, longer, use_tqdm=False)
     stats = small.llm_engine.get_scheduler_stats()
     assert stats.num_preemptions > 0

@@ -73,7 +73,7 @@ def engines() -> dict[int, LLMEngine]:
     made = {}
     for k in (1, 2, 5):
         executor = type(f"Scripted{k}", (ScriptedExecutor,), {"tokens_per_step": k})
-        made[k] = LLMEngine(EngineConfig.from_kwargs(max_num_batched_tokens=64), executor_class=executor)
+        made[k] = LLMEngine(EngineConfig.from_kwargs(max_num_batched_tokens=64, dtype="float32"), executor_class=executor)
         executor.script = made[k].tokenizer.encode(TEXT, add_special_tokens=False)
     return made
 

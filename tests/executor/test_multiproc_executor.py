@@ -20,7 +20,7 @@ def worker_pid(worker: object) -> int:
 
 @pytest.fixture(scope="module")
 def mp_llm() -> LLM:
-    llm = LLM(kv_cache_memory="64MiB", distributed_executor_backend="mp")
+    llm = LLM(kv_cache_memory="64MiB", distributed_executor_backend="mp", dtype="float32")
     yield llm
     llm.shutdown()
 
@@ -33,7 +33,7 @@ def test_worker_process_gives_the_same_tokens_as_in_process(llm, mp_llm):
 
 
 def test_a_killed_worker_fails_the_request_and_the_health_check():
-    llm = LLM(kv_cache_memory="64MiB", distributed_executor_backend="mp")
+    llm = LLM(kv_cache_memory="64MiB", distributed_executor_backend="mp", dtype="float32")
     [pid] = llm.collective_rpc(worker_pid)
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(WorkerError, match=r"worker 0 \(pid \d+\) exited with code -9"):

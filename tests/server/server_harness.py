@@ -67,7 +67,7 @@ class Server:
 def running_server(server_config: ServerConfig | None = None, **engine_kwargs: Any) -> Iterator[Server]:
     """Start the app on a free port with uvicorn in a thread; stop it (draining) on exit."""
     server_config = server_config or ServerConfig()
-    app = create_app(LLMEngine(EngineConfig.from_kwargs(kv_cache_memory=KV_CACHE, **engine_kwargs)), server_config)
+    app = create_app(LLMEngine(EngineConfig.from_kwargs(**{"kv_cache_memory": KV_CACHE, "dtype": "float32", **engine_kwargs})), server_config)
     sock = bind_socket("127.0.0.1", 0)
     uv = uvicorn_server(app, server_config)
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
