@@ -92,7 +92,7 @@ async def _drive(session: aiohttp.ClientSession, config: BenchConfig, model: str
                  requests: Sequence[SampleRequest]) -> tuple[list[RequestOutcome], float]:
     url = config.base_url.rstrip("/") + config.endpoint
     limit = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
-    bar = ProgressBar(len(requests), label=_load_label(config) + " ", disable=config.disable_tqdm)
+    bar = ProgressBar(len(requests), label=_load_label(config), disable=config.disable_tqdm)
 
     async def one(request: SampleRequest) -> RequestOutcome:
         async with limit or contextlib.nullcontext():

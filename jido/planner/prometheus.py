@@ -1,14 +1,12 @@
-"""Parser for the Prometheus text exposition format, with histogram means and quantiles."""
+"""Prometheus text exposition read with prometheus_client's parser, with histogram means and quantiles."""
 
 from __future__ import annotations
 
 import math
-import re
 import urllib.request
 from dataclasses import dataclass, field
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+from prometheus_client.parser import text_string_to_metric_families
 
 
 class MetricsError(ValueError):
@@ -58,20 +56,14 @@ class Metrics:
 
 
 def parse_metrics(text: str) -> Metrics:
+    """Every sample by its own name (``x_total``, ``x_bucket``), whatever family the text put it under."""
     metrics = Metrics()
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            raise MetricsError(f"line {number}: not a Prometheus sample: {line[:80]!r}")
-        name, _, labels, value, _ = match.groups()
-        try:
-            number_value = float(value)
-        except ValueError as exc:
-            raise MetricsError(f"line {number}: bad value {value!r}") from exc
-        metrics.samples.setdefault(name, []).append((dict(_LABEL.findall(labels or "")), number_value))
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                metrics.samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    except (ValueError, IndexError) as exc:
+        raise MetricsError(f"not Prometheus text: {exc}") from exc
     return metrics
 
 

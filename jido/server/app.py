@@ -40,6 +40,7 @@ def create_app(llm: LLMEngine, config: ServerConfig) -> FastAPI:
         engine.start()
         yield
         await engine.shutdown()
+        metrics.close()
 
     # No /docs, /redoc or /openapi.json: the UIs load from a CDN, and the schema would list the routes
     # without their bodies (the handlers parse raw requests), telling clients less than OpenAI's API docs.

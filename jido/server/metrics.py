@@ -1,14 +1,25 @@
-"""Prometheus metrics with vLLM's names (plus ``jido:`` extras), recorded from requests and engine steps."""
+"""Prometheus metrics with vLLM's names (plus ``jido:`` extras), kept by prometheus_client in multiprocess mode."""
 from __future__ import annotations
 
-import math
+import logging
+import os
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
+from prometheus_client.exposition import generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from jido.core.request import RequestStatus
 from jido.engine.async_engine import StepReport
 from jido.engine.outputs import RequestOutput
 
+logger = logging.getLogger("jido")
+
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -18,49 +29,8 @@ _REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30
 _STEP_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _PHASES = ("schedule", "model", "sample", "update")
 _FINISH_REASONS = tuple(status.value for status in RequestStatus if status.is_finished)  # stop, length, abort
-_ZERO_AT_START = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                  "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
-                  "vllm:prompt_tokens", "vllm:generation_tokens", "jido:requests_aborted")
-
-Labels = tuple[tuple[str, str], ...]
-
-
-@dataclass
-class _Family:
-    """One metric name: a counter or gauge (one value per label set) or a histogram (buckets per set)."""
-
-    name: str
-    kind: str  # "counter" | "gauge" | "histogram"
-    help: str
-    buckets: tuple[float, ...] = ()
-    values: dict[Labels, float] = field(default_factory=dict)
-    histograms: dict[Labels, list[float]] = field(default_factory=dict)  # bucket counts, then sum, count
-
-    def set(self, value: float, labels: Labels) -> None:
-        self.values[labels] = value
-
-    def inc(self, amount: float, labels: Labels) -> None:
-        self.values[labels] = self.values.get(labels, 0.0) + amount
-
-    def observe(self, value: float, labels: Labels) -> None:
-        counts = self.histograms.setdefault(labels, [0.0] * (len(self.buckets) + 2))
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                counts[i] += 1
-        counts[-2] += value
-        counts[-1] += 1
-
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-        suffix = "_total" if self.kind == "counter" else ""
-        for labels, value in self.values.items():
-            lines.append(f"{self.name}{suffix}{_labels(labels)} {_number(value)}")
-        for labels, counts in self.histograms.items():
-            for bound, count in zip((*self.buckets, math.inf), (*counts[:-2], counts[-1])):
-                lines.append(f"{self.name}_bucket{_labels(labels + (('le', _number(bound)),))} {_number(count)}")
-            lines.append(f"{self.name}_sum{_labels(labels)} {_number(counts[-2])}")
-            lines.append(f"{self.name}_count{_labels(labels)} {_number(counts[-1])}")
-        return lines
+REJECT_REASONS = ("overload", "stopped")
+_live_dirs: set[str] = set()  # the directories that servers in this process made and still use
 
 
 @dataclass
@@ -74,69 +44,169 @@ class RequestTimer:
     num_generated: int = 0  # over all completions
 
 
+class MultiprocDir:
+    """The server's PROMETHEUS_MULTIPROC_DIR: the user's, or a temporary one made here and removed by close().
+
+    Every process that records metrics (the server now, engine workers later) writes its own files there and
+    /metrics merges them. The variable is set for this process and the children it starts.
+    """
+
+    def __init__(self) -> None:
+        user_dir = os.environ.get(MULTIPROC_DIR_ENV)
+        self._temporary: tempfile.TemporaryDirectory[str] | None = None
+        self._previous = user_dir
+        if user_dir and user_dir not in _live_dirs:
+            logger.warning("%s=%s was set by the user: wipe it between runs or counters go on from the last one; "
+                           "unset it and jido makes and removes a fresh one per server", MULTIPROC_DIR_ENV, user_dir)
+            os.makedirs(user_dir, exist_ok=True)
+            self.path = user_dir
+            return
+        self._temporary = tempfile.TemporaryDirectory(prefix="jido-prometheus-")
+        self.path = self._temporary.name
+        _live_dirs.add(self.path)
+        os.environ[MULTIPROC_DIR_ENV] = self.path
+
+    def close(self) -> None:
+        """Drop this process's live gauges; a temporary directory goes, with the variable pointing at it."""
+        mark_process_dead(os.getpid(), self.path)
+        if self._temporary is None:
+            return
+        _live_dirs.discard(self.path)
+        if os.environ.get(MULTIPROC_DIR_ENV) == self.path:
+            if self._previous in _live_dirs:  # another server of this process still writes there
+                os.environ[MULTIPROC_DIR_ENV] = self._previous
+            else:
+                del os.environ[MULTIPROC_DIR_ENV]
+        self._temporary.cleanup()
+
+
+@contextmanager
+def _values_in_files() -> Iterator[type]:
+    """Metrics built inside keep their values in files under $PROMETHEUS_MULTIPROC_DIR.
+
+    prometheus_client picks its value class once, when first imported, from that variable, which a server
+    sets later; each server gets a value class of its own, whose files it can close. NOTE: every labelled
+    child is made inside, in ServerMetrics.__init__: one made later would take whatever class is current.
+    """
+    previous = values.ValueClass
+    values.ValueClass = values.MultiProcessValue()
+    try:
+        yield values.ValueClass
+    finally:
+        values.ValueClass = previous
+
+
 class ServerMetrics:
-    """Every metric the server exports, labelled with the served model name as vLLM does."""
+    """Every metric the server exports, labelled with the served model name as vLLM does.
+
+    All series exist from the start, at zero, so dashboards and alerts see a value before the first request.
+    """
 
     def __init__(self, model_name: str, max_model_len: int) -> None:
-        self._labels: Labels = (("model_name", model_name),)
-        self._families: dict[str, _Family] = {}
-        token_buckets = _one_two_five(max_model_len)
-        for name, kind, help_text, buckets in (
-            ("vllm:num_requests_running", "gauge", "Sequences running in the engine.", ()),
-            ("vllm:num_requests_waiting", "gauge", "Sequences accepted but not yet running.", ()),
-            ("vllm:kv_cache_usage_perc", "gauge", "Fraction of KV blocks in use (1 = full).", ()),
-            ("vllm:prefix_cache_queries", "counter", "Prompt tokens looked up in the prefix cache.", ()),
-            ("vllm:prefix_cache_hits", "counter", "Prompt tokens found in the prefix cache.", ()),
-            ("vllm:num_preemptions", "counter", "Sequences preempted for lack of KV blocks.", ()),
-            ("vllm:prompt_tokens", "counter", "Prompt tokens of finished requests.", ()),
-            ("vllm:generation_tokens", "counter", "Generated tokens, counted as they stream.", ()),
-            ("vllm:request_success", "counter", "Finished requests, by finish reason.", ()),
-            ("vllm:time_to_first_token_seconds", "histogram", "Arrival to first token.", _TTFT_BUCKETS),
-            ("vllm:inter_token_latency_seconds", "histogram", "Time between output tokens.", _ITL_BUCKETS),
-            ("vllm:request_time_per_output_token_seconds", "histogram",
-             "Per request: (last token - first token) / (output tokens - 1).", _ITL_BUCKETS),
-            ("vllm:e2e_request_latency_seconds", "histogram", "Arrival to last token.", _REQUEST_BUCKETS),
-            ("vllm:request_queue_time_seconds", "histogram", "Arrival to first scheduled.", _REQUEST_BUCKETS),
-            ("vllm:request_prompt_tokens", "histogram", "Prompt tokens per finished request.", token_buckets),
-            ("vllm:request_generation_tokens", "histogram", "Output tokens per finished request.", token_buckets),
-            ("jido:step_time_seconds", "histogram", "Engine step time by phase.", _STEP_BUCKETS),
-            ("jido:step_tokens", "histogram", "Tokens computed per engine step.", token_buckets),
-            ("jido:requests_rejected", "counter", "Requests refused before reaching the engine, by reason.", ()),
-            ("jido:requests_aborted", "counter", "Requests abandoned before finishing (client gone).", ()),
-        ):
-            self._families[name] = _Family(name, kind, help_text, buckets)
-        # Exported at zero before the first request, as vLLM does, so dashboards and alerts see a value.
-        for name in _ZERO_AT_START:
-            self._families[name].set(0.0, self._labels)
-        for reason in _FINISH_REASONS:
-            self._families["vllm:request_success"].set(0.0, self._labels + (("finished_reason", reason),))
+        self.dir = MultiprocDir()
+        self._registry = CollectorRegistry()
+        MultiProcessCollector(self._registry, path=self.dir.path)
+        self._engine_totals: dict[str, int] = {}
+        self._closed = False
+        with _values_in_files() as value_class:
+            self._value_class = value_class
+            self._make_metrics(model_name, _one_two_five(max_model_len))
 
-    def __getitem__(self, name: str) -> _Family:
-        return self._families[name]
+    def _make_metrics(self, model_name: str, token_buckets: tuple[float, ...]) -> None:
+        labels = {"model_name": model_name}
 
-    def render(self) -> str:
-        return "\n".join(line for family in self._families.values() for line in family.render()) + "\n"
+        def gauge(name: str, help_text: str) -> Gauge:
+            # The most recent value of the processes alive: a dead worker's last reading is no reading.
+            # NOTE: a value never set has no time, so it is not exported; hence the explicit zero.
+            child = Gauge(name, help_text, ["model_name"], registry=None,
+                          multiprocess_mode="livemostrecent").labels(**labels)
+            child.set(0)
+            return child
+
+        def counter(name: str, help_text: str) -> Counter:
+            return Counter(name, help_text, ["model_name"], registry=None).labels(**labels)
+
+        def counters(name: str, help_text: str, label: str, label_values: tuple[str, ...]) -> dict[str, Counter]:
+            family = Counter(name, help_text, ["model_name", label], registry=None)
+            return {value: family.labels(**labels, **{label: value}) for value in label_values}
+
+        def histogram(name: str, help_text: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, help_text, ["model_name"], registry=None, buckets=buckets).labels(**labels)
+
+        self.running = gauge("vllm:num_requests_running", "Sequences running in the engine.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Sequences accepted but not yet running.")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).")
+        self.engine_counters = {
+            "prefix_cache_queries": counter("vllm:prefix_cache_queries",
+                                            "Prompt tokens looked up in the prefix cache."),
+            "prefix_cache_hits": counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache."),
+            "num_preemptions": counter("vllm:num_preemptions", "Sequences preempted for lack of KV blocks."),
+        }
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens of finished requests.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens, counted as they stream.")
+        self.success = counters("vllm:request_success", "Finished requests, by finish reason.", "finished_reason",
+                                _FINISH_REASONS)
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Arrival to first token.", _TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Time between output tokens.", _ITL_BUCKETS)
+        self.tpot = histogram("vllm:request_time_per_output_token_seconds",
+                              "Per request: (last token - first token) / (output tokens - 1).",
+                              _ITL_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to last token.", _REQUEST_BUCKETS)
+        self.queue_time = histogram("vllm:request_queue_time_seconds", "Arrival to first scheduled.", _REQUEST_BUCKETS)
+        self.prompt_len = histogram("vllm:request_prompt_tokens", "Prompt tokens per finished request.", token_buckets)
+        self.output_len = histogram("vllm:request_generation_tokens", "Output tokens per finished request.",
+                                    token_buckets)
+        step_time = Histogram("jido:step_time_seconds", "Engine step time by phase.", ["model_name", "phase"],
+                              registry=None, buckets=_STEP_BUCKETS)
+        self.step_time = {phase: step_time.labels(**labels, phase=phase) for phase in _PHASES}
+        self.step_tokens = histogram("jido:step_tokens", "Tokens computed per engine step.", token_buckets)
+        self.rejected = counters("jido:requests_rejected", "Requests refused before reaching the engine, by reason.",
+                                 "reason", REJECT_REASONS)
+        self.aborted = counter("jido:requests_aborted", "Requests abandoned before finishing (client gone).")
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition (format 0.0.4), merged over the processes' files.
+
+        Never OpenMetrics: prometheus_client escapes the colons of its sample names to underscores there
+        (vllm_..., under HELP lines that keep vllm:...), which would rename every metric.
+        """
+        return generate_latest(self._registry)
+
+    def close(self) -> None:
+        """At shutdown: close and remove the files. Requests still finishing after this record nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        self._value_class.close_all_files()
+        self.dir.close()
 
     # -- recording --------------------------------------------------------------------------------
     def on_report(self, report: StepReport, num_waiting: int) -> None:
         """Engine state after a loop iteration (called on the event loop)."""
-        stats, labels = report.stats, self._labels
-        self["vllm:num_requests_running"].set(stats.num_running, labels)
-        self["vllm:num_requests_waiting"].set(num_waiting, labels)
-        self["vllm:kv_cache_usage_perc"].set(stats.kv_cache_usage, labels)
-        self["vllm:prefix_cache_queries"].set(stats.prefix_cache_queries, labels)
-        self["vllm:prefix_cache_hits"].set(stats.prefix_cache_hits, labels)
-        self["vllm:num_preemptions"].set(stats.num_preemptions, labels)
+        if self._closed:
+            return
+        stats = report.stats
+        self.running.set(stats.num_running)
+        self.waiting.set(num_waiting)
+        self.kv_usage.set(stats.kv_cache_usage)
+        for key, child in self.engine_counters.items():
+            # The scheduler reports running totals; the counter advances by the difference.
+            total = getattr(stats, key)
+            if total > self._engine_totals.get(key, 0):
+                child.inc(total - self._engine_totals.get(key, 0))
+                self._engine_totals[key] = total
         for seconds in report.queue_times_s:
-            self["vllm:request_queue_time_seconds"].observe(seconds, labels)
+            self.queue_time.observe(seconds)
         if report.times is not None:
             times = report.times
             for phase, seconds in zip(_PHASES, (times.schedule_s, times.model_s, times.sample_s, times.update_s)):
-                self["jido:step_time_seconds"].observe(seconds, labels + (("phase", phase),))
-            self["jido:step_tokens"].observe(times.num_tokens, labels)
+                self.step_time[phase].observe(seconds)
+            self.step_tokens.observe(times.num_tokens)
 
     def on_output(self, timer: RequestTimer, output: RequestOutput) -> None:
         """A request's new cumulative output: token timings, and totals once it finished."""
+        if self._closed:
+            return
         now = time.monotonic()
         num_tokens = max(len(c.token_ids) for c in output.outputs)
         num_new = num_tokens - timer.num_tokens
@@ -144,42 +214,41 @@ class ServerMetrics:
             self._observe_tokens(timer, now, num_new)
             timer.num_tokens = num_tokens
         num_generated = sum(len(c.token_ids) for c in output.outputs)
-        self["vllm:generation_tokens"].inc(num_generated - timer.num_generated, self._labels)
+        self.generation_tokens.inc(num_generated - timer.num_generated)
         timer.num_generated = num_generated
         if output.finished:
             self._observe_finished(timer, now, output)
 
     def on_rejected(self, reason: str) -> None:
-        self["jido:requests_rejected"].inc(1, self._labels + (("reason", reason),))
+        """A request refused before the engine; ``reason`` is one of REJECT_REASONS."""
+        if not self._closed:
+            self.rejected[reason].inc()
 
     def on_aborted(self) -> None:
-        self["jido:requests_aborted"].inc(1, self._labels)
+        if not self._closed:
+            self.aborted.inc()
 
     def _observe_tokens(self, timer: RequestTimer, now: float, num_new: int) -> None:
-        labels = self._labels
         if timer.first_token is None:
             timer.first_token = now
-            self["vllm:time_to_first_token_seconds"].observe(now - timer.arrival, labels)
+            self.ttft.observe(now - timer.arrival)
             num_new -= 1
         if num_new > 0 and timer.last_token is not None:
             # Tokens that arrive together share the wait evenly.
             for _ in range(num_new):
-                self["vllm:inter_token_latency_seconds"].observe((now - timer.last_token) / num_new, labels)
+                self.itl.observe((now - timer.last_token) / num_new)
         timer.last_token = now
 
     def _observe_finished(self, timer: RequestTimer, now: float, output: RequestOutput) -> None:
-        labels = self._labels
         num_generated = sum(len(c.token_ids) for c in output.outputs)
-        self["vllm:e2e_request_latency_seconds"].observe(now - timer.arrival, labels)
-        self["vllm:prompt_tokens"].inc(len(output.prompt_token_ids), labels)
-        self["vllm:request_prompt_tokens"].observe(len(output.prompt_token_ids), labels)
-        self["vllm:request_generation_tokens"].observe(num_generated, labels)
+        self.e2e.observe(now - timer.arrival)
+        self.prompt_tokens.inc(len(output.prompt_token_ids))
+        self.prompt_len.observe(len(output.prompt_token_ids))
+        self.output_len.observe(num_generated)
         if timer.num_tokens > 1 and timer.first_token is not None:
-            self["vllm:request_time_per_output_token_seconds"].observe(
-                (now - timer.first_token) / (timer.num_tokens - 1), labels)
+            self.tpot.observe((now - timer.first_token) / (timer.num_tokens - 1))
         for completion in output.outputs:
-            reason = completion.finish_reason or "abort"
-            self["vllm:request_success"].inc(1, labels + (("finished_reason", reason),))
+            self.success[completion.finish_reason or "abort"].inc()
 
 
 def _one_two_five(limit: int) -> tuple[float, ...]:
@@ -191,15 +260,3 @@ def _one_two_five(limit: int) -> tuple[float, ...]:
                 return tuple(buckets)
             buckets.append(float(mantissa * scale))
         scale *= 10
-
-
-def _labels(labels: Labels) -> str:
-    if not labels:
-        return ""
-    escaped = (v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") for _, v in labels)
-    return "{" + ",".join(f'{k}="{v}"' for (k, _), v in zip(labels, escaped)) + "}"
-
-
-def _number(value: float) -> str:
-    # As prometheus_client writes them, so bucket labels read le="5.0" exactly as vLLM's do.
-    return "+Inf" if math.isinf(value) else repr(float(value))

@@ -1,39 +1,12 @@
-"""The server's pieces without a model: metrics exposition, stream holdback, config validation."""
+"""The server's pieces without a model: stream holdback, config validation (metrics: test_metrics.py)."""
 from __future__ import annotations
 
 import pytest
 from server_harness import self_signed_cert
 
 from jido.engine.outputs import CompletionOutput
-from jido.planner.prometheus import parse_metrics
 from jido.server.config import ServerConfig
-from jido.server.metrics import ServerMetrics
 from jido.server.responses import StreamCursor
-
-
-def test_histograms_render_cumulative_buckets_that_prometheus_parsers_read():
-    metrics = ServerMetrics('my "model"', max_model_len=100)
-    for seconds in (0.003, 0.03, 3.0):
-        metrics["vllm:time_to_first_token_seconds"].observe(seconds, (("model_name", "m"),))
-    parsed = parse_metrics(metrics.render())
-    buckets = {labels["le"]: v for labels, v in parsed.samples["vllm:time_to_first_token_seconds_bucket"]}
-    assert (buckets["0.001"], buckets["0.005"], buckets["0.04"], buckets["5.0"], buckets["+Inf"]) == (0, 1, 2, 3, 3)
-    assert parsed.total("vllm:time_to_first_token_seconds_sum") == pytest.approx(3.033)
-    assert parsed.total("vllm:prompt_tokens") == 0  # counters start at 0, exported with _total
-    assert '{model_name="my \\"model\\""}' in metrics.render()
-
-
-def test_gauges_and_success_counters_are_exported_at_zero_before_any_request():
-    parsed = parse_metrics(ServerMetrics("m", max_model_len=100).render())
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
-        assert parsed.samples[name] == [({"model_name": "m"}, 0.0)], name
-    assert parsed.samples["vllm:request_success_total"] == [
-        ({"model_name": "m", "finished_reason": reason}, 0.0) for reason in ("stop", "length", "abort")]
-
-
-def test_token_histograms_use_1_2_5_buckets_up_to_max_model_len():
-    assert ServerMetrics("m", max_model_len=600)["vllm:request_prompt_tokens"].buckets == (
-        1, 2, 5, 10, 20, 50, 100, 200, 500)
 
 
 def _completion(text: str, num_tokens: int, finish_reason: str | None = None) -> CompletionOutput:
