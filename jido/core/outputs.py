@@ -66,6 +66,7 @@ class ModelRunnerOutput:
 
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[Logprobs]] = field(default_factory=dict)  # one per sampled token
+    prepare_time_s: float = 0.0
     model_time_s: float = 0.0
     sample_time_s: float = 0.0
 

@@ -49,6 +49,11 @@ def plan_kv_cache(config: EngineConfig, kv_cache_config: KVCacheConfig, model_ma
                              f"{config.cache_config.kv_cache_memory!r}, {kv_cache_config.block_bytes} bytes per "
                              "block); raise kv_cache_memory or lower max_model_len")
         max_model_len = requested
+    elif capacity == 0:
+        need = peak_blocks_per_request(kv_cache_config, kv_cache_config.block_size, budget)
+        raise ValueError(f"{config.cache_config.kv_cache_memory!r} of KV cache holds {kv_cache_config.num_blocks} "
+                         f"blocks of {kv_cache_config.block_bytes} bytes; even a {kv_cache_config.block_size}-token "
+                         f"request needs {need}: raise kv_cache_memory")
     else:
         max_model_len = capacity
     steady = blocks_per_request(kv_cache_config, max_model_len)
@@ -153,5 +158,5 @@ class EngineCore:
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         stats = IterationStats(scheduled - start, runner_output.model_time_s, runner_output.sample_time_s,
                                time.perf_counter() - ran, scheduler_output.total_num_scheduled_tokens,
-                               self.scheduler.take_queue_times())
+                               self.scheduler.take_queue_times(), runner_output.prepare_time_s)
         return EngineCoreOutputs(outputs, self.scheduler.stats(), stats)

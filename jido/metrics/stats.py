@@ -20,9 +20,10 @@ class SchedulerStats:
 class IterationStats:
     """Where one step's time went and what it carried (vLLM's iteration stats)."""
 
-    schedule_s: float = 0.0
-    model_s: float = 0.0
-    sample_s: float = 0.0
-    update_s: float = 0.0
+    schedule_s: float = 0.0  # the scheduler's schedule()
+    model_s: float = 0.0  # the forward pass and the logits of the sampled rows
+    sample_s: float = 0.0  # the sampler
+    update_s: float = 0.0  # update_from_output(): stop checks, outputs
     num_tokens: int = 0
     queue_times_s: tuple[float, ...] = field(default_factory=tuple)  # arrival -> first scheduled, this step
+    prepare_s: float = 0.0  # the runner's input batch, positions and attention metadata

@@ -109,16 +109,17 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        begin = time.perf_counter()
         batch = self.input_batch
         batch.update(sched)
         if sched.is_empty:
             return ModelRunnerOutput({})
-        start = time.perf_counter()
         inputs = batch.prepare_inputs(sched)
         attn_metadata = build_step_metadata(self.attn_backend, inputs.group_metadata, self.layer_groups)
+        start = time.perf_counter()
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn_metadata)
         if not inputs.sampled_req_ids:  # only prefill chunks that have not reached their prompts' ends
-            return ModelRunnerOutput({}, model_time_s=time.perf_counter() - start)
+            return ModelRunnerOutput({}, prepare_time_s=start - begin, model_time_s=time.perf_counter() - start)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         model_done = time.perf_counter()
         token_ids, logprobs = self.sampler.sample(logits, batch.sampling.metadata(inputs.sampled_rows.tolist()))
@@ -126,4 +127,5 @@ class ModelRunner:
         return ModelRunnerOutput(
             {r: [t] for r, t in zip(inputs.sampled_req_ids, token_ids)},
             {r: [lp] for r, lp in zip(inputs.sampled_req_ids, logprobs) if lp is not None},
-            model_time_s=model_done - start, sample_time_s=time.perf_counter() - model_done)
+            prepare_time_s=start - begin, model_time_s=model_done - start,
+            sample_time_s=time.perf_counter() - model_done)

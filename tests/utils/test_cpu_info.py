@@ -31,3 +31,14 @@ def test_describe_lists_the_key_flags_in_a_fixed_order():
     info = CpuInfo("AMD EPYC", 2, frozenset({"avx512_bf16", "avx2", "fma", "sse2"}))
     assert info.describe() == "AMD EPYC, 2 CPUs, avx2 (avx2 fma avx512_bf16)"
     assert info.as_dict()["cpu_flags"] == ["avx2", "fma", "avx512_bf16"]
+
+
+def test_auto_dtype_follows_native_bf16():
+    import torch
+
+    from jido.runner.model_runner import resolve_dtype
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu, CpuInfo("x", 2, frozenset({"avx2", "fma"}))) == torch.float32
+    assert resolve_dtype("auto", cpu, CpuInfo("x", 2, frozenset({"avx512f", "avx512_bf16"}))) == torch.bfloat16
+    assert resolve_dtype("auto", torch.device("cuda"), CpuInfo("x", 2, frozenset())) == torch.bfloat16
+    assert resolve_dtype("float32", cpu, CpuInfo("x", 2, frozenset({"avx512_bf16"}))) == torch.float32
