@@ -25,7 +25,7 @@ from jido.utils.cpu import cpu_info
 # NOTE: jido/bench/machine.py reads this file (its `cpu`, `bandwidth_bytes_s` and `onednn`) without torch.
 DEFAULT_CACHE = Path.home() / ".cache" / "jido" / "roofline.json"
 MATMUL_DTYPES = (torch.float32, torch.bfloat16)
-MATMUL_PROBE_SIZE = 256  # the probe that predicts a full-size matmul's time before it is run
+MATMUL_PROBE_SIZE = 256  # the first matmul size timed on the way up to --matmul-size
 DECODE_PROMPT_LEN = 16  # the batch-1 decode probe's prompt: short, so weights dominate the bytes read
 
 
@@ -108,17 +108,23 @@ def measure_peaks(device: torch.device, copy_mib: int, matmul_size: int, time_ca
 
 
 def matmul_rate(device: torch.device, dtype: torch.dtype, size: int, time_cap_s: float, repeats: int) -> float | None:
-    """FLOP/s of a size^3 linear layer (what a model's prefill runs), or None when one would take longer than
-    the cap: a small probe predicts the time first, since an emulated dtype can be hundreds of times slower."""
-    probe = min(size, MATMUL_PROBE_SIZE)
-    x, w = (torch.randn(probe, probe, device=device).to(dtype) for _ in range(2))
-    probe_s = min(_time_once(lambda: torch.nn.functional.linear(x, w), device) for _ in range(2))
-    predicted_s = probe_s * (size / probe) ** 3
-    if predicted_s > time_cap_s:
-        return None
-    x, w = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
-    runs = max(1, min(repeats, int(time_cap_s / predicted_s) - 1))  # the warm-up is one more
-    return 2 * size**3 / _best_time(lambda: torch.nn.functional.linear(x, w), device, runs)
+    """FLOP/s of a size^3 linear layer (what a model's prefill runs), or None when reaching that size would
+    take longer than the cap (an emulated dtype can be hundreds of times slower): sizes double from a small
+    probe, each run only when the last one's time, scaled by the FLOPs, fits in what is left of the cap."""
+    n, spent = min(size, MATMUL_PROBE_SIZE), 0.0
+    while True:
+        x, w = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+        times = [_time_once(lambda: torch.nn.functional.linear(x, w), device) for _ in range(2)]  # 1st: warm-up
+        spent += sum(times)
+        if n == size:
+            break
+        next_n = min(size, 2 * n)
+        if spent + 2 * min(times) * (next_n / n) ** 3 > time_cap_s:
+            return None
+        n = next_n
+    extra = max(0, min(repeats - 1, int((time_cap_s - spent) / min(times))))
+    times += [_time_once(lambda: torch.nn.functional.linear(x, w), device) for _ in range(extra)]
+    return 2 * size**3 / min(times)
 
 
 def _best_time(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
