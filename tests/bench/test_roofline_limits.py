@@ -115,7 +115,8 @@ def test_roofline_main_prints_jidos_figures_as_a_share_of_the_limit(tmp_path, ge
     result = json.loads(capsys.readouterr().out)
     assert result["machine_from_cache"] is True and factory_kwargs["enable_prefix_caching"] is False
     assert result["jido"] == pytest.approx({"decode_tok_s": 20.0, "prefill_tok_s": 1000.0})
-    assert result["percent_of_limit"] == pytest.approx({k: 100 * v / result["limit"][k] for k, v in result["jido"].items()})
+    limit = result["limit"]
+    assert result["percent_of_limit"] == pytest.approx({k: 100 * v / limit[k] for k, v in result["jido"].items()})
     assert result["warnings"] == []
     assert roofline.roofline_main([*argv[:-1], "--no-measure-jido"], factory) == 0
     out = capsys.readouterr().out.splitlines()
