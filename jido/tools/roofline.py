@@ -50,7 +50,8 @@ class RooflineConfig:
         for name, most in (("decode_tokens", None), ("prompt_len", None), ("copy_mib", 4096), ("matmul_size", 8192)):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 2 or (most is not None and value > most):
-                raise ValueError(f"{name} must be an integer from 2 to {most or 'any size'}, got {value!r}")
+                bound = f">= 2 and <= {most}" if most else ">= 2"
+                raise ValueError(f"{name} must be an integer {bound}, got {value!r}")
         if not self.matmul_time_cap_s > 0:
             raise ValueError(f"matmul_time_cap_s must be > 0 seconds, got {self.matmul_time_cap_s!r}")
 

@@ -160,6 +160,15 @@ def test_a_matmul_too_slow_to_measure_leaves_the_prefill_limit_unknown():
     assert notes == ["prefill limit unknown: the bfloat16 matmul rate was too slow to measure within the time cap"]
 
 
+def test_measurement_sizes_and_time_cap_are_bounded():
+    with pytest.raises(ValueError, match=r"matmul_size must be an integer >= 2 and <= 8192, got 16384"):
+        RooflineConfig(matmul_size=16384)
+    with pytest.raises(ValueError, match=r"copy_mib must be an integer >= 2 and <= 4096, got 8192"):
+        RooflineConfig(copy_mib=8192)
+    with pytest.raises(ValueError, match=r"matmul_time_cap_s must be > 0 seconds, got 0"):
+        RooflineConfig(matmul_time_cap_s=0)
+
+
 def test_a_matmul_predicted_to_take_longer_than_the_time_cap_is_not_run():
     cpu = torch.device("cpu")
     assert roofline.matmul_rate(cpu, torch.float32, 512, time_cap_s=1e-9, repeats=1) is None
