@@ -90,7 +90,8 @@ def roofline_shares(records: dict[str, Any], machine: dict[str, Any],
             continue
         dtype = dtype_of(record) or "float32"
         if not same_cpu(record.get("machine"), machine):
-            shares[label] = {"dtype": dtype, "note": "measured on another CPU than this roofline's; no share"}
+            shares[label] = {"dtype": dtype, "percent_of_limit": None,
+                             "note": "its CPU is not the one the roofline was measured on (or was not recorded)"}
             continue
         limit, bandwidth = decode_limit(dtype)
         decode = 1000 / batch1["median_tpot_ms"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 
 from jido.bench.machine import describe_machine, machine_info, roofline_figures
+from jido.bench.report import format_table
+from jido.bench.summary import LATENCIES, PERCENTILES
 from jido.utils.cpu import cpu_info
 
 
@@ -29,3 +31,14 @@ def test_describe_machine_names_model_isa_flags_bf16_software_and_bandwidth():
                "platform": "Linux"}
     assert describe_machine(machine) == ("AMD EPYC, 2 CPUs; avx2 (avx2 fma); no native bf16; torch 2.13.0, "
                                          "oneDNN v3.12.0; 38.5 GB/s copy bandwidth; Linux")
+
+
+def test_the_bench_table_ends_with_the_machine_line():
+    result = {k: 1 for k in ("completed", "failed", "duration", "total_input_tokens", "total_output_tokens",
+                             "request_throughput", "output_throughput", "total_token_throughput")}
+    stats = ("mean", "median", *(f"p{p}" for p in PERCENTILES))
+    result |= {f"{stat}_{name}_ms": 1.0 for name in LATENCIES for stat in stats}
+    result["machine"] = {"cpu_model": "AMD EPYC", "num_cpus": 2, "isa": "avx2", "cpu_flags": ["avx2", "fma"],
+                         "native_bf16": False, "platform": "Linux"}
+    assert format_table(result).splitlines()[-2:] == [
+        "Machine: AMD EPYC, 2 CPUs; avx2 (avx2 fma); no native bf16; Linux", "=" * 50]
