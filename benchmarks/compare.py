@@ -37,6 +37,7 @@ from jido.bench.datasets import SampleRequest, sample_requests
 from jido.bench.machine import machine_info, now_iso
 from jido.bench.runner import run_benchmark
 from jido.bench.tokens import make_counter
+from jido.config.model import DTYPES
 from jido.utils.cpu import cpu_info
 
 from compare_report import jido_profile, markdown, ratios, roofline_shares, summarize_repeats, variant_label
@@ -489,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--setup-only", action="store_true", help="install and build, measure nothing")
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of each workload; figures are their median, with the min–max spread (default 1)")
-    parser.add_argument("--jido-dtype", default="auto", help="jido serve --dtype (default auto: jido's own choice)")
+    parser.add_argument("--jido-dtype", default="auto", choices=DTYPES,
+                        help="jido serve --dtype (default auto: jido's own choice, recorded as what it resolved to)")
     for peer in ("vllm", "transformers"):
         parser.add_argument(f"--{peer}-dtype", default=best, choices=["float32", "bfloat16"],
                             help=f"{peer}'s dtype (default here: {best}, bf16 only on CPUs with native bf16)")
