@@ -91,7 +91,7 @@ def roofline_shares(records: dict[str, Any], machine: dict[str, Any],
         dtype = dtype_of(record) or "float32"
         if not same_cpu(record.get("machine"), machine):
             shares[label] = {"dtype": dtype, "percent_of_limit": None,
-                             "note": "its CPU is not the one the roofline was measured on (or was not recorded)"}
+                             "note": "its CPU was not recorded or is not the one the roofline was measured on"}
             continue
         limit, bandwidth = decode_limit(dtype)
         decode = 1000 / batch1["median_tpot_ms"]

@@ -111,7 +111,7 @@ def test_roofline_share_uses_each_variants_own_dtype_and_cpu(compare):
     assert shares["jido[dtype=bfloat16]"]["percent_of_limit"] == pytest.approx(100 * 25.0 / 60.0)
     assert shares["jido[dtype=bfloat16,old]"] == {
         "dtype": "bfloat16", "percent_of_limit": None,
-        "note": "its CPU is not the one the roofline was measured on (or was not recorded)"}
+        "note": "its CPU was not recorded or is not the one the roofline was measured on"}
     assert shares["jido[dtype=float16]"]["percent_of_limit"] is None  # 100 tok/s over a 60 tok/s limit
     assert "100.0 tok/s is above the limit" in shares["jido[dtype=float16]"]["note"]
     lines = markdown(compare, roofline=shares).splitlines()
