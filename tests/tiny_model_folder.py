@@ -1,4 +1,4 @@
-"""A tiny random Gemma 3 checkpoint folder (weights, config, word-level tokenizer) that jido and transformers both load."""
+"""A tiny random Gemma 3 checkpoint folder (weights, config, word-level tokenizer) for jido and transformers."""
 from __future__ import annotations
 
 import json
