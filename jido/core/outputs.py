@@ -65,7 +65,7 @@ class PromptLogprobsLists:
     """
 
     logprobs: list[float]  # [P - 1] of the prompt token at positions 1..P-1
-    ranks: list[int]  # [P - 1] 1 + how many tokens were more likely than it
+    ranks: list[int]  # [P - 1] how many tokens were at least as likely, itself included (1: the most likely)
     top_token_ids: list[list[int]]  # [P - 1][N] the N most likely tokens there, most likely first
     top_logprobs: list[list[float]]  # [P - 1][N]
 

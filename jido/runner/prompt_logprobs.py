@@ -81,4 +81,5 @@ class PromptLogprobsCollector:
 
 def _concat(parts: list[PromptLogprobsLists]) -> PromptLogprobsLists:
     return PromptLogprobsLists([x for p in parts for x in p.logprobs], [x for p in parts for x in p.ranks],
-                          [x for p in parts for x in p.top_token_ids], [x for p in parts for x in p.top_logprobs])
+                               [x for p in parts for x in p.top_token_ids],
+                               [x for p in parts for x in p.top_logprobs])
