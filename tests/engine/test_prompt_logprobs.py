@@ -17,13 +17,14 @@ def _prompt(seed: int, n: int) -> list[int]:
     return [BOS_ID, *words.tolist()]
 
 
-def _close(a: list[dict | None], b: list[dict | None]) -> bool:
+def _assert_close(a: list[dict | None], b: list[dict | None]) -> None:
     """Same tokens, ranks and texts at every position, and logprobs within ATOL."""
-    return len(a) == len(b) and all(
-        x is None and y is None or x is not None and y is not None and list(x) == list(y) and all(
-            x[t].rank == y[t].rank and x[t].decoded_token == y[t].decoded_token
-            and abs(x[t].logprob - y[t].logprob) < ATOL for t in x)
-        for x, y in zip(a, b))
+    assert len(a) == len(b) and a[0] is None and b[0] is None
+    for x, y in zip(a[1:], b[1:]):
+        assert list(x) == list(y)
+        for t in x:
+            assert (x[t].rank, x[t].decoded_token) == (y[t].rank, y[t].decoded_token)
+            assert x[t].logprob == pytest.approx(y[t].logprob, abs=ATOL)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def test_prompt_logprobs_leave_the_generated_tokens_unchanged(tiny_llm):
         use_tqdm=False)
     assert plain.prompt_logprobs is None
     assert both.outputs[0].token_ids == plain.outputs[0].token_ids and len(plain.outputs[0].token_ids) == 6
-    assert _close(both.prompt_logprobs, scored.prompt_logprobs)
+    _assert_close(both.prompt_logprobs, scored.prompt_logprobs)
 
 
 def test_chunked_prefill_and_prefix_caching_give_the_prompt_logprobs_of_a_plain_run(tiny_llm, tiny_model_folder,
@@ -70,8 +71,8 @@ def test_chunked_prefill_and_prefix_caching_give_the_prompt_logprobs_of_a_plain_
     chunked.generate(shared + [7], SamplingParams(max_tokens=1), use_tqdm=False)  # caches the shared prefix
     outputs = chunked.generate(prompts, params, use_tqdm=False)
     assert [o.num_cached_tokens for o in outputs] == [0, 12, 0]  # the scored prompts skip the cache
-    assert _close(outputs[0].prompt_logprobs, plain[0].prompt_logprobs)
-    assert _close(outputs[2].prompt_logprobs, plain[2].prompt_logprobs)
+    _assert_close(outputs[0].prompt_logprobs, plain[0].prompt_logprobs)
+    _assert_close(outputs[2].prompt_logprobs, plain[2].prompt_logprobs)
     assert outputs[1].prompt_logprobs is None and outputs[1].outputs[0].token_ids == plain[1].outputs[0].token_ids
 
 
@@ -80,4 +81,4 @@ def test_n_completions_report_the_prompt_logprobs_once(tiny_llm):
     out = tiny_llm.generate(prompt, SamplingParams(n=3, max_tokens=2, seed=1, prompt_logprobs=2), use_tqdm=False)[0]
     alone = tiny_llm.generate(prompt, SamplingParams(max_tokens=0, prompt_logprobs=2), use_tqdm=False)[0]
     assert len(out.outputs) == 3 and all(len(c.token_ids) == 2 for c in out.outputs)
-    assert _close(out.prompt_logprobs, alone.prompt_logprobs)
+    _assert_close(out.prompt_logprobs, alone.prompt_logprobs)
