@@ -8,7 +8,7 @@ from tiny_model_folder import BOS_ID, VOCAB_SIZE, reference_logprobs, token_text
 from jido import LLM, SamplingParams
 from jido.runner import prompt_logprobs
 
-ATOL = 1e-4  # the engine computes in float32, the reference in float64
+ATOL = 1e-4  # the engine computes in float32 (asked for, so on any device), the reference in float64
 SCORE = SamplingParams(max_tokens=0, prompt_logprobs=3)
 
 
@@ -29,7 +29,7 @@ def _assert_close(a: list[dict | None], b: list[dict | None]) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_llm(tiny_model_folder) -> LLM:
-    return LLM(str(tiny_model_folder), kv_cache_memory="4MiB", block_size=4)
+    return LLM(str(tiny_model_folder), dtype="float32", kv_cache_memory="4MiB", block_size=4)
 
 
 def test_prompt_logprobs_are_the_float64_log_softmax_of_transformers_at_each_position(tiny_llm, tiny_model_folder):
@@ -67,7 +67,8 @@ def test_chunked_prefill_and_prefix_caching_give_the_prompt_logprobs_of_a_plain_
     prompts = [shared + _prompt(4, 9)[1:], shared + _prompt(5, 11)[1:], _prompt(6, 30)]
     params = [SCORE, SamplingParams(max_tokens=3, temperature=0), SamplingParams(max_tokens=2, prompt_logprobs=1)]
     plain = [tiny_llm.generate(p, s, use_tqdm=False)[0] for p, s in zip(prompts, params)]
-    chunked = LLM(str(tiny_model_folder), kv_cache_memory="4MiB", block_size=4, max_num_batched_tokens=7)
+    chunked = LLM(str(tiny_model_folder), dtype="float32", kv_cache_memory="4MiB", block_size=4,
+                  max_num_batched_tokens=7)
     chunked.generate(shared + [7], SamplingParams(max_tokens=1), use_tqdm=False)  # caches the shared prefix
     outputs = chunked.generate(prompts, params, use_tqdm=False)
     assert [o.num_cached_tokens for o in outputs] == [0, 12, 0]  # the scored prompts skip the cache

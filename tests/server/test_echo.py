@@ -15,7 +15,7 @@ COMPLETIONS = "/v1/completions"
 
 @pytest.fixture(scope="module")
 def server(tiny_model_folder):
-    with running_server(model=str(tiny_model_folder)) as server:
+    with running_server(model=str(tiny_model_folder), dtype="float32") as server:
         yield server
 
 
