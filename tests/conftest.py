@@ -39,3 +39,11 @@ def _no_api_key_from_the_environment() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv(API_KEY_ENV, raising=False)
         yield
+
+
+@pytest.fixture(scope="session")
+def tiny_model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Gemma 3 checkpoint with a word-level tokenizer (see tiny_model_folder.py)."""
+    from tiny_model_folder import write_tiny_model_folder
+
+    return write_tiny_model_folder(tmp_path_factory.mktemp("tiny-gemma3"))

@@ -55,9 +55,11 @@ class KVCacheManager:
         """Per group, the cached blocks of the longest usable prefix, and how many tokens it covers.
 
         At least one token is always left to compute, because the step that computes it samples the
-        next token. Nothing is taken: call :meth:`allocate_slots` with the blocks to keep them.
+        next token. A request that still owes its prompt's logprobs gets no hit (as in vLLM): they come
+        from computing every prompt token. Nothing is taken: call :meth:`allocate_slots` with the blocks
+        to keep them.
         """
-        if not self.enable_caching:
+        if not self._reads_prefix_cache(request):
             return [[] for _ in self.sliding_windows], 0
         self._update_block_hashes(request)
         limit = (request.num_tokens - 1) // self.block_size
@@ -70,6 +72,11 @@ class KVCacheManager:
         num_hit = self._longest_hit(cached, limit)
         hits = [self._hit_table(g, blocks, num_hit) for g, blocks in enumerate(cached)]
         return hits, num_hit * self.block_size
+
+    def _reads_prefix_cache(self, request: Request) -> bool:
+        # NOTE: the runner takes a new request with outputs as one whose prompt logprobs were sent.
+        owes_prompt_logprobs = request.sampling_params.prompt_logprobs is not None and not request.output_token_ids
+        return self.enable_caching and not owes_prompt_logprobs
 
     def _cached_run(self, request: Request, group: int, limit: int) -> BlockTable:
         """The group's cached block for each of the first ``limit`` positions (None where absent).
@@ -138,7 +145,7 @@ class KVCacheManager:
         return new_blocks
 
     def _start_tables(self, request: Request, computed: list[BlockTable]) -> list[BlockTable]:
-        if self.enable_caching:
+        if self._reads_prefix_cache(request):
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += len(computed[0]) * self.block_size
         self.pool.touch(b for blocks in computed for b in blocks if b is not None)

@@ -57,6 +57,20 @@ class Logprobs:
 
 
 @dataclass
+class PromptLogprobsLists:
+    """Each prompt token's log-probability given the tokens before it, for prompt tokens 1 to P-1.
+
+    The first prompt token has none (nothing precedes it). Kept as plain lists, one entry per position,
+    so that a long prompt crosses a process boundary as a handful of lists rather than one object each.
+    """
+
+    logprobs: list[float]  # [P - 1] of the prompt token at positions 1..P-1
+    ranks: list[int]  # [P - 1] how many tokens were at least as likely, itself included (1: the most likely)
+    top_token_ids: list[list[int]]  # [P - 1][N] the N most likely tokens there, most likely first
+    top_logprobs: list[list[float]]  # [P - 1][N]
+
+
+@dataclass
 class ModelRunnerOutput:
     """Tokens sampled this step, for the requests whose known tokens are now all computed.
 
@@ -66,6 +80,8 @@ class ModelRunnerOutput:
 
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[Logprobs]] = field(default_factory=dict)  # one per sampled token
+    # For requests that asked, in the step that computed the end of their prompt.
+    prompt_logprobs: dict[str, PromptLogprobsLists] = field(default_factory=dict)
     prepare_time_s: float = 0.0
     model_time_s: float = 0.0
     sample_time_s: float = 0.0
@@ -81,6 +97,7 @@ class EngineCoreOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    prompt_logprobs: PromptLogprobsLists | None = None  # once, with the request's first output
 
 
 @dataclass

@@ -19,6 +19,11 @@ class SamplingParams:
     ``temperature == 0`` is greedy. ``top_k`` of 0 or -1 disables top-k. ``stop`` strings are matched on
     the detokenized text and removed from it unless ``include_stop_str_in_output``. ``max_tokens=None``
     generates until a stop condition or the model's length limit.
+
+    ``logprobs`` asks for each generated token's log-probability and the top-N alternatives;
+    ``prompt_logprobs`` for each prompt token's, given the tokens before it (the first has none), which is
+    what scoring a text needs. With ``prompt_logprobs``, ``max_tokens=0`` is allowed: the request ends
+    after its prompt is computed, with no generated token.
     """
 
     n: int = 1
@@ -36,6 +41,7 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
@@ -51,7 +57,10 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             _check_real(name, getattr(self, name), lambda x: -2 <= x <= 2, "in [-2, 2]")
         _check_int("seed", self.seed, _INT64_MIN, optional=True)
-        _check_int("max_tokens", self.max_tokens, 1, optional=True)
+        _check_int("prompt_logprobs", self.prompt_logprobs, 0, 20, optional=True)
+        scoring_only = self.prompt_logprobs is not None  # then max_tokens=0 asks for the prompt's logprobs alone
+        _check_int("max_tokens", self.max_tokens, 0 if scoring_only else 1, optional=True,
+                   allowed=None if scoring_only else "an integer >= 1 (0 only with prompt_logprobs)")
         _check_int("min_tokens", self.min_tokens, 0)
         _require(self.max_tokens is None or self.min_tokens <= self.max_tokens,
                  f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")

@@ -172,7 +172,9 @@ class Scheduler:
             request.spec_token_ids = []
             self.kv.cache_full_blocks(request)  # before a stop below frees the blocks
             if token_ids:  # else a prefill chunk that has not reached the end of the prompt yet
-                outputs.append(self._append_tokens(request, token_ids, runner_output.logprobs.get(req_id, [])))
+                output = self._append_tokens(request, token_ids, runner_output.logprobs.get(req_id, []))
+                output.prompt_logprobs = runner_output.prompt_logprobs.get(req_id)
+                outputs.append(output)
                 if num_spec and not request.is_finished:
                     # Accepted proposals are computed tokens the request only has after the append.
                     self.kv.cache_full_blocks(request)
@@ -180,6 +182,11 @@ class Scheduler:
 
     def _append_tokens(self, request: Request, token_ids: list[int], logprobs: list[Logprobs]) -> EngineCoreOutput:
         """Append tokens one by one; a stop ends the request there and drops the tokens after it."""
+        if request.sampling_params.max_tokens == 0:
+            # Only the prompt (its logprobs) was asked for: the token sampled after it is no output.
+            self._finish(request, RequestStatus.FINISHED_LENGTH)
+            return EngineCoreOutput(request.request_id, [], finish_reason=RequestStatus.FINISHED_LENGTH.value,
+                                    num_cached_tokens=request.num_cached_tokens)
         finish = None
         for num_new, token_id in enumerate(token_ids, start=1):
             request.append_output_token(token_id)

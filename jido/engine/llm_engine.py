@@ -8,12 +8,12 @@ import time
 from dataclasses import dataclass, field
 
 from jido.config import EngineConfig
-from jido.core.outputs import EngineCoreOutput, Logprobs
+from jido.core.outputs import EngineCoreOutput, Logprobs, PromptLogprobsLists
 from jido.core.request import Request
 from jido.core.sampling_params import SamplingParams
 from jido.engine.detokenizer import IncrementalDetokenizer
 from jido.engine.engine_core import EngineCore
-from jido.engine.outputs import CompletionOutput, RequestOutput
+from jido.engine.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
 from jido.executor.abstract import Executor
 from jido.metrics.stats import IterationStats, SchedulerStats
 from jido.models.config import ModelArchConfig
@@ -55,6 +55,8 @@ class _Parent:
     arrival_time: float
     first_token_time: float | None = None
     num_cached_tokens: int = 0
+    has_prompt_logprobs: bool = False  # every child computes them; the first to report is kept
+    new_prompt_logprobs: PromptLogprobs | None = None  # for the next delta
 
     @property
     def finished(self) -> bool:
@@ -207,6 +209,9 @@ class LLMEngine:
         if parent.first_token_time is None:
             parent.first_token_time = now
             parent.num_cached_tokens = out.num_cached_tokens
+        if out.prompt_logprobs is not None and not parent.has_prompt_logprobs:
+            parent.has_prompt_logprobs = True
+            parent.new_prompt_logprobs = self._prompt_logprob_list(parent.prompt_token_ids, out.prompt_logprobs)
         stop, num_used = seq.detokenizer.update(out.new_token_ids)
         # Tokens after the one that completed a stop string are not part of the output.
         seq.new_token_ids.extend(out.new_token_ids[:num_used])
@@ -223,8 +228,28 @@ class LLMEngine:
         """The request's delta: what each completion gained since its last output (see ``RequestOutput.add``)."""
         completions = [self._delta(s, parent.params.logprobs is not None) for s in parent.sequences]
         metrics = {"arrival_time": parent.arrival_time, "first_token_time": parent.first_token_time or 0.0}
-        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, completions,
-                             parent.finished, parent.num_cached_tokens, metrics)
+        output = RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, completions,
+                               parent.finished, parent.num_cached_tokens, metrics, parent.new_prompt_logprobs)
+        parent.new_prompt_logprobs = None
+        return output
+
+    def _prompt_logprob_list(self, prompt_token_ids: list[int], scores: PromptLogprobsLists) -> PromptLogprobs:
+        """The core's per-position lists as vLLM's shape: None, then {token id: Logprob} per later position."""
+        texts: dict[int, str] = {}
+
+        def entry(token_id: int, logprob: float, rank: int) -> Logprob:
+            if token_id not in texts:
+                texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            return Logprob(logprob, rank, texts[token_id])
+
+        result: PromptLogprobs = [None]
+        for i, token_id in enumerate(prompt_token_ids[1:]):
+            position = {token_id: entry(token_id, scores.logprobs[i], scores.ranks[i])}
+            for rank, (top_id, top_logprob) in enumerate(zip(scores.top_token_ids[i], scores.top_logprobs[i]), 1):
+                if top_id not in position:
+                    position[top_id] = entry(top_id, top_logprob, rank)
+            result.append(position)
+        return result
 
     @staticmethod
     def _delta(seq: _Sequence, want_logprobs: bool) -> CompletionOutput:

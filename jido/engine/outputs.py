@@ -7,6 +7,20 @@ from jido.core.outputs import Logprobs
 
 
 @dataclass
+class Logprob:
+    """One token's log-probability at one position, as vLLM's ``Logprob``: its rank (1 is the most likely) and text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# Per prompt position: None for the first token (nothing precedes it), then the prompt token and the top-N
+# alternatives, each keyed by token id (the prompt token first). vLLM's ``PromptLogprobs``.
+PromptLogprobs = list[dict[int, Logprob] | None]
+
+
+@dataclass
 class CompletionOutput:
     """One generated sequence of a request (a request with ``n > 1`` has several)."""
 
@@ -34,6 +48,7 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    prompt_logprobs: PromptLogprobs | None = None  # when asked for; in a delta, only the one it arrives in
 
     def add(self, delta: RequestOutput) -> None:
         """Merge the next delta of this request (from ``LLMEngine.step``) into this cumulative output.
@@ -47,6 +62,8 @@ class RequestOutput:
                 whole.logprobs.extend(new.logprobs)
             whole.cumulative_logprob = new.cumulative_logprob
             whole.finish_reason, whole.stop_reason = new.finish_reason, new.stop_reason
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
         self.finished = delta.finished
         self.num_cached_tokens = delta.num_cached_tokens
         self.metrics = delta.metrics

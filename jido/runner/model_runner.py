@@ -18,6 +18,7 @@ from jido.models.config import ModelArchConfig
 from jido.models.loader import iter_weights, load_config
 from jido.models.registry import get_model_class
 from jido.runner.input_batch import InputBatch
+from jido.runner.prompt_logprobs import PromptLogprobsCollector
 from jido.sampling.sampler import Sampler
 from jido.utils.cpu import CpuInfo, cpu_info
 
@@ -62,6 +63,8 @@ class ModelRunner:
         self.attn_backend = get_attention_backend(config.model_config.attention_backend)
         self.model = self._load_model()
         self.sampler = Sampler(config.model_config.seed, self.device)
+        self.prompt_logprobs = PromptLogprobsCollector(self.model.compute_logits, self.model_arch.vocab_size,
+                                                       self.device)
         self.kv_caches: list[torch.Tensor] = []
         self.layer_groups: list[int] = []
         self.input_batch: InputBatch | None = None
@@ -112,12 +115,14 @@ class ModelRunner:
         begin = time.perf_counter()
         batch = self.input_batch
         batch.update(sched)
+        self.prompt_logprobs.update(sched)
         if sched.is_empty:
             return ModelRunnerOutput({})
         inputs = batch.prepare_inputs(sched)
         attn_metadata = build_step_metadata(self.attn_backend, inputs.group_metadata, self.layer_groups)
         start = time.perf_counter()
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn_metadata)
+        prompt_logprobs = self.prompt_logprobs.collect(sched, hidden)  # only ever due in a sampling step
         if not inputs.sampled_req_ids:  # only prefill chunks that have not reached their prompts' ends
             return ModelRunnerOutput({}, prepare_time_s=start - begin, model_time_s=time.perf_counter() - start)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
@@ -126,6 +131,6 @@ class ModelRunner:
         batch.append_sampled(inputs.sampled_rows, token_ids)
         return ModelRunnerOutput(
             {r: [t] for r, t in zip(inputs.sampled_req_ids, token_ids)},
-            {r: [lp] for r, lp in zip(inputs.sampled_req_ids, logprobs) if lp is not None},
+            {r: [lp] for r, lp in zip(inputs.sampled_req_ids, logprobs) if lp is not None}, prompt_logprobs,
             prepare_time_s=start - begin, model_time_s=model_done - start,
             sample_time_s=time.perf_counter() - model_done)

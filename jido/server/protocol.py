@@ -1,7 +1,7 @@
 """The OpenAI request bodies jido accepts (with vLLM's sampling extras), as pydantic models."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, PlainValidator
@@ -23,10 +23,11 @@ _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", 
 # Fields jido cannot honour, with what they would ask for and the values that ask for nothing (accepted as
 # no-ops, as clients often send the defaults). Any other value gets a 400 naming the field: silently doing
 # something else than asked is worse than refusing. Unknown fields not listed here (user, ...) are ignored.
+# A body that declares one of them (completions' echo) serves it, and the check skips it there.
 _UNSUPPORTED: dict[str, tuple[str, Callable[[Any, dict], bool]]] = {
     "best_of": ("server-side best-of sampling (best_of above n)",
                 lambda v, body: v is None or (type(v) is int and v == body.get("n", 1))),
-    "echo": ("echoing the prompt", lambda v, body: v is None or v is False),
+    "echo": ("echoing the prompt in chat", lambda v, body: v is None or v is False),
     "suffix": ("text after the completion (fill-in-the-middle)", lambda v, body: v is None or v == ""),
     "logit_bias": ("logit biases", lambda v, body: v is None or v == {}),
     "tools": ("tool calling", lambda v, body: v is None or v == []),
@@ -37,10 +38,13 @@ _UNSUPPORTED: dict[str, tuple[str, Callable[[Any, dict], bool]]] = {
 }
 
 
-def check_supported(data: dict) -> tuple[str, str] | None:
-    """The first field of ``data`` jido cannot honour, with an error message; None when all can be."""
+def check_supported(data: dict, declared: Collection[str] = ()) -> tuple[str, str] | None:
+    """The first field of ``data`` jido cannot honour, with an error message; None when all can be.
+
+    ``declared`` are the fields of the body ``data`` is for: those it validates itself.
+    """
     for name, (feature, is_noop) in _UNSUPPORTED.items():
-        if name in data and not is_noop(data[name], data):
+        if name in data and name not in declared and not is_noop(data[name], data):
             return name, f"{name} is not supported: jido does not serve {feature}; leave it out"
     return None
 
@@ -114,18 +118,33 @@ class _SamplingBody(_Body):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, logprobs: int | None,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
         """SamplingParams for this body; raises ValueError (a 400) for out-of-range values."""
         given = {name: getattr(self, name) for name in _SAMPLING_FIELDS if getattr(self, name) is not None}
-        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **given)
+        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs, **given)
 
 
 class CompletionRequest(_SamplingBody):
-    """POST /v1/completions. ``prompt`` is text or token ids (checked by the engine); one per request."""
+    """POST /v1/completions. ``prompt`` is text or token ids (checked by the engine); one per request.
+
+    ``echo`` puts the prompt in front of each choice's text and, with ``logprobs``, its tokens' logprobs
+    in front of the generated ones' (as vLLM; how lm-evaluation-harness scores a text). ``max_tokens``
+    may then be 0: the prompt alone.
+    """
 
     prompt: Prompt
     max_tokens: int | None = 16
     logprobs: int | None = None
+    echo: bool | None = False
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """The prompt logprobs to compute: with echo, as many as ``logprobs`` asks of each token."""
+        if not self.echo:
+            return None
+        # The engine takes max_tokens=0 only as "score the prompt": 0 alternatives costs a log-softmax per row.
+        return self.logprobs if self.logprobs is not None or self.max_tokens != 0 else 0
 
 
 class ChatMessage(_Body):

@@ -62,6 +62,10 @@ class ResponseFormat:
         body["usage"] = usage(output)
         return body
 
+    def prompt_choices(self, output: RequestOutput) -> list[dict]:
+        """What a stream sends of the prompt before the first delta: nothing, unless echo asks."""
+        return []
+
     def chunk(self, choices: list[dict], output: RequestOutput | None = None) -> dict:
         body = self.envelope(self.chunk_object_name, choices)
         if output is not None:  # the final usage-only chunk of stream_options.include_usage
@@ -78,8 +82,32 @@ class ResponseFormat:
         raise NotImplementedError
 
 
+@dataclass
 class CompletionFormat(ResponseFormat):
-    """/v1/completions: ``text`` per choice, legacy logprobs (tokens, token_logprobs, top_logprobs)."""
+    """/v1/completions: ``text`` per choice, legacy logprobs (tokens, token_logprobs, top_logprobs).
+
+    With echo (``echo_text`` set), each choice starts with the prompt's text and its logprobs with the
+    prompt tokens' (the first token's null: nothing precedes it), as vLLM and OpenAI answer; a stream
+    sends them in a chunk of their own before the first delta.
+    """
+
+    echo_text: str | None = None
+
+    def response(self, output: RequestOutput) -> dict:
+        body = super().response(output)
+        if self.echo_text is not None:
+            for choice in body["choices"]:
+                choice["text"] = self.echo_text + choice["text"]
+                if choice["logprobs"] is not None:
+                    choice["logprobs"] = _joined(self._prompt_logprobs(output), choice["logprobs"])
+        return body
+
+    def prompt_choices(self, output: RequestOutput) -> list[dict]:
+        if self.echo_text is None:
+            return []
+        return [{"index": c.index, "text": self.echo_text,
+                 "logprobs": None if c.logprobs is None else self._prompt_logprobs(output),
+                 "finish_reason": None, "stop_reason": None} for c in output.outputs]
 
     def choice(self, completion: CompletionOutput) -> dict:
         return self._choice(completion, completion.text, slice(0, len(completion.token_ids)))
@@ -94,14 +122,35 @@ class CompletionFormat(ResponseFormat):
 
     def _logprobs(self, entries: list[Logprobs]) -> dict:
         tokens = [self.token_text(e.sampled_token_id) for e in entries]
-        offsets, offset = [], 0
-        for token in tokens:
-            offsets.append(offset)
-            offset += len(token)
         return {"tokens": tokens, "token_logprobs": [e.sampled_logprob for e in entries],
                 "top_logprobs": [{self.token_text(t): lp for t, lp in zip(e.top_token_ids, e.top_logprobs)}
                                  for e in entries],
-                "text_offset": offsets}
+                "text_offset": _offsets(tokens)}
+
+    def _prompt_logprobs(self, output: RequestOutput) -> dict:
+        ids, positions = output.prompt_token_ids, output.prompt_logprobs[1:]
+        tokens = [self.token_text(ids[0])] + [p[t].decoded_token for t, p in zip(ids[1:], positions)]
+        return {"tokens": tokens, "token_logprobs": [None] + [p[t].logprob for t, p in zip(ids[1:], positions)],
+                "top_logprobs": [None] + [{e.decoded_token: e.logprob for e in p.values()} for p in positions],
+                "text_offset": _offsets(tokens)}
+
+
+def _offsets(tokens: list[str]) -> list[int]:
+    """Where each token's text starts in the tokens' texts laid end to end."""
+    offsets, offset = [], 0
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    return offsets
+
+
+def _joined(prompt: dict, generated: dict) -> dict:
+    """The prompt's logprobs followed by the generated tokens' (their offsets after the prompt's text)."""
+    shift = sum(len(t) for t in prompt["tokens"])
+    return {"tokens": prompt["tokens"] + generated["tokens"],
+            "token_logprobs": prompt["token_logprobs"] + generated["token_logprobs"],
+            "top_logprobs": prompt["top_logprobs"] + generated["top_logprobs"],
+            "text_offset": prompt["text_offset"] + [o + shift for o in generated["text_offset"]]}
 
 
 class ChatFormat(ResponseFormat):

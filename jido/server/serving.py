@@ -57,8 +57,9 @@ class OpenAIServing:
             raise bad_request("batched prompts are not supported: send one prompt per request", "prompt")
         # Tokenized on a worker thread: a long prompt must not stall the event loop (every stream, /health).
         prompt_ids = await asyncio.to_thread(self._completion_prompt_ids, prompt)
-        params = self._params(body, prompt_ids, body.max_tokens, body.logprobs)
-        fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer)
+        params = self._params(body, prompt_ids, body.max_tokens, body.logprobs, body.num_prompt_logprobs)
+        fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer,
+                               echo_text=self._echo_text(prompt, prompt_ids) if body.echo else None)
         return await self._respond(http_request, fmt, prompt_ids, params, body.stream, body.include_usage, timer)
 
     async def chat(self, http_request: Request) -> Response:
@@ -83,6 +84,10 @@ class OpenAIServing:
             self._check_prompt_bytes(_utf8_len(prompt), "prompt")
         return self._prompt_ids(prompt)
 
+    def _echo_text(self, prompt: object, prompt_ids: list[int]) -> str:
+        # Token ids are echoed as their text, special tokens included (as vLLM decodes them).
+        return prompt if isinstance(prompt, str) else self.llm.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+
     def _chat_prompt_ids(self, body: ChatCompletionRequest) -> list[int]:
         try:
             messages = body.template_messages()
@@ -106,7 +111,7 @@ class OpenAIServing:
             raise bad_request(str(exc), "prompt") from exc
 
     def _params(self, body: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int],
-                max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+                max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
         room = self.llm.max_model_len - len(prompt_ids)
         if max_tokens is not None and max_tokens > room:
             raise bad_request(f"max_tokens={max_tokens} is too large: the prompt has {len(prompt_ids)} tokens "
@@ -116,7 +121,7 @@ class OpenAIServing:
         if isinstance(body.n, int) and body.n > max_n:
             raise bad_request(f"n={body.n} is too large: at most {max_n} (the engine's max_num_seqs)", "n")
         try:
-            return body.sampling_params(room if max_tokens is None else max_tokens, logprobs)
+            return body.sampling_params(room if max_tokens is None else max_tokens, logprobs, prompt_logprobs)
         except ValueError as exc:
             # SamplingParams' messages start with the field's name ("temperature must be >= 0, ...").
             name = str(exc).split(" ", 1)[0]
@@ -184,10 +189,13 @@ class OpenAIServing:
         cursors = [StreamCursor(holdback) for _ in range(n)]
         if isinstance(fmt, ChatFormat):
             yield _event(fmt.chunk([fmt.role_choice(i) for i in range(n)]))
-        output = None
+        output, output_is_first = None, True
         try:
             async with aclosing(self._outputs(outputs, timer)) as stream:
                 async for output in stream:
+                    if output_is_first and (prompt_choices := fmt.prompt_choices(output)):
+                        yield _event(fmt.chunk(prompt_choices))  # echo: the prompt, before the first delta
+                    output_is_first = False
                     choices = [fmt.delta_choice(c, *step) for c, cursor in zip(output.outputs, cursors)
                                if (step := cursor.advance(c)) is not None]
                     if choices:
@@ -200,7 +208,7 @@ class OpenAIServing:
 
 
 def _validate(model: type[_Body], data: dict) -> _Body:
-    unsupported = check_supported(data)
+    unsupported = check_supported(data, model.model_fields)
     if unsupported is not None:
         raise bad_request(unsupported[1], unsupported[0])
     try:

@@ -47,7 +47,12 @@ def test_wrong_types_raise_naming_the_field_and_what_is_allowed(kwargs, message)
     ({"seed": INT64_MAX + 1}, "seed must be an integer that fits in an int64, got 9223372036854775808"),
     ({"seed": -(2**63) - 1}, "seed must be an integer that fits in an int64"),
     ({"seed": 10**5000}, "seed must be an integer that fits in an int64, got an integer of 16610 bits"),
-    ({"max_tokens": 2**64}, "max_tokens must be an integer >= 1 that fits in an int64, got an integer of 65 bits"),
+    ({"max_tokens": 2**64}, r"max_tokens must be an integer >= 1 \(0 only with prompt_logprobs\) that fits in an "
+                            "int64, got an integer of 65 bits"),
+    ({"max_tokens": 0}, r"max_tokens must be an integer >= 1 \(0 only with prompt_logprobs\) .*, got 0"),
+    ({"max_tokens": -1, "prompt_logprobs": 1}, "max_tokens must be an integer >= 0 that fits in an int64, got -1"),
+    ({"prompt_logprobs": 21}, r"prompt_logprobs must be an integer in \[0, 20\], got 21"),
+    ({"prompt_logprobs": True}, r"prompt_logprobs must be an integer in \[0, 20\], got True"),
     ({"min_tokens": 2**64, "max_tokens": None}, "min_tokens must be an integer >= 0 that fits in an int64"),
     ({"stop_token_ids": [2**64]}, "stop_token_ids must .*, got a list holding an integer of more than 64 bits"),
     ({"stop_token_ids": [-1]}, r"stop_token_ids must be a list of non-negative integers .*, got \[-1\]"),
@@ -72,3 +77,9 @@ def test_an_error_message_stays_short_for_a_long_bad_value():
         SamplingParams(stop=[""] * 10_000)
     assert len(str(raised.value)) < 200
     assert str(raised.value).endswith("...")
+
+
+def test_max_tokens_zero_is_taken_when_the_prompt_logprobs_are_asked_for():
+    params = SamplingParams(max_tokens=0, prompt_logprobs=0)
+    assert (params.max_tokens, params.prompt_logprobs) == (0, 0)
+    assert SamplingParams(max_tokens=0, prompt_logprobs=20).prompt_logprobs == 20

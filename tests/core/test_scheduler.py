@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from jido.core.kv_cache_manager import KVCacheManager
-from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
+from jido.core.outputs import ModelRunnerOutput, PromptLogprobsLists, SchedulerOutput
 from jido.core.request import Request, RequestStatus
 from jido.core.sampling_params import SamplingParams
 from jido.core.scheduler import Scheduler, SchedulerLimits
@@ -76,6 +76,41 @@ def test_prefix_hit_skips_cached_tokens_and_is_recorded():
     out, _ = run_step(scheduler)
     assert out.num_scheduled_tokens == {"b": 2}
     assert b.num_cached_tokens == 12 and out.scheduled_new_reqs[0].num_computed_tokens == 12
+
+
+def test_request_owing_prompt_logprobs_computes_its_whole_prompt_but_still_fills_the_cache():
+    scheduler = make_scheduler()
+    add(scheduler, "a", 12, max_tokens=1)
+    run_step(scheduler)
+    b = add(scheduler, "b", 14, max_tokens=1, prompt_logprobs=1)
+    out, _ = run_step(scheduler)
+    assert out.num_scheduled_tokens == {"b": 14} and out.scheduled_new_reqs[0].num_computed_tokens == 0
+    assert b.num_cached_tokens == 0 and scheduler.kv.prefix_cache_queries == 12  # b's lookup was not made
+    c = add(scheduler, "c", 14, max_tokens=1)
+    run_step(scheduler)
+    assert c.num_cached_tokens == 12
+
+
+def test_preempted_request_that_sent_its_prompt_logprobs_may_resume_from_the_cache():
+    scheduler = make_scheduler()
+    a = add(scheduler, "a", 12, max_tokens=5, prompt_logprobs=0)
+    run_step(scheduler)
+    scheduler._preempt(a)
+    out, _ = run_step(scheduler)
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 12 and out.num_scheduled_tokens == {"a": 1}
+
+
+def test_max_tokens_zero_finishes_after_the_prompt_with_no_token_and_its_prompt_logprobs():
+    scheduler = make_scheduler(budget=8)
+    a = add(scheduler, "a", 12, max_tokens=0, prompt_logprobs=1)
+    out = scheduler.schedule()
+    assert scheduler.update_from_output(out, ModelRunnerOutput({})) == []  # a chunk inside the prompt
+    out = scheduler.schedule()
+    scores = PromptLogprobsLists([-1.0] * 11, [1] * 11, [[5]] * 11, [[-0.5]] * 11)
+    (output,) = scheduler.update_from_output(out, ModelRunnerOutput({"a": [7]}, prompt_logprobs={"a": scores}))
+    assert (output.new_token_ids, output.finish_reason, output.prompt_logprobs) == ([], "length", scores)
+    assert a.output_token_ids == [] and a.status == RequestStatus.FINISHED_LENGTH and scheduler.kv.usage == 0.0
+    assert scheduler.schedule().finished_req_ids == {"a"}
 
 
 def test_stop_conditions_finish_requests_and_free_blocks():
