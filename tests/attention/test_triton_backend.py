@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -157,3 +160,11 @@ def test_16_bit_inputs_match_float64_reference_within_their_precision(dtype: tor
                 case.backend, [k.to(dtype) for k in case.full_k], [v.to(dtype) for v in case.full_v])
     torch.testing.assert_close(_attend(spec, case, num_splits=2).float(), reference(spec, case), atol=2e-2, rtol=0)
 
+
+def test_gpu_benchmark_checks_its_shapes_on_cpu_under_the_interpreter() -> None:
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "attention_triton_gpu.py"
+    result = subprocess.run([sys.executable, str(script), "--device", "cpu", "--tiny"], capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(script.parents[1])})
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith(("| prefill", "| decode"))]
+    assert len(rows) == 4 and not any("WRONG" in row for row in rows), result.stdout
