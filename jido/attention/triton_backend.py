@@ -11,10 +11,11 @@ from triton.runtime.jit import JITFunction
 from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
 from jido.attention.triton_kernels import merge_splits_kernel, reshape_and_cache_kernel, unified_attention_kernel
 
-# Rows of one query tile (queries x the query heads of one KV head) and keys per inner step: tl.dot
-# needs 16 or more in each dimension on a GPU.
-MIN_BLOCK_M = 16
-TILE_N = 32
+# (rows of one query tile: queries x the query heads of one KV head, keys per inner step): small tiles
+# waste no rows on decodes and short chunks, large ones reuse each loaded key over more queries in a
+# prefill. tl.dot needs 16 or more in each dimension on a GPU.
+SMALL_TILES = (16, 32)
+LARGE_TILES = (64, 64)
 # A KV split should get at least this many keys, or the merge costs more than the parallelism buys.
 MIN_KEYS_PER_SPLIT = 256
 MAX_KV_SPLITS = 16
@@ -40,7 +41,7 @@ class TritonAttentionBackend(AttentionBackend):
     """Paged attention in Triton: one kernel for prefill, prefill chunks, decodes and mixed batches.
 
     Each program takes a tile of one request's queries for one KV head (all query heads of the group
-    together), walks the request's block table ``TILE_N`` keys at a time with the online softmax, and
+    together), walks the request's block table a tile of keys at a time with the online softmax, and
     writes the normalized rows. Decode batches too small to fill the GPU split each request's keys over
     several programs and merge the splits by their log-sum-exp (flash-decoding).
 
@@ -98,7 +99,8 @@ def unified_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch
     q = _rows_contiguous(q)
     common = metadata.common
     group = spec.num_heads // spec.num_kv_heads
-    block_m = max(MIN_BLOCK_M, triton.next_power_of_2(group))
+    block_m, tile_n = LARGE_TILES if metadata.max_query_len * group >= LARGE_TILES[0] else SMALL_TILES
+    block_m = max(block_m, triton.next_power_of_2(group))
     block_q = block_m // group
     tile_req, tile_q_start = metadata.query_tiles(block_q)
     head_dim_pad = max(16, triton.next_power_of_2(spec.head_dim))
@@ -116,7 +118,7 @@ def unified_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
         partial.stride(0), lse.stride(0), spec.num_heads,
         GROUP=group, HEAD_DIM=spec.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=common.block_size,
-        BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=TILE_N, WINDOW=spec.sliding_window or 0,
+        BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n, WINDOW=spec.sliding_window or 0,
         USE_SOFTCAP=spec.logit_softcap is not None, NUM_SPLITS=num_splits, IEEE=q.dtype == torch.float32)
     if num_splits > 1:
         merge_splits_kernel[(num_tokens, spec.num_heads)](

@@ -17,10 +17,9 @@ def reshape_and_cache_kernel(
     """One program per token: copy its key and value rows (``num_kv_heads * head_dim``) into its slot."""
     token = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-    if slot < 0:  # a padding token (vLLM's convention): it has no slot
-        return
     offs = tl.arange(0, ROW_WIDTH_PAD)
-    in_row = offs < ROW_WIDTH
+    # A negative slot is a padding token (vLLM's convention): nothing of it is copied.
+    in_row = offs < tl.where(slot >= 0, ROW_WIDTH, 0)
     k = tl.load(k_ptr + token * k_row_stride + offs, mask=in_row)
     v = tl.load(v_ptr + token * v_row_stride + offs, mask=in_row)
     dst = cache_ptr + slot * cache_slot_stride + offs
