@@ -21,7 +21,8 @@ from jido.attention.triton_backend import (  # noqa: E402
     reshape_and_cache,
     unified_attention,
 )
-from test_torch_backend import (  # noqa: E402  (pytest puts this folder on sys.path)
+import test_torch_backend  # noqa: E402  (pytest puts this folder on sys.path)
+from test_torch_backend import (  # noqa: E402
     DECODES,
     HEAD_DIM,
     MIXED,
@@ -168,3 +169,12 @@ def test_gpu_benchmark_checks_its_shapes_on_cpu_under_the_interpreter() -> None:
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith(("| prefill", "| decode"))]
     assert len(rows) == 4 and not any("WRONG" in row for row in rows), result.stdout
+
+
+@pytest.mark.parametrize("head_dim", [8, 24])  # below tl.dot's 16, and not a power of two: padded, masked
+def test_head_dims_that_need_padding_match_float64_reference(head_dim: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(test_torch_backend, "HEAD_DIM", head_dim)  # the shared helpers read it at call time
+    spec = AttentionLayerSpec(4, 2, head_dim, head_dim**-0.5, sliding_window=6, logit_softcap=2.0)
+    case = _case(MIXED, 4, 2, block_size=4)
+    assert case.q.shape[1] == 4 * head_dim
+    torch.testing.assert_close(_attend(spec, case, num_splits=2), reference(spec, case), atol=2e-5, rtol=0)
