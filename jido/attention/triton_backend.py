@@ -85,8 +85,8 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, 
     k, v = _rows_contiguous(k), _rows_contiguous(v)
     width = kv_cache.shape[3] * kv_cache.shape[4]
     reshape_and_cache_kernel[(k.shape[0],)](
-        k, v, kv_cache, slot_mapping, k.stride(0), v.stride(0), kv_cache.stride(0), kv_cache.stride(2),
-        ROW_WIDTH=width, ROW_WIDTH_PAD=triton.next_power_of_2(width))
+        k, v, kv_cache, slot_mapping, k.stride(0), v.stride(0), kv_cache.stride(0), kv_cache.stride(1),
+        kv_cache.stride(2), BLOCK_SIZE=kv_cache.shape[2], ROW_WIDTH=width, ROW_WIDTH_PAD=triton.next_power_of_2(width))
 
 
 def unified_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,

@@ -11,8 +11,8 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def reshape_and_cache_kernel(
     k_ptr, v_ptr, cache_ptr, slot_mapping_ptr,
-    k_row_stride, v_row_stride, cache_kv_stride, cache_slot_stride,
-    ROW_WIDTH: tl.constexpr, ROW_WIDTH_PAD: tl.constexpr,
+    k_row_stride, v_row_stride, cache_kv_stride, cache_block_stride, cache_slot_stride,
+    BLOCK_SIZE: tl.constexpr, ROW_WIDTH: tl.constexpr, ROW_WIDTH_PAD: tl.constexpr,
 ):
     """One program per token: copy its key and value rows (``num_kv_heads * head_dim``) into its slot."""
     token = tl.program_id(0).to(tl.int64)
@@ -22,7 +22,7 @@ def reshape_and_cache_kernel(
     in_row = offs < tl.where(slot >= 0, ROW_WIDTH, 0)
     k = tl.load(k_ptr + token * k_row_stride + offs, mask=in_row)
     v = tl.load(v_ptr + token * v_row_stride + offs, mask=in_row)
-    dst = cache_ptr + slot * cache_slot_stride + offs
+    dst = cache_ptr + (slot // BLOCK_SIZE) * cache_block_stride + (slot % BLOCK_SIZE) * cache_slot_stride + offs
     tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=in_row)
     tl.store(dst + cache_kv_stride, v.to(cache_ptr.dtype.element_ty), mask=in_row)
 
