@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from jido import LLM
 from jido.models.loader import resolve_model
 from jido.server.config import API_KEY_ENV
+
+# Triton picks compiled or interpreted kernels when it is imported, once per process: without CUDA, the
+# triton attention backend's tests run its kernels on CPU tensors under the interpreter.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REFERENCE_PATH = Path(__file__).parent / "fixtures" / "gemma3_reference.json"
 

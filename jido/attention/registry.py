@@ -8,6 +8,7 @@ from jido.attention.backend import AttentionBackend
 # name -> (module, class)
 _BACKENDS: dict[str, tuple[str, str]] = {
     "torch": ("jido.attention.torch_backend", "TorchAttentionBackend"),
+    "triton": ("jido.attention.triton_backend", "TritonAttentionBackend"),
 }
 
 
