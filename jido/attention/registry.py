@@ -8,6 +8,7 @@ from jido.attention.backend import AttentionBackend
 # name -> (module, class)
 _BACKENDS: dict[str, tuple[str, str]] = {
     "torch": ("jido.attention.torch_backend", "TorchAttentionBackend"),
+    "tiled": ("jido.attention.tiled_backend", "TiledAttentionBackend"),
 }
 
 
