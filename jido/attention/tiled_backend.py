@@ -25,15 +25,19 @@ class _Softmax:
                    torch.zeros((*rows_shape, 1), device=device), torch.zeros((*rows_shape, head_dim), device=device))
 
     def update(self, scores: torch.Tensor, values: torch.Tensor) -> None:
-        """Fold in one key tile: ``scores`` ``[..., rows, keys]`` (masked keys -inf), ``values`` ``[..., keys, head_dim]``."""
+        """Fold in one key tile: ``scores`` ``[..., rows, keys]`` (masked keys -inf; overwritten), ``values``
+        ``[..., keys, head_dim]``."""
         m_new = torch.maximum(self.m, scores.amax(dim=-1, keepdim=True))
         # A row that has seen no visible key yet keeps m = -inf; subtract 0 there so exp gives 0, not NaN.
         m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)
-        probs = torch.exp(scores - m_safe)
+        probs = scores.sub_(m_safe).exp_()
         alpha = torch.exp(self.m - m_safe)  # rescale what was summed under the old max
-        self.l = self.l * alpha + probs.sum(dim=-1, keepdim=True)
-        self.acc = torch.baddbmm(self.acc * alpha, probs, values) if probs.dim() == 3 else \
-            self.acc * alpha + probs @ values
+        self.l.mul_(alpha).add_(probs.sum(dim=-1, keepdim=True))
+        self.acc.mul_(alpha)
+        if probs.dim() == 3:
+            self.acc.baddbmm_(probs, values)
+        else:
+            self.acc.add_(probs @ values)
         self.m = m_new
 
     def result(self) -> torch.Tensor:
@@ -128,16 +132,19 @@ def prefill_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch
     # [kv_heads, group, query_len, head_dim], scaled once, in float32 whatever the cache holds.
     grouped_q = (q.float() * spec.scale).view(query_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
     out = torch.empty(num_kv_heads, group, query_len, head_dim, device=q.device)
+    block_size = kv_cache.shape[3]
     for start in range(0, query_len, query_tile):
         end = min(start + query_tile, query_len)
         tile = grouped_q[:, :, start:end].reshape(num_kv_heads, group * (end - start), head_dim)
         q_pos = torch.arange(first_query + start, first_query + end, device=q.device).repeat(group)[:, None]
         state = _Softmax.empty((num_kv_heads, group * (end - start)), head_dim, q.device)
-        key_tiles = _key_tiles(spec, first_query + start, first_query + end, kv_cache.shape[3], key_tile_blocks)
+        key_tiles = _key_tiles(spec, first_query + start, first_query + end, block_size, key_tile_blocks)
         for block_lo, block_hi in key_tiles:
             keys, values, k_pos = _gather_tile(kv_cache, block_table[block_lo:block_hi].long(), block_lo)
-            scores = torch.bmm(tile, keys.transpose(1, 2))  # [kv_heads, group * tile_len, tile_keys]
-            scores = _mask(spec, _softcap(spec, scores), q_pos, k_pos[None, :])
+            scores = _softcap(spec, torch.bmm(tile, keys.transpose(1, 2)))  # [kv_heads, group * tile_len, tile_keys]
+            if not _all_visible(spec, first_query + start, first_query + end - 1, block_lo * block_size,
+                                block_hi * block_size - 1):
+                scores = _mask(spec, scores, q_pos, k_pos[None, :])
             state.update(scores, values)
         out[:, :, start:end] = state.result().view(num_kv_heads, group, end - start, head_dim)
     # [kv_heads, group, query_len, head_dim] -> [query_len, num_heads, head_dim]
@@ -163,10 +170,15 @@ def _gather_tile(kv_cache: torch.Tensor, block_ids: torch.Tensor,
     return keys, values, k_pos
 
 
+def _all_visible(spec: AttentionLayerSpec, first_q: int, last_q: int, first_k: int, last_k: int) -> bool:
+    """Every query in ``first_q..last_q`` sees every key in ``first_k..last_k``: the tile needs no mask."""
+    return last_k <= first_q and (spec.sliding_window is None or first_k > last_q - spec.sliding_window)
+
+
 def _softcap(spec: AttentionLayerSpec, scores: torch.Tensor) -> torch.Tensor:
     if spec.logit_softcap is None:
         return scores
-    return torch.tanh(scores / spec.logit_softcap) * spec.logit_softcap
+    return scores.div_(spec.logit_softcap).tanh_().mul_(spec.logit_softcap)
 
 
 def _mask(spec: AttentionLayerSpec, scores: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
@@ -174,7 +186,7 @@ def _mask(spec: AttentionLayerSpec, scores: torch.Tensor, q_pos: torch.Tensor, k
     hidden = k_pos > q_pos
     if spec.sliding_window is not None:
         hidden |= k_pos <= q_pos - spec.sliding_window
-    return scores.masked_fill(hidden, float("-inf"))
+    return scores.masked_fill_(hidden, float("-inf"))
 
 
 def decode_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,

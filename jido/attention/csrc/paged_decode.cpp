@@ -28,20 +28,6 @@ inline float to_float(uint16_t bf16_bits) {
   return out;
 }
 
-inline float dot(const float* q, const float* k, int64_t n) {
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t d = 0; d < n; ++d) s += q[d] * k[d];
-  return s;
-}
-
-inline float dot(const float* q, const uint16_t* k, int64_t n) {
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t d = 0; d < n; ++d) s += q[d] * to_float(k[d]);
-  return s;
-}
-
 inline void store(float x, float* dst) { *dst = x; }
 // Rounds to the nearest bf16, ties to even, as torch's .to(torch.bfloat16) does.
 inline void store(float x, uint16_t* dst) {
@@ -68,15 +54,57 @@ inline void visible_range(const Shape& s, int64_t seq_len, int64_t* first, int64
   *end = seq_len;
 }
 
-// One item: request b, kv head h, blocks [blk_lo, blk_hi) of its table. Writes m, l [group], acc [group, D].
-template <typename T>
+constexpr int64_t kLanes = 16;  // one AVX-512 register of floats (two AVX2 ones)
+
+// Scores of keys t_lo..t_hi-1 of one block for G query heads: s[g * bs + t] = q_g . k_t. Each key row is
+// loaded once for all G heads, and G x kLanes partial sums keep the FMA chains independent.
+template <int G, typename T>
+inline void block_scores(const float* q, const T* k, int64_t t_lo, int64_t t_hi, int64_t D, int64_t bs, float* s) {
+  for (int64_t t = t_lo; t < t_hi; ++t) {
+    const T* kt = k + t * D;
+    float part[G][kLanes] = {};
+    int64_t d0 = 0;
+    for (; d0 + kLanes <= D; d0 += kLanes) {
+#pragma omp simd
+      for (int64_t j = 0; j < kLanes; ++j) {
+        const float kd = to_float(kt[d0 + j]);
+        for (int g = 0; g < G; ++g) part[g][j] += q[g * D + d0 + j] * kd;
+      }
+    }
+    for (int g = 0; g < G; ++g) {
+      float x = 0.f;
+      for (int64_t j = 0; j < kLanes; ++j) x += part[g][j];
+      for (int64_t d = d0; d < D; ++d) x += q[g * D + d] * to_float(kt[d]);
+      s[g * bs + t] = x;
+    }
+  }
+}
+
+// acc_g += sum_t p[g * bs + t] * v_t for G heads, each value row loaded once.
+template <int G, typename T>
+inline void block_values(const float* p, const T* v, int64_t t_lo, int64_t t_hi, int64_t D, int64_t bs, float* acc) {
+  for (int64_t t = t_lo; t < t_hi; ++t) {
+    const T* vt = v + t * D;
+    float pt[G];
+    for (int g = 0; g < G; ++g) pt[g] = p[g * bs + t];
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) {
+      const float vd = to_float(vt[d]);
+      for (int g = 0; g < G; ++g) acc[g * D + d] += pt[g] * vd;
+    }
+  }
+}
+
+// One item: G query heads sharing kv head h of one request, over blocks [blk_lo, blk_hi) of its table.
+// Writes the running max m, sum l [G] and unnormalized output acc [G, D].
+template <int G, typename T>
 void attend_split(const Shape& s, const T* cache, const int32_t* table, int64_t seq_len, const float* q,
                   int64_t h, int64_t blk_lo, int64_t blk_hi, float* m, float* l, float* acc) {
-  const int64_t D = s.head_dim, bs = s.block_size, G = s.group;
+  const int64_t D = s.head_dim, bs = s.block_size;
   int64_t first, end;
   visible_range(s, seq_len, &first, &end);
-  std::vector<float> scores(bs);
-  for (int64_t g = 0; g < G; ++g) m[g] = -std::numeric_limits<float>::infinity(), l[g] = 0.f;
+  std::vector<float> scores(G * bs);
+  for (int g = 0; g < G; ++g) m[g] = -std::numeric_limits<float>::infinity(), l[g] = 0.f;
   std::fill(acc, acc + G * D, 0.f);
   const int64_t plane = s.num_blocks * s.num_kv_heads * bs * D;  // keys, then values
   for (int64_t blk = blk_lo; blk < blk_hi; ++blk) {
@@ -84,30 +112,46 @@ void attend_split(const Shape& s, const T* cache, const int32_t* table, int64_t 
     if (t_lo >= t_hi) continue;
     const T* k = cache + (static_cast<int64_t>(table[blk]) * s.num_kv_heads + h) * bs * D;
     const T* v = k + plane;
-    for (int64_t g = 0; g < G; ++g) {
-      const float* qg = q + g * D;
+    block_scores<G>(q, k, t_lo, t_hi, D, bs, scores.data());
+    for (int g = 0; g < G; ++g) {
+      float* sg = scores.data() + g * bs;
       float block_max = -std::numeric_limits<float>::infinity();
       for (int64_t t = t_lo; t < t_hi; ++t) {
-        float x = dot(qg, k + t * D, D);
-        if (s.softcap > 0.f) x = s.softcap * std::tanh(x / s.softcap);
-        scores[t] = x;
-        block_max = std::max(block_max, x);
+        if (s.softcap > 0.f) sg[t] = s.softcap * std::tanh(sg[t] / s.softcap);
+        block_max = std::max(block_max, sg[t]);
       }
       const float m_new = std::max(m[g], block_max);
-      float* acc_g = acc + g * D;
       if (m_new > m[g]) {  // rescale what was summed under the old max
         const float alpha = std::exp(m[g] - m_new);
         l[g] *= alpha;
+        float* acc_g = acc + g * D;
 #pragma omp simd
         for (int64_t d = 0; d < D; ++d) acc_g[d] *= alpha;
         m[g] = m_new;
       }
       for (int64_t t = t_lo; t < t_hi; ++t) {
-        const float p = std::exp(scores[t] - m_new);
-        l[g] += p;
-        axpy(p, v + t * D, acc_g, D);
+        sg[t] = std::exp(sg[t] - m_new);
+        l[g] += sg[t];
       }
     }
+    block_values<G>(scores.data(), v, t_lo, t_hi, D, bs, acc);
+  }
+}
+
+// All `group` heads of one item: groups of 1, 2, 4, 8 or 16 heads in one pass, any other count head by head.
+template <typename T>
+void attend_heads(const Shape& s, const T* cache, const int32_t* table, int64_t seq_len, const float* q,
+                  int64_t h, int64_t blk_lo, int64_t blk_hi, float* m, float* l, float* acc) {
+  const int64_t D = s.head_dim;
+  switch (s.group) {
+    case 1: return attend_split<1>(s, cache, table, seq_len, q, h, blk_lo, blk_hi, m, l, acc);
+    case 2: return attend_split<2>(s, cache, table, seq_len, q, h, blk_lo, blk_hi, m, l, acc);
+    case 4: return attend_split<4>(s, cache, table, seq_len, q, h, blk_lo, blk_hi, m, l, acc);
+    case 8: return attend_split<8>(s, cache, table, seq_len, q, h, blk_lo, blk_hi, m, l, acc);
+    case 16: return attend_split<16>(s, cache, table, seq_len, q, h, blk_lo, blk_hi, m, l, acc);
+    default:
+      for (int64_t g = 0; g < s.group; ++g)
+        attend_split<1>(s, cache, table, seq_len, q + g * D, h, blk_lo, blk_hi, m + g, l + g, acc + g * D);
   }
 }
 
@@ -141,7 +185,7 @@ void decode(const Shape& s, T* out, const T* q_in, const T* cache, const int32_t
       const int64_t seq_len = seq_lens[b];
       const int64_t blk_lo = first_blk[b] + split * blocks_per_split;
       const int64_t blk_hi = std::min(blk_lo + blocks_per_split, (seq_len - 1) / bs + 1);
-      attend_split(s, cache, tables + b * s.max_blocks, seq_len, q.data(), h, blk_lo, blk_hi, &ms[i * G],
+      attend_heads(s, cache, tables + b * s.max_blocks, seq_len, q.data(), h, blk_lo, blk_hi, &ms[i * G],
                    &ls[i * G], &accs[i * G * D]);
     }
   });
