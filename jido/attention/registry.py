@@ -9,6 +9,7 @@ from jido.attention.backend import AttentionBackend
 _BACKENDS: dict[str, tuple[str, str]] = {
     "torch": ("jido.attention.torch_backend", "TorchAttentionBackend"),
     "triton": ("jido.attention.triton_backend", "TritonAttentionBackend"),
+    "tiled": ("jido.attention.tiled_backend", "TiledAttentionBackend"),
 }
 
 

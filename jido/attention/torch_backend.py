@@ -57,7 +57,7 @@ class TorchAttentionBackend(AttentionBackend):
         return (2, num_blocks, block_size, num_kv_heads, head_dim)
 
     def build_metadata(self, common: AttentionMetadata) -> TorchAttentionMetadata:
-        return _build_plan(common)
+        return build_plan(common)
 
     def forward(
         self,
@@ -93,7 +93,8 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
     kv_cache[1].view(-1, num_kv_heads, head_dim)[slot_mapping] = v.view(-1, num_kv_heads, head_dim)
 
 
-def _build_plan(m: AttentionMetadata) -> TorchAttentionMetadata:
+def build_plan(m: AttentionMetadata) -> TorchAttentionMetadata:
+    """Split a step into one batch of decodes (query length 1) and the prefills, one by one."""
     if m.is_decode_only:
         return TorchAttentionMetadata(m, _DecodeBatch(None, m.seq_lens, m.block_tables, max(m.seq_lens_list)), [])
     decode_ids, prefills, start = [], [], 0

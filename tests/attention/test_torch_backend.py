@@ -3,108 +3,21 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass
 
-import numpy as np
 import pytest
 import torch
+from paged_cases import HEAD_DIM, Case, make_case, reference, run
 
-from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata, build_common_metadata
+from jido.attention.backend import AttentionLayerSpec, AttentionMetadata
 from jido.attention.registry import get_attention_backend, supported_attention_backends
 from jido.attention.torch_backend import TorchAttentionBackend, _prefill_attention
 
-HEAD_DIM = 16
 MIXED = [(0, 7), (5, 3), (13, 1), (2, 9), (20, 1)]  # (cached prefix length, query length) per request
 DECODES = [(0, 1), (6, 1), (17, 1), (33, 1)]
 # triton runs CPU tensors only under its interpreter, which tests/conftest.py turns on where CUDA is absent
 # (test_triton_backend.py runs it on CUDA tensors where CUDA is present).
 CPU_BACKENDS = [name for name in supported_attention_backends() if name != "triton" or (
     importlib.util.find_spec("triton") is not None and os.environ.get("TRITON_INTERPRET") == "1")]
-
-
-@dataclass
-class Case:
-    """One step: queries and new K/V for a flat batch, a cache holding the cached prefixes, and the metadata."""
-
-    q: torch.Tensor  # [num_tokens, num_heads * head_dim]
-    k: torch.Tensor  # [num_tokens, num_kv_heads * head_dim]
-    v: torch.Tensor
-    kv_cache: torch.Tensor  # in the backend's own layout
-    metadata: AttentionMetadata
-    backend: AttentionBackend
-    full_k: list[torch.Tensor]  # per request, its whole context [seq_len, num_kv_heads, head_dim]
-    full_v: list[torch.Tensor]
-
-
-def make_case(
-    requests: list[tuple[int, int]], num_heads: int, num_kv_heads: int, block_size: int, seed: int = 0,
-    backend: str = "torch",
-) -> Case:
-    attn = get_attention_backend(backend)
-    gen = torch.Generator().manual_seed(seed)
-    seq_lens = [cached + query for cached, query in requests]
-    tables = _block_tables(seq_lens, block_size, gen)
-    num_blocks = 1 + sum(len(t) for t in tables)
-    kv_cache = torch.zeros(attn.get_kv_cache_shape(num_blocks, block_size, num_kv_heads, HEAD_DIM))
-    full_k = [torch.randn(n, num_kv_heads, HEAD_DIM, generator=gen) for n in seq_lens]
-    full_v = [torch.randn(n, num_kv_heads, HEAD_DIM, generator=gen) for n in seq_lens]
-    # The cached prefixes were written by earlier steps: write them through the backend, as a prefill.
-    cached_lens = [cached for cached, _ in requests]
-    if any(cached_lens):
-        prefix = [i for i, n in enumerate(cached_lens) if n]
-        write = _metadata([cached_lens[i] for i in prefix], [cached_lens[i] for i in prefix],
-                          [tables[i] for i in prefix], block_size)
-        k = torch.cat([full_k[i][:cached_lens[i]].flatten(1) for i in prefix])
-        v = torch.cat([full_v[i][:cached_lens[i]].flatten(1) for i in prefix])
-        spec = AttentionLayerSpec(num_kv_heads, num_kv_heads, HEAD_DIM, 1.0)
-        attn.forward(spec, k, k, v, kv_cache, attn.build_metadata(write))
-    query_lens = [query for _, query in requests]
-    new_k = torch.cat([k[cached:].flatten(1) for (cached, _), k in zip(requests, full_k)])
-    new_v = torch.cat([v[cached:].flatten(1) for (cached, _), v in zip(requests, full_v)])
-    q = torch.randn(sum(query_lens), num_heads * HEAD_DIM, generator=gen)
-    metadata = _metadata(query_lens, seq_lens, tables, block_size)
-    return Case(q, new_k, new_v, kv_cache, metadata, attn, full_k, full_v)
-
-
-def _block_tables(seq_lens: list[int], block_size: int, gen: torch.Generator) -> list[list[int]]:
-    """Shuffled, non-contiguous block ids; id 0 stays unused (it pads the block tables)."""
-    needed = [-(-n // block_size) for n in seq_lens]
-    ids = (torch.randperm(sum(needed), generator=gen) + 1).tolist()
-    return [[ids.pop() for _ in range(n)] for n in needed]
-
-
-def _metadata(query_lens: list[int], seq_lens: list[int], tables: list[list[int]], block_size: int) -> AttentionMetadata:
-    width = max(len(t) for t in tables)
-    table = np.array([t + [0] * (width - len(t)) for t in tables], dtype=np.int32)
-    return build_common_metadata(query_lens, seq_lens, table, block_size)
-
-
-def reference(spec: AttentionLayerSpec, case: Case) -> torch.Tensor:
-    """Dense float64 attention per request with explicit causal and window masks."""
-    outs, start = [], 0
-    m = case.metadata
-    for query_len, seq_len, k, v in zip(m.query_lens_list, m.seq_lens_list, case.full_k, case.full_v):
-        q = case.q[start : start + query_len].double().view(query_len, spec.num_heads, HEAD_DIM).transpose(0, 1)
-        group = spec.num_heads // spec.num_kv_heads
-        k = k.double().repeat_interleave(group, dim=1).transpose(0, 1)  # [num_heads, seq_len, head_dim]
-        v = v.double().repeat_interleave(group, dim=1).transpose(0, 1)
-        scores = q @ k.transpose(1, 2) * spec.scale
-        if spec.logit_softcap is not None:
-            scores = torch.tanh(scores / spec.logit_softcap) * spec.logit_softcap
-        q_pos = torch.arange(seq_len - query_len, seq_len)[:, None]
-        k_pos = torch.arange(seq_len)[None, :]
-        visible = k_pos <= q_pos
-        if spec.sliding_window is not None:
-            visible &= k_pos > q_pos - spec.sliding_window
-        out = scores.masked_fill(~visible, float("-inf")).softmax(-1) @ v
-        outs.append(out.transpose(0, 1).reshape(query_len, -1))
-        start += query_len
-    return torch.cat(outs).float()
-
-
-def run(spec: AttentionLayerSpec, case: Case) -> torch.Tensor:
-    metadata = case.backend.build_metadata(case.metadata)
-    return case.backend.forward(spec, case.q, case.k, case.v, case.kv_cache, metadata)
 
 
 def _spec(
@@ -174,10 +87,11 @@ def _only(case: Case, i: int) -> Case:
 
 
 @pytest.mark.parametrize("requests", [MIXED, DECODES], ids=["mixed", "decode_only"])
-def test_sliding_window_reads_only_blocks_inside_the_window(requests: list[tuple[int, int]]) -> None:
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_sliding_window_reads_only_blocks_inside_the_window(requests: list[tuple[int, int]], backend: str) -> None:
     window, block_size = 5, 4
     spec = _spec(4, 2, window)
-    case = make_case(requests, 4, 2, block_size)
+    case = make_case(requests, 4, 2, block_size, backend=backend)
     m = case.metadata
     for table, seq_len, query_len in zip(m.block_tables, m.seq_lens_list, m.query_lens_list):
         first_visible = max(0, seq_len - query_len - window + 1)
@@ -191,5 +105,6 @@ def test_sliding_window_reads_only_blocks_inside_the_window(requests: list[tuple
 def test_registry_returns_the_torch_backend_and_rejects_unknown_names() -> None:
     assert isinstance(get_attention_backend(), TorchAttentionBackend)
     assert get_attention_backend("torch").name == "torch"
-    with pytest.raises(ValueError, match="unknown attention backend 'flash'.*available: \\['torch', 'triton'\\]"):
+    assert {"torch", "tiled", "triton"} <= set(supported_attention_backends())
+    with pytest.raises(ValueError, match="unknown attention backend 'flash'; available: \\[.*'torch'.*\\]"):
         get_attention_backend("flash")

@@ -21,8 +21,7 @@ from jido.attention.triton_backend import (  # noqa: E402
     reshape_and_cache,
     unified_attention,
 )
-import test_torch_backend  # noqa: E402  (pytest puts this folder on sys.path)
-from test_torch_backend import (  # noqa: E402
+from test_torch_backend import (  # noqa: E402  (pytest puts this folder on sys.path)
     DECODES,
     HEAD_DIM,
     MIXED,
@@ -50,8 +49,10 @@ def _on_device(case: Case) -> Case:
                 TritonAttentionBackend(), case.full_k, case.full_v)
 
 
-def _case(requests: list[tuple[int, int]], num_heads: int, num_kv_heads: int, block_size: int, seed: int = 0) -> Case:
-    return _on_device(make_case(requests, num_heads, num_kv_heads, block_size, seed, backend="torch"))
+def _case(requests: list[tuple[int, int]], num_heads: int, num_kv_heads: int, block_size: int, seed: int = 0,
+          head_dim: int = HEAD_DIM) -> Case:
+    return _on_device(make_case(requests, num_heads, num_kv_heads, block_size, seed, backend="torch",
+                                head_dim=head_dim))
 
 
 def _attend(spec: AttentionLayerSpec, case: Case, num_splits: int = 1) -> torch.Tensor:
@@ -172,9 +173,8 @@ def test_gpu_benchmark_checks_its_shapes_on_cpu_under_the_interpreter() -> None:
 
 
 @pytest.mark.parametrize("head_dim", [8, 24])  # below tl.dot's 16, and not a power of two: padded, masked
-def test_head_dims_that_need_padding_match_float64_reference(head_dim: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(test_torch_backend, "HEAD_DIM", head_dim)  # the shared helpers read it at call time
+def test_head_dims_that_need_padding_match_float64_reference(head_dim: int) -> None:
     spec = AttentionLayerSpec(4, 2, head_dim, head_dim**-0.5, sliding_window=6, logit_softcap=2.0)
-    case = _case(MIXED, 4, 2, block_size=4)
+    case = _case(MIXED, 4, 2, block_size=4, head_dim=head_dim)
     assert case.q.shape[1] == 4 * head_dim
     torch.testing.assert_close(_attend(spec, case, num_splits=2), reference(spec, case), atol=2e-5, rtol=0)

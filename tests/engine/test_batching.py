@@ -32,6 +32,12 @@ def test_batched_equals_unbatched(llm, gemma_reference, alone):
     assert token_ids(together) == alone
 
 
+def test_tiled_attention_batched_equals_reference_attention_unbatched(gemma_reference, alone):
+    tiled = LLM(kv_cache_memory="160MiB", attention_backend="tiled")
+    outputs = tiled.generate(mixed_prompts(tiled.get_tokenizer(), gemma_reference), GREEDY, use_tqdm=False)
+    assert token_ids(outputs) == alone
+
+
 def test_chunked_prefill_equals_whole_prefill(gemma_reference, alone):
     chunked = LLM(kv_cache_memory="160MiB", max_num_batched_tokens=48, enable_prefix_caching=False, dtype="float32")
     outputs = chunked.generate(mixed_prompts(chunked.get_tokenizer(), gemma_reference), GREEDY, use_tqdm=False)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from jido import SamplingParams
+from jido import LLM, SamplingParams
 
 # Float32 sums in another order flip a greedy choice only when the top two logits nearly tie. We accept
 # a divergence only at such a step (gap under this many logits) and stop comparing there, since
@@ -22,12 +22,29 @@ def test_prompt_token_ids_match_transformers_tokenizer(llm, gemma_reference):
         assert llm.get_tokenizer().encode(gen["prompt"]) == gen["prompt_ids"], gen["name"]
 
 
-@pytest.mark.parametrize("name", ["capital", "story", "korean", "code", "long_argparse", "long_textwrap"])
+NAMES = ["capital", "story", "korean", "code", "long_argparse", "long_textwrap"]
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_greedy_tokens_match_transformers(llm, gemma_reference, name):
     gen = next(g for g in gemma_reference["generations"] if g["name"] == name)
-    expected = gen["output_ids"]
-    params = SamplingParams(temperature=0, max_tokens=len(expected), ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=len(gen["output_ids"]), ignore_eos=True)
     got = llm.generate([gen["prompt_ids"]], params, use_tqdm=False)[0].outputs[0].token_ids
+    _assert_same_until_a_near_tie(name, got, gen)
+
+
+def test_tiled_attention_batched_greedy_tokens_match_transformers(gemma_reference):
+    # Every fixture prompt in one batch: prefills next to decodes, the C++ decode kernel, sliding windows.
+    tiled = LLM(kv_cache_memory="160MiB", attention_backend="tiled")
+    gens = [next(g for g in gemma_reference["generations"] if g["name"] == name) for name in NAMES]
+    params = SamplingParams(temperature=0, max_tokens=max(len(g["output_ids"]) for g in gens), ignore_eos=True)
+    outputs = tiled.generate([g["prompt_ids"] for g in gens], params, use_tqdm=False)
+    for name, gen, out in zip(NAMES, gens, outputs):
+        _assert_same_until_a_near_tie(name, out.outputs[0].token_ids[: len(gen["output_ids"])], gen)
+
+
+def _assert_same_until_a_near_tie(name: str, got: list[int], gen: dict) -> None:
+    expected = gen["output_ids"]
     for step, (ours, theirs) in enumerate(zip(got, expected)):
         if ours != theirs:
             gap = gen["top2_gaps"][step]

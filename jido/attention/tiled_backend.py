@@ -1,0 +1,218 @@
+"""The tiled CPU attention backend: FlashAttention-style prefill in PyTorch and paged decode read in place."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
+from jido.attention.cpu_extension import load_paged_decode
+from jido.attention.torch_backend import TorchAttentionMetadata, build_plan
+
+
+@dataclass
+class _Softmax:
+    """Running state of the online softmax over key tiles, per query row: max, sum and unnormalized output."""
+
+    m: torch.Tensor  # [..., rows, 1] float32, -inf until a row sees a key
+    l: torch.Tensor  # [..., rows, 1]
+    acc: torch.Tensor  # [..., rows, head_dim]
+
+    @classmethod
+    def empty(cls, rows_shape: tuple[int, ...], head_dim: int, device: torch.device) -> _Softmax:
+        return cls(torch.full((*rows_shape, 1), float("-inf"), device=device),
+                   torch.zeros((*rows_shape, 1), device=device), torch.zeros((*rows_shape, head_dim), device=device))
+
+    def update(self, scores: torch.Tensor, values: torch.Tensor) -> None:
+        """Fold in one key tile: ``scores`` ``[..., rows, keys]`` (masked keys -inf; overwritten), ``values``
+        ``[..., keys, head_dim]``."""
+        m_new = torch.maximum(self.m, scores.amax(dim=-1, keepdim=True))
+        # A row that has seen no visible key yet keeps m = -inf; subtract 0 there so exp gives 0, not NaN.
+        m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)
+        probs = scores.sub_(m_safe).exp_()
+        alpha = torch.exp(self.m - m_safe)  # rescale what was summed under the old max
+        self.l.mul_(alpha).add_(probs.sum(dim=-1, keepdim=True))
+        self.acc.mul_(alpha)
+        if probs.dim() == 3:
+            self.acc.baddbmm_(probs, values)
+        else:
+            self.acc.add_(probs @ values)
+        self.m = m_new
+
+    def result(self) -> torch.Tensor:
+        return self.acc / self.l
+
+
+class TiledAttentionBackend(AttentionBackend):
+    """Attention whose memory grows linearly with the context, for CPUs (and correct on any device).
+
+    Prefill runs the FlashAttention algorithm in PyTorch: query tiles of ``query_tile`` tokens against key
+    tiles of ``key_tile_blocks`` cache blocks, with a running max and sum and one normalization at the end,
+    so no ``[query_len, seq_len]`` score matrix exists; tiles before a sliding window or after the causal
+    diagonal are skipped. Query heads that share a KV head are folded into the rows of one matmul, so K/V
+    are never repeated per head.
+
+    Decode (one query token per request) runs the C++ kernel of ``csrc/paged_decode.cpp`` on CPU: it reads
+    each request's blocks in place and splits long contexts into pieces of ``decode_split_blocks`` blocks
+    merged by log-sum-exp, so one long request uses every core. Where the kernel cannot be built (or on
+    other devices) decodes run the same online softmax in PyTorch over key tiles gathered for the batch.
+
+    Layout: one tensor per layer, ``[2, num_blocks, num_kv_heads, block_size, head_dim]`` (0 keys, 1 values):
+    one (block, KV head) pair is a contiguous ``[block_size, head_dim]`` tile, read with unit stride.
+    NOTE: the PyTorch decode path reads slots past a request's context in its last tile (masked); as for
+    the reference backend, allocate the cache with ``torch.zeros`` so those slots hold finite values.
+    """
+
+    name = "tiled"
+
+    def __init__(self, query_tile: int = 256, key_tile_blocks: int = 32, decode_split_blocks: int = 32,
+                 use_cpp_decode: bool = True) -> None:
+        self.query_tile = query_tile
+        self.key_tile_blocks = key_tile_blocks
+        self.decode_split_blocks = decode_split_blocks
+        self.use_cpp_decode = use_cpp_decode
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        return (2, num_blocks, num_kv_heads, block_size, head_dim)
+
+    def build_metadata(self, common: AttentionMetadata) -> TorchAttentionMetadata:
+        return build_plan(common)
+
+    def forward(self, spec: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor, metadata: TorchAttentionMetadata) -> torch.Tensor:
+        write_kv(kv_cache, k, v, metadata.common.slot_mapping)
+        num_tokens = q.shape[0]
+        q = q.view(num_tokens, spec.num_heads, spec.head_dim)
+        out = torch.empty_like(q)
+        if metadata.decodes is not None:
+            batch = metadata.decodes
+            decode_q = q if batch.rows is None else q[batch.rows]
+            decode_out = self._decode(spec, decode_q, kv_cache, batch.block_tables, batch.seq_lens)
+            if batch.rows is None:
+                return decode_out.view(num_tokens, -1)
+            out[batch.rows] = decode_out
+        for p in metadata.prefills:
+            rows = slice(p.query_start, p.query_start + p.query_len)
+            out[rows] = prefill_attention(spec, q[rows], kv_cache, metadata.common.block_tables[p.req_idx],
+                                          p.seq_len, self.query_tile, self.key_tile_blocks)
+        return out.view(num_tokens, -1)
+
+    def _decode(self, spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                seq_lens: torch.Tensor) -> torch.Tensor:
+        kernel = self._cpp_kernel(q)
+        if kernel is None:
+            return decode_attention(spec, q, kv_cache, block_tables, seq_lens, self.key_tile_blocks)
+        out = torch.empty_like(q)
+        kernel(out, q.contiguous(), kv_cache, block_tables, seq_lens, spec.scale, spec.sliding_window or 0,
+               spec.logit_softcap or 0.0, self.decode_split_blocks)
+        return out
+
+    def _cpp_kernel(self, q: torch.Tensor) -> Callable | None:
+        if not self.use_cpp_decode or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.bfloat16):
+            return None
+        return load_paged_decode()
+
+
+def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Scatter this step's keys and values into their slots of the ``[2, blocks, kv_heads, block_size, head_dim]`` cache."""
+    _, _, num_kv_heads, block_size, head_dim = kv_cache.shape
+    block_ids, offsets = slot_mapping // block_size, slot_mapping % block_size
+    # Indexing dims 0 and 2 around the kv-head slice gives [num_tokens, num_kv_heads, head_dim].
+    kv_cache[0][block_ids, :, offsets] = k.view(-1, num_kv_heads, head_dim)
+    kv_cache[1][block_ids, :, offsets] = v.view(-1, num_kv_heads, head_dim)
+
+
+def prefill_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                      seq_len: int, query_tile: int, key_tile_blocks: int) -> torch.Tensor:
+    """Causal attention for one request's ``q`` ``[query_len, num_heads, head_dim]``, the last tokens of its context."""
+    query_len, num_kv_heads, head_dim = q.shape[0], spec.num_kv_heads, spec.head_dim
+    group, first_query = spec.num_heads // num_kv_heads, seq_len - query_len
+    # [kv_heads, group, query_len, head_dim], scaled once, in float32 whatever the cache holds.
+    grouped_q = (q.float() * spec.scale).view(query_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+    out = torch.empty(num_kv_heads, group, query_len, head_dim, device=q.device)
+    block_size = kv_cache.shape[3]
+    for start in range(0, query_len, query_tile):
+        end = min(start + query_tile, query_len)
+        tile = grouped_q[:, :, start:end].reshape(num_kv_heads, group * (end - start), head_dim)
+        q_pos = torch.arange(first_query + start, first_query + end, device=q.device).repeat(group)[:, None]
+        state = _Softmax.empty((num_kv_heads, group * (end - start)), head_dim, q.device)
+        key_tiles = _key_tiles(spec, first_query + start, first_query + end, block_size, key_tile_blocks)
+        for block_lo, block_hi in key_tiles:
+            keys, values, k_pos = _gather_tile(kv_cache, block_table[block_lo:block_hi].long(), block_lo)
+            scores = _softcap(spec, torch.bmm(tile, keys.transpose(1, 2)))  # [kv_heads, group * tile_len, tile_keys]
+            if not _all_visible(spec, first_query + start, first_query + end - 1, block_lo * block_size,
+                                block_hi * block_size - 1):
+                scores = _mask(spec, scores, q_pos, k_pos[None, :])
+            state.update(scores, values)
+        out[:, :, start:end] = state.result().view(num_kv_heads, group, end - start, head_dim)
+    # [kv_heads, group, query_len, head_dim] -> [query_len, num_heads, head_dim]
+    return out.permute(2, 0, 1, 3).reshape(query_len, spec.num_heads, head_dim).to(q.dtype)
+
+
+def _key_tiles(spec: AttentionLayerSpec, first_pos: int, end_pos: int, block_size: int,
+               key_tile_blocks: int) -> list[tuple[int, int]]:
+    """Block ranges of the key tiles that queries at ``first_pos .. end_pos - 1`` can see."""
+    first_key = 0 if spec.sliding_window is None else max(0, first_pos - spec.sliding_window + 1)
+    first_block, end_block = first_key // block_size, -(-end_pos // block_size)
+    return [(b, min(b + key_tile_blocks, end_block)) for b in range(first_block, end_block, key_tile_blocks)]
+
+
+def _gather_tile(kv_cache: torch.Tensor, block_ids: torch.Tensor,
+                 first_block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keys and values of consecutive blocks ``[kv_heads, n * block_size, head_dim]`` in float32, and their positions."""
+    _, _, num_kv_heads, block_size, head_dim = kv_cache.shape
+    # [n, kv_heads, block_size, head_dim] -> [kv_heads, n * block_size, head_dim]
+    keys = kv_cache[0][block_ids].transpose(0, 1).reshape(num_kv_heads, -1, head_dim).float()
+    values = kv_cache[1][block_ids].transpose(0, 1).reshape(num_kv_heads, -1, head_dim).float()
+    k_pos = torch.arange(first_block * block_size, first_block * block_size + keys.shape[1], device=keys.device)
+    return keys, values, k_pos
+
+
+def _all_visible(spec: AttentionLayerSpec, first_q: int, last_q: int, first_k: int, last_k: int) -> bool:
+    """Every query in ``first_q..last_q`` sees every key in ``first_k..last_k``: the tile needs no mask."""
+    return last_k <= first_q and (spec.sliding_window is None or first_k > last_q - spec.sliding_window)
+
+
+def _softcap(spec: AttentionLayerSpec, scores: torch.Tensor) -> torch.Tensor:
+    if spec.logit_softcap is None:
+        return scores
+    return scores.div_(spec.logit_softcap).tanh_().mul_(spec.logit_softcap)
+
+
+def _mask(spec: AttentionLayerSpec, scores: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """``scores`` with keys a query cannot see (after it, or before its window) set to -inf; positions broadcast."""
+    hidden = k_pos > q_pos
+    if spec.sliding_window is not None:
+        hidden |= k_pos <= q_pos - spec.sliding_window
+    return scores.masked_fill_(hidden, float("-inf"))
+
+
+def decode_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                     seq_lens: torch.Tensor, key_tile_blocks: int) -> torch.Tensor:
+    """Attention for ``q`` ``[num_decodes, num_heads, head_dim]``, one token per request, over key tiles of the batch."""
+    num_reqs, num_kv_heads, head_dim = q.shape[0], spec.num_kv_heads, spec.head_dim
+    block_size = kv_cache.shape[3]
+    seq_lens = seq_lens.long()[:, None]  # [B, 1]
+    first_block = torch.zeros_like(seq_lens)
+    if spec.sliding_window is not None:
+        first_block = (seq_lens - spec.sliding_window).clamp(min=0) // block_size
+    num_blocks = int((-(-seq_lens // block_size) - first_block).max())
+    # [B, kv_heads, group, head_dim]
+    grouped_q = (q.float() * spec.scale).view(num_reqs, num_kv_heads, -1, head_dim)
+    state = _Softmax.empty(grouped_q.shape[:3], head_dim, q.device)
+    offsets = torch.arange(block_size, device=q.device)
+    for lo in range(0, num_blocks, key_tile_blocks):
+        block_idx = first_block + torch.arange(lo, min(lo + key_tile_blocks, num_blocks), device=q.device)  # [B, n]
+        block_ids = block_tables.gather(1, block_idx.clamp(max=block_tables.shape[1] - 1)).long()
+        # [B, n, kv_heads, block_size, head_dim] -> [B, kv_heads, n * block_size, head_dim]
+        keys = kv_cache[0][block_ids].transpose(1, 2).flatten(2, 3).float()
+        values = kv_cache[1][block_ids].transpose(1, 2).flatten(2, 3).float()
+        scores = _softcap(spec, grouped_q @ keys.transpose(-1, -2))  # [B, kv_heads, group, n * block_size]
+        k_pos = (block_idx[:, :, None] * block_size + offsets).flatten(1)  # [B, n * block_size]
+        hidden = k_pos >= seq_lens
+        if spec.sliding_window is not None:
+            hidden |= k_pos < seq_lens - spec.sliding_window
+        state.update(scores.masked_fill(hidden[:, None, None, :], float("-inf")), values)
+    return state.result().reshape(num_reqs, spec.num_heads, head_dim).to(q.dtype)

@@ -1,0 +1,85 @@
+"""Every registered backend, and the tiled one with tiny tiles on both decode paths, against float64 attention
+over random shapes, dtypes, GQA ratios, windows, soft-caps, block sizes and prefix lengths."""
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+import torch
+from paged_cases import make_case, reference, run
+
+from jido.attention import cpu_extension, tiled_backend
+from jido.attention.backend import AttentionBackend, AttentionLayerSpec
+from jido.attention.registry import supported_attention_backends
+from jido.attention.tiled_backend import TiledAttentionBackend
+
+# bf16 keeps 8 bits of mantissa: inputs and the output are rounded, so compare loosely.
+TOLERANCE = {torch.float32: {"atol": 3e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 3e-2, "rtol": 2e-2}}
+
+
+def _check_random_case(backend: str | AttentionBackend, dtype: torch.dtype, max_len: int = 200) -> None:
+    """One fresh random step (its seed is in the failure message) against the float64 reference; prefixes and
+    queries up to ``max_len`` tokens."""
+    seed = random.SystemRandom().randrange(2**32)
+    rng = random.Random(seed)
+    num_kv_heads, group = rng.choice([1, 2, 4]), rng.choice([1, 2, 4])
+    head_dim, block_size = rng.choice([8, 32, 64, 256]), rng.choice([1, 4, 16, 32])
+    window = rng.choice([None, rng.randint(1, 80)])
+    softcap = rng.choice([None, rng.uniform(1.0, 30.0)])
+    requests = [(rng.choice([0, rng.randint(1, max_len)]), rng.choice([1, 1, rng.randint(2, max_len)]))
+                for _ in range(rng.randint(1, 6))]
+    params = dict(num_kv_heads=num_kv_heads, group=group, head_dim=head_dim, block_size=block_size, window=window,
+                  softcap=softcap, requests=requests)
+    spec = AttentionLayerSpec(num_kv_heads * group, num_kv_heads, head_dim, head_dim**-0.5, window, softcap)
+    case = make_case(requests, spec.num_heads, num_kv_heads, block_size, seed=seed, backend=backend, dtype=dtype,
+                     head_dim=head_dim)
+    out = run(spec, case)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), reference(spec, case), **TOLERANCE[dtype],
+                               msg=lambda m: f"seed {seed}, {params}: {m}")
+
+
+@pytest.mark.parametrize("draw", range(8))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+# triton draws its own random shapes in test_triton_backend.py (fp32 only: the interpreter's bf16 dot is wrong).
+@pytest.mark.parametrize("backend", [name for name in supported_attention_backends() if name != "triton"])
+def test_random_step_matches_float64_reference(backend: str, dtype: torch.dtype, draw: int) -> None:
+    _check_random_case(backend, dtype)
+
+
+@pytest.mark.parametrize("draw", range(6))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("cpp_decode", [True, False], ids=["cpp_decode", "torch_decode"])
+def test_tiled_backend_with_tiny_tiles_and_splits_matches_reference(cpp_decode: bool, dtype: torch.dtype,
+                                                                     draw: int) -> None:
+    # Tiles of 3 queries and 2 blocks, decode splits of 1 block: every merge and rescale path runs.
+    backend = TiledAttentionBackend(query_tile=3, key_tile_blocks=2, decode_split_blocks=1, use_cpp_decode=cpp_decode)
+    _check_random_case(backend, dtype, max_len=40)
+
+
+def test_tiled_new_keys_and_values_land_in_their_slots() -> None:
+    case = make_case([(0, 7), (5, 3), (13, 1)], 4, 2, block_size=4, backend="tiled")
+    run(AttentionLayerSpec(4, 2, 16, 0.25), case)
+    block_ids, offsets = case.metadata.slot_mapping // 4, case.metadata.slot_mapping % 4
+    for cache, new in ((case.kv_cache[0], case.k), (case.kv_cache[1], case.v)):
+        # [blocks, kv_heads, block_size, head_dim] read at (block, :, offset) -> [num_tokens, kv_heads, head_dim]
+        torch.testing.assert_close(cache[block_ids, :, offsets].flatten(1), new, atol=0, rtol=0)
+
+
+def test_cpp_decode_build_failure_falls_back_to_pytorch_with_a_warning(tmp_path, monkeypatch, caplog) -> None:
+    broken = tmp_path / "paged_decode.cpp"
+    broken.write_text("#error this source does not compile\n")
+    monkeypatch.setattr(cpu_extension, "CACHE_ROOT", tmp_path / "build")
+    monkeypatch.setattr(tiled_backend, "load_paged_decode", lambda: cpu_extension.load_paged_decode(broken))
+    with caplog.at_level(logging.WARNING, logger=cpu_extension.__name__):
+        spec = AttentionLayerSpec(4, 1, 16, 0.25, sliding_window=9)
+        case = make_case([(30, 1), (3, 1), (70, 1)], 4, 1, block_size=4, backend="tiled")
+        torch.testing.assert_close(run(spec, case), reference(spec, case), atol=2e-5, rtol=0)
+    assert cpu_extension.load_paged_decode(broken) is None
+    assert "C++ attention kernels unavailable" in caplog.text and "using the PyTorch decode path" in caplog.text
+
+
+def test_cpp_decode_kernel_builds_on_this_machine() -> None:
+    # The fallback keeps jido correct without a compiler; this says when the fast path silently went missing.
+    assert cpu_extension.load_paged_decode() is not None
