@@ -137,7 +137,7 @@ def _decode_attention(
     keys = kv_cache[0][block_ids].view(num_reqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     values = kv_cache[1][block_ids].view(num_reqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     grouped_q = q.view(num_reqs, num_kv_heads, -1, head_dim)  # [B, kv_heads, group, head_dim]
-    out = _attend(spec, grouped_q, keys, values, visible[:, None, None, :])
+    out = masked_attention(spec, grouped_q, keys, values, visible[:, None, None, :])
     return out.reshape(num_reqs, spec.num_heads, head_dim)
 
 
@@ -164,12 +164,12 @@ def _prefill_attention(
     # Fold the query heads that share a KV head into the rows: [kv_heads, group * query_len, head_dim],
     # so GQA needs no copy of K/V per query head.
     grouped_q = q.view(query_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(num_kv_heads, -1, head_dim)
-    out = _attend(spec, grouped_q, keys, values, visible.repeat(group, 1))
+    out = masked_attention(spec, grouped_q, keys, values, visible.repeat(group, 1))
     # [kv_heads, group * query_len, head_dim] -> [query_len, num_heads, head_dim]
     return out.view(num_kv_heads, group, query_len, head_dim).permute(2, 0, 1, 3).reshape(query_len, -1, head_dim)
 
 
-def _attend(
+def masked_attention(
     spec: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
 ) -> torch.Tensor:
     """``softmax(q k^T * scale [soft-capped], masked) v`` over the last two dims; ``visible`` broadcasts."""

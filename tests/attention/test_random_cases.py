@@ -54,7 +54,8 @@ def test_random_step_matches_float64_reference(backend: str, dtype: torch.dtype,
 def test_tiled_backend_with_tiny_tiles_and_splits_matches_reference(cpp_decode: bool, dtype: torch.dtype,
                                                                      draw: int) -> None:
     # Tiles of 3 queries and 2 blocks, decode splits of 1 block: every merge and rescale path runs.
-    backend = TiledAttentionBackend(query_tile=3, key_tile_blocks=2, decode_split_blocks=1, use_cpp_decode=cpp_decode)
+    backend = TiledAttentionBackend(query_tile=3, key_tile_blocks=2, decode_split_blocks=1, use_cpp_decode=cpp_decode,
+                                    dense_prefill_max_scores=0)  # every prefill through the tiled loop
     _check_random_case(backend, dtype, max_len=40)
 
 
