@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import struct
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
@@ -19,6 +21,10 @@ class FakeState:
         self.num_requests = 0
         self.payloads: list[dict] = []
         self.num_connections_to_drop = 0  # POSTs answered by closing the connection, as a stale keep-alive
+        # POSTs that get a reset before their body is read, as from a server whose keep-alive timeout fired
+        # just as the client reused the connection: the write fails, or the server is gone before answering.
+        self.num_kept_alive_to_reset = 0
+        self.num_resets = 0
 
 
 def schedule(prompt: str) -> tuple[float, float]:
@@ -30,6 +36,8 @@ def schedule(prompt: str) -> tuple[float, float]:
 
 def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keeps connections alive between requests, as real servers do
+
         def log_message(self, *args) -> None:
             pass
 
@@ -42,6 +50,16 @@ def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
                 self._send(404, "application/json", json.dumps({"error": {"message": "not found"}}))
 
         def do_POST(self) -> None:
+            with state.lock:
+                # After the first answer (the bench's warm-up), so the resets land on the timed requests.
+                reset = state.num_requests > 0 and state.num_kept_alive_to_reset > 0
+                state.num_kept_alive_to_reset -= reset
+                state.num_resets += reset
+            if reset:
+                # Linger 0: close() sends RST at once instead of FIN, and the unread body is dropped.
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.close_connection = True
+                return
             payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             with state.lock:
                 state.payloads.append(payload)
@@ -56,8 +74,10 @@ def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
                 return
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             self._stream(payload, prompt)
+            self._chunk(b"")
             with state.lock:
                 state.num_requests += 1
 
@@ -72,10 +92,14 @@ def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
                 choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
                 self._event({"choices": [choice]})
             self._event({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": payload["max_tokens"]}})
-            self.wfile.write(b"data: [DONE]\n\n")
+            self._chunk(b"data: [DONE]\n\n")
 
         def _event(self, body: dict) -> None:
-            self.wfile.write(f"data: {json.dumps(body)}\n\n".encode())
+            self._chunk(f"data: {json.dumps(body)}\n\n".encode())
+
+        def _chunk(self, data: bytes) -> None:
+            """One piece of a chunked body; empty ends the body."""
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
 
         def _metrics_text(self) -> str:

@@ -10,7 +10,7 @@ import pytest
 from fake_openai_server import KV_USAGE, PREFIX_HITS_PER_REQUEST, PREFIX_QUERIES_PER_REQUEST, QUEUE_SECONDS_PER_REQUEST
 
 from jido.bench.cli import bench_main
-from jido.bench.client import SSEDecoder
+from jido.bench.client import MAX_RETRIES, SSEDecoder
 from jido.bench.runner import arrival_offsets
 
 TTFTS_MS = [40, 80, 120, 160, 200]
@@ -72,24 +72,52 @@ def test_chat_endpoint_times_the_first_content_not_the_role_chunk(tmp_path, fake
     assert state.payloads[-1]["ignore_eos"] is True and state.payloads[-1]["stream"] is True
 
 
-def test_failed_requests_are_counted_with_the_servers_error(tmp_path, fake_server):
+def test_failed_requests_are_counted_and_reported_first_with_the_servers_error(tmp_path, fake_server, capsys):
     base_url, _ = fake_server
     data = write_schedule(tmp_path / "schedule.jsonl", extra=["please fail"])
-    result = run_bench(tmp_path, base_url, "--dataset-path", str(data), "--num-prompts", "6",
+    result = run_bench(tmp_path, base_url, "--dataset-path", str(data), "--num-prompts", "12",
                        "--max-concurrency", "6")
-    assert (result["completed"], result["failed"]) == (5, 1)
+    assert (result["completed"], result["failed"]) == (10, 2)
     assert result["errors"][5].startswith("HTTP 500") and "asked to fail" in result["errors"][5]
+    assert result["first_errors"] == [{"count": 2, "error": result["errors"][5]}]
+    table = capsys.readouterr().out
+    assert table.startswith("WARNING: 2 of 12 requests FAILED; the figures below cover the 10 that completed. "
+                            "First error: HTTP 500")
+    assert "error (2x): HTTP 500" in table
 
 
-def test_a_connection_closed_before_any_answer_is_retried_once(tmp_path, fake_server):
+def test_kept_alive_connections_the_server_resets_are_retried_and_counted(tmp_path, fake_server):
     base_url, state = fake_server
     data = write_schedule(tmp_path / "schedule.jsonl")
-    state.num_connections_to_drop = 1
-    result = run_bench(tmp_path, base_url, "--dataset-path", str(data), "--num-prompts", "5")
-    assert (result["completed"], result["failed"]) == (5, 0)
-    state.num_connections_to_drop = 2  # the warm-up's retry is dropped too: a clear error, not a hang
+    state.num_kept_alive_to_reset = 3
+    result = run_bench(tmp_path, base_url, "--dataset-path", str(data), "--num-prompts", "6",
+                       "--max-concurrency", "1")
+    assert (result["completed"], result["failed"]) == (6, 0)
+    assert state.num_resets == 3 and result["num_retries"] == 3
+    assert result["first_errors"] == []
+
+
+def test_a_request_body_cut_off_by_a_reset_is_sent_again(tmp_path, fake_server):
+    # 8 MB does not fit in the socket buffers, so the reset breaks the body's write (ClientOSError, the
+    # "Can not write request body" that llama-server's closed keep-alives cause) rather than the read.
+    base_url, state = fake_server
+    data = tmp_path / "big.jsonl"
+    data.write_text(json.dumps({"prompt": "x" * 8_000_000, "output_len": 2}) + "\n")
+    state.num_kept_alive_to_reset = 1
+    result = run_bench(tmp_path, base_url, "--dataset-path", str(data), "--num-prompts", "1")
+    assert (result["completed"], result["failed"], result["num_retries"]) == (1, 0, 1)
+    assert state.num_resets == 1 and len(state.payloads[-1]["prompt"]) == 8_000_000
+
+
+def test_retries_are_bounded_and_a_warm_up_that_keeps_failing_is_a_clear_error(tmp_path, fake_server, capsys):
+    base_url, state = fake_server
+    data = write_schedule(tmp_path / "schedule.jsonl")
+    state.num_connections_to_drop = MAX_RETRIES + 1
     assert bench_main(["--base-url", base_url, "--dataset-name", "jsonl", "--dataset-path", str(data),
                        "--disable-tqdm"]) == 2
+    error = capsys.readouterr().err
+    assert "ServerDisconnectedError" in error and f"(after {MAX_RETRIES} retries)" in error
+    assert len(state.payloads) == MAX_RETRIES + 1
 
 
 def test_server_metrics_over_the_run_are_differences_of_the_counters(tmp_path, fake_server):
