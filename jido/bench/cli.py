@@ -12,8 +12,11 @@ from jido.bench.corpus import Corpus, reference_text
 from jido.bench.datasets import sample_requests
 from jido.bench.report import format_sweep, format_table, result_path, save_result
 from jido.bench.runner import BenchError, run_benchmark
-from jido.bench.tokens import make_counter
+from jido.bench.tokens import WordCounter, make_counter
 from jido.utils.cli_args import add_dataclass_arguments, dataclass_kwargs
+
+WORDS_NOTE = (" and punctuation marks, not model tokens: the server has no /tokenize and no --tokenizer was given, "
+              "so --random-input-len and the other lengths are approximate")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,11 +38,13 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def run(config: BenchConfig) -> dict[str, Any]:
     """Run the config (every sweep point on the same prompts); a sweep's result holds one dict per point."""
-    corpus = Corpus(reference_text(), make_counter(config.tokenizer))
-    requests = sample_requests(config, corpus)
+    counter = make_counter(config.tokenizer, config.base_url, config.model)
+    print(f"prompt lengths counted in {counter.name}"
+          + (WORDS_NOTE if isinstance(counter, WordCounter) else ""), file=sys.stderr)
+    requests = sample_requests(config, Corpus(reference_text(), counter))
     results = []
     for point in config.sweep_points():
-        result = asyncio.run(run_benchmark(point, requests))
+        result = {**asyncio.run(run_benchmark(point, requests)), "prompt_len_unit": counter.name}
         print(format_table(result), flush=True)
         results.append(result)
     if len(results) == 1:

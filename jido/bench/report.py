@@ -27,6 +27,7 @@ def format_table(result: dict[str, Any]) -> str:
             _row("Maximum request concurrency", result.get("max_concurrency")),
             _row("Request rate (req/s)", result.get("request_rate")),
             _row("Benchmark duration (s)", result["duration"]),
+            f"Prompt lengths drawn in: {result.get('prompt_len_unit', 'words')}",
             _row("Total input tokens", result["total_input_tokens"]),
             _row("Total generated tokens", result["total_output_tokens"]),
             _row("Request throughput (req/s)", result["request_throughput"])]

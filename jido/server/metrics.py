@@ -20,7 +20,8 @@ _PHASES = ("schedule", "model", "sample", "update")
 _FINISH_REASONS = tuple(status.value for status in RequestStatus if status.is_finished)  # stop, length, abort
 _ZERO_AT_START = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                   "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
-                  "vllm:prompt_tokens", "vllm:generation_tokens", "jido:requests_aborted")
+                  "vllm:prompt_tokens", "vllm:generation_tokens", "jido:requests_aborted",
+                  "jido:kv_cache_usage_perc_max")
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -85,6 +86,8 @@ class ServerMetrics:
             ("vllm:num_requests_running", "gauge", "Sequences running in the engine.", ()),
             ("vllm:num_requests_waiting", "gauge", "Sequences accepted but not yet running.", ()),
             ("vllm:kv_cache_usage_perc", "gauge", "Fraction of KV blocks in use (1 = full).", ()),
+            ("jido:kv_cache_usage_perc_max", "gauge",
+             "Highest fraction of KV blocks in use since the previous scrape, within steps too.", ()),
             ("vllm:prefix_cache_queries", "counter", "Prompt tokens looked up in the prefix cache.", ()),
             ("vllm:prefix_cache_hits", "counter", "Prompt tokens found in the prefix cache.", ()),
             ("vllm:num_preemptions", "counter", "Sequences preempted for lack of KV blocks.", ()),
@@ -115,7 +118,11 @@ class ServerMetrics:
         return self._families[name]
 
     def render(self) -> str:
-        return "\n".join(line for family in self._families.values() for line in family.render()) + "\n"
+        """The exposition text. NOTE: resets the KV peak to the current usage (a peak since the last scrape)."""
+        text = "\n".join(line for family in self._families.values() for line in family.render()) + "\n"
+        peak, usage = self["jido:kv_cache_usage_perc_max"], self["vllm:kv_cache_usage_perc"]
+        peak.set(usage.values[self._labels], self._labels)
+        return text
 
     # -- recording --------------------------------------------------------------------------------
     def on_report(self, report: StepReport, num_waiting: int) -> None:
@@ -124,6 +131,9 @@ class ServerMetrics:
         self["vllm:num_requests_running"].set(stats.num_running, labels)
         self["vllm:num_requests_waiting"].set(num_waiting, labels)
         self["vllm:kv_cache_usage_perc"].set(stats.kv_cache_usage, labels)
+        step_peak = max(stats.kv_cache_usage, report.times.kv_cache_usage_peak if report.times else 0.0)
+        peak = self["jido:kv_cache_usage_perc_max"]
+        peak.set(max(peak.values[labels], step_peak), labels)
         self["vllm:prefix_cache_queries"].set(stats.prefix_cache_queries, labels)
         self["vllm:prefix_cache_hits"].set(stats.prefix_cache_hits, labels)
         self["vllm:num_preemptions"].set(stats.num_preemptions, labels)

@@ -61,6 +61,9 @@ def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
                 return
             payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path not in ("/v1/completions", "/v1/chat/completions"):  # no /tokenize, as llama-server
+                self._send(404, "application/json", json.dumps({"error": {"message": "not found"}}))
+                return
             with state.lock:
                 state.payloads.append(payload)
                 drop = state.num_connections_to_drop > 0

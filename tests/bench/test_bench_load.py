@@ -170,3 +170,28 @@ def test_poisson_arrivals_have_the_requested_mean_gap_and_repeat_for_a_seed():
     assert np.diff(offsets).std() == pytest.approx(1 / 8.0, rel=0.08)  # exponential: std == mean
     assert np.array_equal(offsets, arrival_offsets(4000, 8.0, 1.0, seed=3))
     assert not arrival_offsets(5, float("inf"), 1.0, seed=3).any()
+
+
+def test_one_token_answers_have_no_tpot_or_itl_rather_than_zero(tmp_path, fake_server, capsys):
+    base_url, _ = fake_server
+    data = tmp_path / "one.jsonl"
+    data.write_text(json.dumps({"prompt": "ttft_ms=20", "output_len": 1}) + "\n")
+    result = run_bench(tmp_path, base_url, "--dataset-path", str(data), "--num-prompts", "2")
+    assert result["completed"] == 2 and result["tpots"] == [None, None] and result["itls"] == [[], []]
+    for name in ("tpot", "itl"):
+        assert all(result[f"{stat}_{name}_ms"] is None for stat in ("mean", "median", "std", "p90", "p95", "p99"))
+    assert result["mean_ttft_ms"] > 0
+    table = capsys.readouterr().out
+    assert "Mean TPOT (ms):                                n/a" in table
+    assert "P99 ITL (ms):                                  n/a" in table
+
+
+def test_without_tokenize_on_the_server_lengths_are_words_and_the_output_says_so(tmp_path, fake_server, capsys):
+    base_url, _ = fake_server
+    data = write_schedule(tmp_path / "schedule.jsonl")
+    result = run_bench(tmp_path, base_url, "--dataset-path", str(data), "--num-prompts", "2")
+    assert result["prompt_len_unit"] == "words"
+    assert result["server_max_kv_cache_usage_source"] == "sampled every second"
+    captured = capsys.readouterr()
+    assert "prompt lengths counted in words and punctuation marks, not model tokens" in captured.err
+    assert "Prompt lengths drawn in: words" in captured.out
