@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import logging
@@ -9,13 +10,17 @@ import sys
 
 from jido.config import FLAT_CONFIGS, JSON_CONFIGS, EngineConfig
 from jido.core.sampling_params import SamplingParams
-from jido.utils.cli_args import add_dataclass_arguments, dataclass_kwargs
+from jido.utils.cli_args import add_dataclass_arguments, dataclass_kwargs, summary
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def _generate_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("generate", help="generate a continuation of a prompt with the local model")
-    parser.add_argument("prompt", nargs="+", help="one or more prompts")
-    parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    parser.add_argument("prompt", nargs="+", help="one or more prompts, generated for as one batch")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object per prompt, with its timing (default: off, plain text)")
     # --seed is the request's sampling seed here; the engine's own seed keeps its default.
     _add_engine_arguments(parser, skip=("seed",))
     add_dataclass_arguments(parser, SamplingParams, skip=("n",))
@@ -61,8 +66,9 @@ def _add_engine_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...]
     for config_cls in FLAT_CONFIGS:
         add_dataclass_arguments(parser, config_cls, skip=skip)
     for name, config_cls in JSON_CONFIGS.items():
+        keys = ", ".join(f.name for f in dataclasses.fields(config_cls))
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar="JSON",
-                            help=f"{config_cls.__name__} as a JSON object")
+                            help=f"{summary(config_cls)} A JSON object with keys {keys} (default: none)")
 
 
 def _engine_kwargs(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict:
@@ -97,7 +103,8 @@ def _run_delegate(target: str, argv: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jido", description="jido: an LLM inference serving engine")
-    parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING)")
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
+                        help="what the log on stderr shows (default: INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
     _serve_parser(sub)

@@ -25,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_arguments(parser, BenchConfig, skip=("goodput",))
     # vLLM spells SLOs as `--goodput ttft:500 tpot:50`; `--slo ttft=500,tpot=50` is the same thing.
     parser.add_argument("--goodput", "--slo", dest="goodput", nargs="+", metavar="KEY=MS",
-                        help="SLOs in ms for goodput: ttft, tpot, e2el (e.g. ttft=500,tpot=50)")
+                        help="SLOs in ms for goodput, keys ttft, tpot, e2el: ttft=500,tpot=50 or ttft:500 tpot:50 "
+                             "(default: none, no goodput)")
     return parser
 
 
