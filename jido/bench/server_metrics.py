@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,13 +40,21 @@ class GaugeSampler:
     url: str
     interval_s: float = 1.0
     samples: list[Metrics] = field(default_factory=list)
+    _stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self) -> None:
-        while True:
+        """Scrape every interval_s until stop(); a scrape under way then is finished and kept."""
+        # NOTE: not cancelled mid-scrape: the server may have answered (and reset its KV peak), and a lost
+        # answer would lose the peak with it.
+        while not self._stopped.is_set():
             metrics = await scrape(self.session, self.url)
             if metrics is not None:
                 self.samples.append(metrics)
-            await asyncio.sleep(self.interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), self.interval_s)
+
+    def stop(self) -> None:
+        self._stopped.set()
 
 
 def run_metrics(before: Metrics | None, after: Metrics | None, samples: list[Metrics]) -> dict[str, Any]:

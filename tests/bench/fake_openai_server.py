@@ -25,6 +25,8 @@ class FakeState:
         # just as the client reused the connection: the write fails, or the server is gone before answering.
         self.num_kept_alive_to_reset = 0
         self.num_resets = 0
+        self.num_scrapes_started = 0
+        self.metrics_delay_s = 0.0  # how long /metrics takes to answer
 
 
 def schedule(prompt: str) -> tuple[float, float]:
@@ -45,6 +47,9 @@ def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
             if self.path == "/v1/models":
                 self._send(200, "application/json", json.dumps({"data": [{"id": "fake-model", "owned_by": "t"}]}))
             elif self.path == "/metrics":
+                with state.lock:
+                    state.num_scrapes_started += 1
+                time.sleep(state.metrics_delay_s)
                 self._send(200, "text/plain", self._metrics_text())
             else:
                 self._send(404, "application/json", json.dumps({"error": {"message": "not found"}}))

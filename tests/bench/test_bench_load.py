@@ -1,8 +1,12 @@
 """The load generator against the fake server: timings, percentiles, goodput, errors, /metrics, result keys."""
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from pathlib import Path
+
+import aiohttp
 
 import numpy as np
 import pytest
@@ -12,6 +16,7 @@ from fake_openai_server import KV_USAGE, PREFIX_HITS_PER_REQUEST, PREFIX_QUERIES
 from jido.bench.cli import bench_main
 from jido.bench.client import MAX_RETRIES, SSEDecoder
 from jido.bench.runner import arrival_offsets
+from jido.bench.server_metrics import GaugeSampler
 
 TTFTS_MS = [40, 80, 120, 160, 200]
 ITL_MS, OUTPUT_LEN = 15, 5
@@ -195,3 +200,23 @@ def test_without_tokenize_on_the_server_lengths_are_words_and_the_output_says_so
     captured = capsys.readouterr()
     assert "prompt lengths counted in words and punctuation marks, not model tokens" in captured.err
     assert "Prompt lengths drawn in: words" in captured.out
+
+
+def test_stopping_the_gauge_sampler_keeps_the_scrape_under_way(fake_server):
+    # jido resets its KV peak when it answers a scrape: an answer dropped at the end of a run loses the peak.
+    base_url, state = fake_server
+    state.metrics_delay_s = 0.3
+
+    async def sample() -> list:
+        async with aiohttp.ClientSession() as session:
+            sampler = GaugeSampler(session, f"{base_url}/metrics", interval_s=0.01)
+            task = asyncio.create_task(sampler.run())
+            deadline = time.monotonic() + 10
+            while state.num_scrapes_started < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            sampler.stop()
+            await task
+            return sampler.samples
+
+    samples = asyncio.run(sample())
+    assert state.num_scrapes_started == 2 and len(samples) == 2
