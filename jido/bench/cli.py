@@ -10,7 +10,7 @@ from typing import Any
 from jido.bench.config import BenchConfig
 from jido.bench.corpus import Corpus, reference_text
 from jido.bench.datasets import sample_requests
-from jido.bench.report import format_sweep, format_table, result_path, save_result
+from jido.bench.report import failure_lines, format_sweep, format_table, result_path, save_result
 from jido.bench.runner import BenchError, run_benchmark
 from jido.bench.tokens import WordCounter, make_counter
 from jido.utils.cli_args import add_dataclass_arguments, dataclass_kwargs
@@ -78,6 +78,8 @@ def bench_main(argv: list[str]) -> int:
     try:
         config = config_from_args(build_parser().parse_args(argv))
         result = run(config)
+        for line in (line for r in result.get("runs", [result]) for line in failure_lines(r)):
+            print(f"jido bench: {line}", file=sys.stderr)  # again last, where it is seen when stdout is saved
         if config.save_result or config.result_filename:
             for path in save(config, result):
                 print(f"wrote {path}")

@@ -85,10 +85,10 @@ def test_failed_requests_are_counted_and_reported_first_with_the_servers_error(t
     assert (result["completed"], result["failed"]) == (10, 2)
     assert result["errors"][5].startswith("HTTP 500") and "asked to fail" in result["errors"][5]
     assert result["first_errors"] == [{"count": 2, "error": result["errors"][5]}]
-    table = capsys.readouterr().out
-    assert table.startswith("WARNING: 2 of 12 requests FAILED; the figures below cover the 10 that completed. "
-                            "First error: HTTP 500")
-    assert "error (2x): HTTP 500" in table
+    captured = capsys.readouterr()
+    warning = "WARNING: 2 of 12 requests FAILED; the figures below cover the 10 that completed. First error: HTTP 500"
+    assert captured.out.startswith(warning) and "error (2x): HTTP 500" in captured.out
+    assert captured.err.splitlines()[-1].startswith("jido bench: " + warning)
 
 
 def test_kept_alive_connections_the_server_resets_are_retried_and_counted(tmp_path, fake_server):
