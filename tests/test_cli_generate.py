@@ -1,4 +1,4 @@
-"""`jido generate --json`: the same tokens as `LLM.generate`, with TTFT, decode tok/s and the step split."""
+"""`jido generate --json`: the same tokens as `LLM.generate` (float32 both), with TTFT, decode tok/s and the step split."""
 from __future__ import annotations
 
 import json
@@ -16,7 +16,7 @@ MAX_TOKENS = 4
 
 def test_generate_json_reports_the_tokens_and_sane_timing_per_prompt(llm, capsys):
     argv = ["--log-level", "warning", "generate", "--json", "--max-tokens", str(MAX_TOKENS), "--temperature", "0",
-            "--ignore-eos", "--kv-cache-memory", "160MiB", *PROMPTS]
+            "--ignore-eos", "--kv-cache-memory", "160MiB", "--dtype", "float32", *PROMPTS]
     assert main(argv) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     expected = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True))
