@@ -2,20 +2,32 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import logging
 import sys
+import time
+from typing import TYPE_CHECKING, Any
 
 from jido.config import FLAT_CONFIGS, JSON_CONFIGS, EngineConfig
 from jido.core.sampling_params import SamplingParams
-from jido.utils.cli_args import add_dataclass_arguments, dataclass_kwargs
+from jido.metrics.stats import IterationStats
+from jido.utils.cli_args import add_dataclass_arguments, dataclass_kwargs, summary
+
+if TYPE_CHECKING:  # the engine loads torch: only `jido generate` and `serve` import it, when they run
+    from jido.engine.llm_engine import LLMEngine
+    from jido.engine.outputs import RequestOutput
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def _generate_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("generate", help="generate a continuation of a prompt with the local model")
-    parser.add_argument("prompt", nargs="+", help="one or more prompts")
-    parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    parser.add_argument("prompt", nargs="+", help="one or more prompts, generated for as one batch")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object per prompt, with its timing (default: off, plain text)")
     # --seed is the request's sampling seed here; the engine's own seed keeps its default.
     _add_engine_arguments(parser, skip=("seed",))
     add_dataclass_arguments(parser, SamplingParams, skip=("n",))
@@ -27,16 +39,70 @@ def _run_generate(args: argparse.Namespace) -> int:
 
     params = SamplingParams(**dataclass_kwargs(args, SamplingParams))
     llm = LLM(**_engine_kwargs(args, skip=("seed",)))
-    for output in llm.generate(args.prompt, params):
+    if not args.json:
+        for output in llm.generate(args.prompt, params):
+            print(output.prompt + output.outputs[0].text)
+        return 0
+    for output, timing in _generate_timed(llm.llm_engine, args.prompt, params):
         completion = output.outputs[0]
-        if args.json:
-            print(json.dumps({"prompt": output.prompt, "prompt_token_ids": output.prompt_token_ids,
-                              "text": completion.text, "token_ids": completion.token_ids,
-                              "finish_reason": completion.finish_reason,
-                              "num_cached_tokens": output.num_cached_tokens}, ensure_ascii=False))
-        else:
-            print(output.prompt + completion.text)
+        print(json.dumps({"prompt": output.prompt, "prompt_token_ids": output.prompt_token_ids,
+                          "text": completion.text, "token_ids": completion.token_ids,
+                          "finish_reason": completion.finish_reason,
+                          "num_cached_tokens": output.num_cached_tokens, "timing": timing}, ensure_ascii=False))
     return 0
+
+
+def _generate_timed(engine: LLMEngine, prompts: list[str],
+                    params: SamplingParams) -> list[tuple[RequestOutput, dict[str, Any]]]:
+    """Generate for the prompts as one batch, stepping the engine here to time each request and step.
+
+    Per request: TTFT and end-to-end time from the moment the batch is queued, and decode tokens/s after
+    the first token. For the whole run: where the steps' time went (schedule, model forward, sampling,
+    and the rest: executor hand-off, scheduler update, detokenizing), from the engine's iteration stats.
+    """
+    ids = [f"generate-{i}" for i in range(len(prompts))]
+    processed = [engine.prepare_prompt(prompt) for prompt in prompts]  # every prompt checked before any runs
+    start = time.perf_counter()
+    for request_id, prompt in zip(ids, processed):
+        engine.add_request(request_id, prompt, params)
+    merged: dict[str, RequestOutput] = {}
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    steps = dict.fromkeys(("total_s", "schedule_s", "model_s", "sample_s", "other_s"), 0.0)
+    num_steps = 0
+    while engine.has_unfinished_requests():
+        step_start = time.perf_counter()
+        deltas = engine.step()
+        now = time.perf_counter()
+        num_steps += 1
+        _add_step(steps, now - step_start, engine.last_iteration_stats)
+        for delta in deltas:
+            output = merged.setdefault(delta.request_id, delta)
+            if output is not delta:
+                output.add(delta)
+            if delta.outputs[0].token_ids:
+                first.setdefault(delta.request_id, now)
+                last[delta.request_id] = now
+    run = {"num_steps": num_steps, **steps}
+    return [(merged[r], _request_timing(merged[r], start, first.get(r), last.get(r), run)) for r in ids]
+
+
+def _add_step(steps: dict[str, float], wall_s: float, stats: IterationStats | None) -> None:
+    inside = (stats.schedule_s, stats.model_s, stats.sample_s) if stats is not None else (0.0, 0.0, 0.0)
+    steps["total_s"] += wall_s
+    for key, seconds in zip(("schedule_s", "model_s", "sample_s"), inside):
+        steps[key] += seconds
+    steps["other_s"] += wall_s - sum(inside)
+
+
+def _request_timing(output: RequestOutput, start: float, first: float | None, last: float | None,
+                    run: dict[str, Any]) -> dict[str, Any]:
+    num_tokens = len(output.outputs[0].token_ids)
+    decode_s = last - first if first is not None and last is not None else 0.0
+    return {"ttft_s": None if first is None else first - start, "e2e_s": None if last is None else last - start,
+            "num_output_tokens": num_tokens,
+            "decode_tok_s": (num_tokens - 1) / decode_s if num_tokens > 1 and decode_s > 0 else None,
+            "steps": run}
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -61,8 +127,9 @@ def _add_engine_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...]
     for config_cls in FLAT_CONFIGS:
         add_dataclass_arguments(parser, config_cls, skip=skip)
     for name, config_cls in JSON_CONFIGS.items():
+        keys = ", ".join(f.name for f in dataclasses.fields(config_cls))
         parser.add_argument("--" + name.replace("_", "-"), dest=name, default=None, metavar="JSON",
-                            help=f"{config_cls.__name__} as a JSON object")
+                            help=f"{summary(config_cls)} A JSON object with keys {keys} (default: none)")
 
 
 def _engine_kwargs(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict:
@@ -97,7 +164,8 @@ def _run_delegate(target: str, argv: list[str]) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jido", description="jido: an LLM inference serving engine")
-    parser.add_argument("--log-level", default="INFO", help="logging level (DEBUG, INFO, WARNING)")
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
+                        help="what the log on stderr shows (default: INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
     _serve_parser(sub)

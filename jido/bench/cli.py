@@ -10,10 +10,13 @@ from typing import Any
 from jido.bench.config import BenchConfig
 from jido.bench.corpus import Corpus, reference_text
 from jido.bench.datasets import sample_requests
-from jido.bench.report import format_sweep, format_table, result_path, save_result
+from jido.bench.report import failure_lines, format_sweep, format_table, result_path, save_result
 from jido.bench.runner import BenchError, run_benchmark
-from jido.bench.tokens import make_counter
+from jido.bench.tokens import WordCounter, make_counter
 from jido.utils.cli_args import add_dataclass_arguments, dataclass_kwargs
+
+WORDS_NOTE = (" and punctuation marks, not model tokens: the server has no /tokenize and no --tokenizer was given, "
+              "so --random-input-len and the other lengths are approximate")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_arguments(parser, BenchConfig, skip=("goodput",))
     # vLLM spells SLOs as `--goodput ttft:500 tpot:50`; `--slo ttft=500,tpot=50` is the same thing.
     parser.add_argument("--goodput", "--slo", dest="goodput", nargs="+", metavar="KEY=MS",
-                        help="SLOs in ms for goodput: ttft, tpot, e2el (e.g. ttft=500,tpot=50)")
+                        help="SLOs in ms for goodput, keys ttft, tpot, e2el: ttft=500,tpot=50 or ttft:500 tpot:50 "
+                             "(default: none, no goodput)")
     return parser
 
 
@@ -35,11 +39,13 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def run(config: BenchConfig) -> dict[str, Any]:
     """Run the config (every sweep point on the same prompts); a sweep's result holds one dict per point."""
-    corpus = Corpus(reference_text(), make_counter(config.tokenizer))
-    requests = sample_requests(config, corpus)
+    counter = make_counter(config.tokenizer, config.base_url, config.model)
+    print(f"prompt lengths counted in {counter.name}"
+          + (WORDS_NOTE if isinstance(counter, WordCounter) else ""), file=sys.stderr)
+    requests = sample_requests(config, Corpus(reference_text(), counter))
     results = []
     for point in config.sweep_points():
-        result = asyncio.run(run_benchmark(point, requests))
+        result = {**asyncio.run(run_benchmark(point, requests)), "prompt_len_unit": counter.name}
         print(format_table(result), flush=True)
         results.append(result)
     if len(results) == 1:
@@ -72,6 +78,8 @@ def bench_main(argv: list[str]) -> int:
     try:
         config = config_from_args(build_parser().parse_args(argv))
         result = run(config)
+        for line in (line for r in result.get("runs", [result]) for line in failure_lines(r)):
+            print(f"jido bench: {line}", file=sys.stderr)  # again last, where it is seen when stdout is saved
         if config.save_result or config.result_filename:
             for path in save(config, result):
                 print(f"wrote {path}")

@@ -14,6 +14,9 @@ from jido.bench.config import BenchConfig
 from jido.bench.datasets import SampleRequest
 
 _ERROR_CHARS = 500
+# Sends after the first when the server closed the connection before answering. A pool of kept-alive
+# connections can hold several the server has already closed, so one retry is not always enough.
+MAX_RETRIES = 3
 
 
 @dataclass
@@ -28,6 +31,7 @@ class RequestOutcome:
     itl: list[float] = field(default_factory=list)
     latency: float = 0.0
     error: str = ""
+    num_retries: int = 0  # sends repeated because the connection closed before any byte of the answer
 
 
 class SSEDecoder:
@@ -65,7 +69,7 @@ async def send_request(session: aiohttp.ClientSession, url: str, payload: dict[s
     """POST a streaming request; never raises for server or network errors, which land in `error`."""
     outcome = RequestOutcome(prompt_len=prompt_len, start=time.perf_counter())
     try:
-        response = await _post(session, url, payload)
+        response = await _post(session, url, payload, outcome)
     except (aiohttp.ClientError, TimeoutError) as exc:
         return _failed(outcome, exc)
     async with response:
@@ -76,17 +80,28 @@ async def send_request(session: aiohttp.ClientSession, url: str, payload: dict[s
     return outcome
 
 
-async def _post(session: aiohttp.ClientSession, url: str, payload: dict[str, Any]) -> aiohttp.ClientResponse:
-    try:
-        return await session.post(url, json=payload)
-    except aiohttp.ServerDisconnectedError:
-        # The server closed a kept-alive connection before answering (cpp-httplib under llama-server does
-        # after a few requests, without saying so): nothing was generated, so send it again, once.
-        return await session.post(url, json=payload)
+async def _post(session: aiohttp.ClientSession, url: str, payload: dict[str, Any],
+                outcome: RequestOutcome) -> aiohttp.ClientResponse:
+    """POST, sending again (up to MAX_RETRIES times, counted in the outcome) when the connection breaks first.
+
+    A server may close a kept-alive connection just as the client reuses it (llama-server's cpp-httplib does
+    under load): the write fails ("Can not write request body") or the server hangs up before the status
+    line. No byte of the answer came back, so nothing was generated for the client and sending again is
+    safe. A refused connection is not retried: the server is not there.
+    """
+    for _ in range(MAX_RETRIES):
+        try:
+            return await session.post(url, json=payload)
+        except aiohttp.ClientConnectorError:
+            raise
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            outcome.num_retries += 1
+    return await session.post(url, json=payload)
 
 
 def _failed(outcome: RequestOutcome, exc: BaseException) -> RequestOutcome:
-    outcome.success, outcome.error = False, f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
+    retried = f" (after {outcome.num_retries} retries)" if outcome.num_retries else ""
+    outcome.success, outcome.error = False, f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS] + retried
     return outcome
 
 

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Literal, get_args
 
 from jido.config import check_positive_int
 
-DATASETS = ("random", "conversation", "shared-prefix", "long-doc-qa", "jsonl")
+DatasetName = Literal["random", "conversation", "shared-prefix", "long-doc-qa", "jsonl"]
+DATASETS: tuple[str, ...] = get_args(DatasetName)
 SLO_KEYS = ("ttft", "tpot", "e2el")
 
 
@@ -15,34 +17,65 @@ class BenchConfig:
     """What to send, to whom, and how fast; names follow ``vllm bench serve`` where it has one."""
 
     base_url: str = "http://127.0.0.1:8000"
-    model: str | None = None  # None: the first id the server lists at /v1/models
-    endpoint: str = "/v1/completions"  # or /v1/chat/completions
-    dataset_name: str = "random"
-    dataset_path: str | None = None  # the JSONL file for --dataset-name jsonl
-    tokenizer: str | None = None  # a tokenizer.json that counts prompt tokens exactly; else words count
+    """The server to load: scheme, host and port."""
+    model: str | None = None
+    """Model name to send (default: the first id the server lists at /v1/models)."""
+    endpoint: str = "/v1/completions"
+    """API path the requests go to: /v1/completions, or /v1/chat/completions (a path ending so is chat)."""
+    dataset_name: DatasetName = "random"
+    """Workload the prompts come from (see docs/bench.md)."""
+    dataset_path: str | None = None
+    """The JSONL file for --dataset-name jsonl, lines like {"prompt": ..., "output_len": N} (default: none)."""
+    tokenizer: str | None = None
+    """A tokenizer.json (or its folder) that counts prompt tokens exactly (default: the server's /tokenize when
+    it has one, else words)."""
     num_prompts: int = 100
+    """Requests to send."""
     max_concurrency: int | None = None
-    request_rate: float = math.inf  # requests/s of a Poisson process; inf sends all at once
-    burstiness: float = 1.0  # gamma shape of the gaps: 1 is Poisson, lower is burstier
+    """Requests in flight at most (default: none, no limit)."""
+    request_rate: float = math.inf
+    """Requests per second of a Poisson process; inf sends them all at once."""
+    burstiness: float = 1.0
+    """Gamma shape of the gaps between requests: 1 is Poisson, lower is burstier."""
     random_input_len: int = 1024
+    """Prompt tokens per request (random and shared-prefix: the part after the prefix)."""
     random_output_len: int = 128
-    random_range_ratio: float = 0.0  # lengths uniform in [len * (1 - r), len * (1 + r)]
-    num_prefixes: int = 4  # shared-prefix: distinct system prompts
-    prefix_len: int = 512  # shared-prefix: tokens in each system prompt
-    num_documents: int = 4  # long-doc-qa: distinct documents, asked several questions each
-    document_len: int = 2048  # long-doc-qa: tokens in each document
-    goodput: str | None = None  # SLOs in ms, "ttft=500,tpot=50" (vLLM's "ttft:500 tpot:50" works too)
+    """Output tokens asked per request (max_tokens)."""
+    random_range_ratio: float = 0.0
+    """Lengths uniform in [len * (1 - r), len * (1 + r)], r in [0, 1)."""
+    num_prefixes: int = 4
+    """shared-prefix: distinct system prompts."""
+    prefix_len: int = 512
+    """shared-prefix: tokens in each system prompt."""
+    num_documents: int = 4
+    """long-doc-qa: distinct documents, each asked several questions."""
+    document_len: int = 2048
+    """long-doc-qa: tokens in each document."""
+    goodput: str | None = None
+    """SLOs in ms for goodput, "ttft=500,tpot=50" (vLLM's "ttft:500 tpot:50" works too; default: none)."""
     temperature: float = 0.0
+    """Sampling temperature sent with every request."""
     ignore_eos: bool = False
+    """Ask the server to generate past EOS, so every answer has its full length."""
     seed: int = 0
-    sweep_concurrency: str | None = None  # "1,4,16": one run per concurrency
-    sweep_rate: str | None = None  # "1,2,inf": one run per request rate
+    """Seed of prompts, lengths and arrival times."""
+    sweep_concurrency: str | None = None
+    """Comma list like 1,4,16: one run per concurrency, on the same prompts (default: none)."""
+    sweep_rate: str | None = None
+    """Comma list like 1,2,inf: one run per request rate, on the same prompts (default: none)."""
     save_result: bool = False
+    """Write the result JSON (and the plots)."""
     result_dir: str | None = None
+    """Folder for the result (default: the current one)."""
     result_filename: str | None = None
-    plots: bool = True  # PNGs beside a saved result
+    """Result file name; saves the result even without --save-result (default: one naming dataset, load and
+    time)."""
+    plots: bool = True
+    """PNGs of the latency CDFs (and the sweep) beside a saved result."""
     disable_tqdm: bool = False
+    """Hide the progress bar."""
     request_timeout_s: float = 3600.0
+    """Seconds one request may take in all before it fails."""
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):

@@ -80,7 +80,7 @@ def _conversation(config: BenchConfig, corpus: Corpus, rng: np.random.Generator)
     requests = []
     for prompt_len, output_len in conversation_lengths(config.num_prompts, rng):
         opener = _CHAT_OPENERS[int(rng.integers(len(_CHAT_OPENERS)))]
-        body_len = max(1, prompt_len - len(corpus.counter.spans(opener)))
+        body_len = max(1, prompt_len - count_tokens(corpus.counter, opener))
         body = corpus.window(int(rng.integers(corpus.num_tokens)), body_len)
         requests.append(_request(corpus, f"{opener}\n\n{body}", output_len))
     return requests

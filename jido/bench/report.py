@@ -22,11 +22,13 @@ _SERVER_ROWS = (("server_mean_queue_time_ms", "Mean queue time (ms)"),
 
 def format_table(result: dict[str, Any]) -> str:
     """vLLM's result block, with jido's server-side figures when /metrics gave them."""
-    rows = [_banner("Serving Benchmark Result"),
+    rows = [*failure_lines(result), _banner("Serving Benchmark Result"),
             _row("Successful requests", result["completed"]), _row("Failed requests", result["failed"]),
+            _row("Connections retried", result.get("num_retries", 0)),
             _row("Maximum request concurrency", result.get("max_concurrency")),
             _row("Request rate (req/s)", result.get("request_rate")),
             _row("Benchmark duration (s)", result["duration"]),
+            f"Prompt lengths drawn in: {result.get('prompt_len_unit', 'words')}",
             _row("Total input tokens", result["total_input_tokens"]),
             _row("Total generated tokens", result["total_output_tokens"]),
             _row("Request throughput (req/s)", result["request_throughput"])]
@@ -42,11 +44,22 @@ def format_table(result: dict[str, Any]) -> str:
     if result.get("server_metrics_available"):
         rows.append(_banner("Server /metrics over the run", "-"))
         rows += [_row(label, result.get(key)) for key, label in _SERVER_ROWS]
-    rows += _error_rows(result.get("errors", []))
+    rows += [f"error ({e['count']}x): {e['error'][:200]}" for e in result.get("first_errors", [])]
     if result.get("machine"):
         rows.append(f"Machine: {describe_machine(result['machine'])}")
     rows.append("=" * 50)
     return "\n".join(rows)
+
+
+def failure_lines(result: dict[str, Any]) -> list[str]:
+    """A warning for the top of the output when requests failed: the figures then cover only the rest."""
+    failed = result["failed"]
+    if not failed:
+        return []
+    total = failed + result["completed"]
+    first = result.get("first_errors") or [{"error": "unknown error"}]
+    return [f"WARNING: {failed} of {total} requests FAILED; the figures below cover the {result['completed']} "
+            f"that completed. First error: {first[0]['error'][:200]}"]
 
 
 def format_sweep(results: Sequence[dict[str, Any]]) -> str:
@@ -56,9 +69,15 @@ def format_sweep(results: Sequence[dict[str, Any]]) -> str:
     lines = [header]
     for r in results:
         lines.append(f"{str(r.get('max_concurrency') or 'inf'):>11} {str(r['request_rate']):>6} "
-                     f"{r['request_throughput']:>7.2f} {r['output_throughput']:>9.1f} {r['p99_ttft_ms']:>11.1f} "
-                     f"{r['p99_tpot_ms']:>11.1f} {r['failed']:>6}")
+                     f"{r['request_throughput']:>7.2f} {r['output_throughput']:>9.1f} {_ms(r['p99_ttft_ms']):>11} "
+                     f"{_ms(r['p99_tpot_ms']):>11} {r['failed']:>6}")
+    lines += [f"concurrency {r.get('max_concurrency') or 'inf'}, rate {r['request_rate']}: {line}"
+              for r in results for line in failure_lines(r)]
     return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
 
 
 def result_path(config: BenchConfig, sweep: bool) -> Path:
@@ -82,10 +101,5 @@ def _banner(title: str, fill: str = "=") -> str:
 
 
 def _row(label: str, value: Any) -> str:
-    text = "-" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
+    text = "n/a" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
     return f"{label + ':':<40}{text:>10}"
-
-
-def _error_rows(errors: Sequence[str]) -> list[str]:
-    distinct = sorted({e for e in errors if e})
-    return [f"error ({errors.count(e)}x): {e[:200]}" for e in distinct[:5]]

@@ -50,8 +50,9 @@ async def run_benchmark(config: BenchConfig, requests: Sequence[SampleRequest]) 
         sampler = GaugeSampler(session, f"{base}/metrics")
         sampling = asyncio.create_task(sampler.run()) if before is not None else None
         outcomes, duration = await _drive(session, config, model, requests)
+        sampler.stop()
         if sampling is not None:
-            sampling.cancel()
+            await sampling
         after = await scrape(session, f"{base}/metrics")
     return {**_run_header(config, model, server), **summarize(outcomes, duration, config.slos_ms),
             **run_metrics(before, after, sampler.samples)}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,9 @@ PREFIX_HITS, PREFIX_QUERIES = "vllm:prefix_cache_hits", "vllm:prefix_cache_queri
 PREEMPTIONS = "vllm:num_preemptions"
 # vLLM v1 names the gauge kv_cache_usage_perc; older releases used gpu_cache_usage_perc. Both are 0..1.
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+# jido's peak since the previous scrape, steps included: a 1 s sample of the gauge above misses a request
+# that is allocated and freed within one step (a long prompt with one output token).
+KV_USAGE_PEAK = "jido:kv_cache_usage_perc_max"
 WAITING, RUNNING = "vllm:num_requests_waiting", "vllm:num_requests_running"
 
 
@@ -36,13 +40,21 @@ class GaugeSampler:
     url: str
     interval_s: float = 1.0
     samples: list[Metrics] = field(default_factory=list)
+    _stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self) -> None:
-        while True:
+        """Scrape every interval_s until stop(); a scrape under way then is finished and kept."""
+        # NOTE: not cancelled mid-scrape: the server may have answered (and reset its KV peak), and a lost
+        # answer would lose the peak with it.
+        while not self._stopped.is_set():
             metrics = await scrape(self.session, self.url)
             if metrics is not None:
                 self.samples.append(metrics)
-            await asyncio.sleep(self.interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopped.wait(), self.interval_s)
+
+    def stop(self) -> None:
+        self._stopped.set()
 
 
 def run_metrics(before: Metrics | None, after: Metrics | None, samples: list[Metrics]) -> dict[str, Any]:
@@ -61,6 +73,10 @@ def run_metrics(before: Metrics | None, after: Metrics | None, samples: list[Met
         values = [v for v in (_gauge(m, names) for m in [*samples, after]) if v is not None]
         result[f"server_mean_{key}"] = sum(values) / len(values) if values else None
         result[f"server_max_{key}"] = max(values) if values else None
+    peaks = [v for v in (m.total(KV_USAGE_PEAK) for m in [*samples, after]) if v is not None]
+    if peaks:  # the scrape before the run reset the peak, so these cover the run alone
+        result["server_max_kv_cache_usage"] = max(peaks)
+    result["server_max_kv_cache_usage_source"] = KV_USAGE_PEAK if peaks else "sampled every second"
     return result
 
 

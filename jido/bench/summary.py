@@ -36,6 +36,8 @@ def summarize(outcomes: Sequence[RequestOutcome], duration_s: float, slos_ms: di
         "duration": duration_s,
         "completed": len(done),
         "failed": len(outcomes) - len(done),
+        "first_errors": first_errors([o.error for o in outcomes]),
+        "num_retries": sum(o.num_retries for o in outcomes),
         "total_input_tokens": input_tokens,
         "total_output_tokens": output_tokens,
         "request_throughput": len(done) / duration_s,
@@ -52,13 +54,26 @@ def summarize(outcomes: Sequence[RequestOutcome], duration_s: float, slos_ms: di
     return result
 
 
-def distribution(name: str, values_ms: Sequence[float]) -> dict[str, float]:
-    """mean_, median_, std_ and pNN_ keys of `name` in ms; zeros when there are no values, as vLLM."""
-    values = np.asarray(values_ms if len(values_ms) else [0.0], dtype=float)
-    keys = {f"mean_{name}_ms": values.mean(), f"median_{name}_ms": np.median(values),
-            f"std_{name}_ms": values.std()}
-    keys.update({f"p{p}_{name}_ms": np.percentile(values, p) for p in PERCENTILES})
-    return {key: float(value) for key, value in keys.items()}
+def distribution(name: str, values_ms: Sequence[float]) -> dict[str, float | None]:
+    """mean_, median_, std_ and pNN_ keys of `name` in ms; None when there are no values.
+
+    vLLM writes zeros there, which reads as "instant" (one-token answers have no TPOT or ITL at all).
+    """
+    values = np.asarray(values_ms, dtype=float)
+    keys = [f"mean_{name}_ms", f"median_{name}_ms", f"std_{name}_ms", *(f"p{p}_{name}_ms" for p in PERCENTILES)]
+    if not len(values):
+        return dict.fromkeys(keys)
+    figures = [values.mean(), np.median(values), values.std(), *(np.percentile(values, p) for p in PERCENTILES)]
+    return {key: float(value) for key, value in zip(keys, figures)}
+
+
+def first_errors(errors: Sequence[str], limit: int = 5) -> list[dict[str, Any]]:
+    """The distinct error messages in the order they first occurred, each with how often (at most `limit`)."""
+    counts: dict[str, int] = {}
+    for error in errors:
+        if error:
+            counts[error] = counts.get(error, 0) + 1
+    return [{"count": count, "error": error} for error, count in list(counts.items())[:limit]]
 
 
 def _num_good(done: Sequence[RequestOutcome], slos_ms: dict[str, float]) -> int:

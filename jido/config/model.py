@@ -2,26 +2,29 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from jido.config.size import check_positive_int
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+DTYPES: tuple[str, ...] = get_args(DType)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The model and how it computes.
-
-    ``None`` means "derive it": ``dtype="auto"`` becomes bfloat16 on CUDA and on CPUs with native bf16
-    (AVX-512 BF16 or AMX), float32 on other CPUs;
-    ``max_model_len`` becomes the model's own limit, capped by what the KV cache can hold.
-    """
+    """The model and how it computes; ``None`` means "derive it"."""
 
     model: str | None = None
-    dtype: str = "auto"
+    """A .gguf file, an HF checkpoint folder, or gemma-3-270m (default: the embedded Gemma 3 270M)."""
+    dtype: DType = "auto"
+    """Weights' and activations' precision; auto is bfloat16 on CUDA and on CPUs with native bf16 (AVX-512 BF16 or
+    AMX), float32 on other CPUs."""
     max_model_len: int | None = None
+    """Prompt plus output tokens per request (default: the model's limit, capped by what the KV cache holds)."""
     attention_backend: str = "torch"
+    """The attention backend by registry name; it owns the KV cache layout."""
     seed: int = 0
+    """Seed of the engine's random state (requests seed their own sampling)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -32,9 +35,10 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DeviceConfig:
-    """``device=None`` becomes ``cuda`` when one is present, else ``cpu``."""
+    """Where the model runs."""
 
     device: str | None = None
+    """cpu, cuda or cuda:N (default: cuda when one is present, else cpu)."""
 
     def __post_init__(self) -> None:
         if self.device is not None and self.device.split(":")[0] not in ("cpu", "cuda"):

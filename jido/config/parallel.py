@@ -2,24 +2,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from jido.config.size import check_positive_int
 
-EXECUTOR_BACKENDS = ("uni", "mp")
+ExecutorBackend = Literal["uni", "mp"]
+EXECUTOR_BACKENDS: tuple[str, ...] = get_args(ExecutorBackend)
 
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """``distributed_executor_backend``: ``uni`` runs the model in the engine's process, ``mp`` in worker
-    processes that receive each step over a message queue (vLLM's names).
+    """Workers and the executor that drives them (vLLM's names).
 
     Tensor and pipeline parallelism arrive with the parallelism issue; until then a size above 1 is
     refused here, at the edge, rather than ignored.
     """
 
     tensor_parallel_size: int = 1
+    """Workers that split each layer (only 1 for now)."""
     pipeline_parallel_size: int = 1
-    distributed_executor_backend: str = "uni"
+    """Workers that split the layers into stages (only 1 for now)."""
+    distributed_executor_backend: ExecutorBackend = "uni"
+    """uni runs the model in the engine's process; mp in worker processes sent each step over a pipe."""
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):

@@ -27,23 +27,41 @@ class SamplingParams:
     """
 
     n: int = 1
+    """Completions to generate for the prompt."""
     temperature: float = 1.0
+    """Softmax temperature; 0 is greedy."""
     top_p: float = 1.0
+    """Sample from the smallest set of tokens whose probabilities add up to this, in (0, 1]."""
     top_k: int = 0
+    """Sample from the k likeliest tokens; 0 or -1 disables it."""
     min_p: float = 0.0
+    """Drop tokens less likely than this fraction of the likeliest one, in [0, 1]."""
     repetition_penalty: float = 1.0
+    """Divide positive logits (multiply negative ones) of tokens seen in the prompt or output; 1 disables it."""
     presence_penalty: float = 0.0
+    """Subtract from the logits of tokens already generated, in [-2, 2]."""
     frequency_penalty: float = 0.0
+    """Subtract this times the count of each token already generated, in [-2, 2]."""
     seed: int | None = None
+    """Seed for this request's sampling: the same seed gives the same tokens, batched or not (default: none)."""
     max_tokens: int | None = 16
+    """Tokens to generate at most (None in the API: until a stop or the model's length limit)."""
     min_tokens: int = 0
+    """Tokens to generate before EOS or a stop token may end the output."""
     stop: list[str] | str | None = None
+    """Strings that end the output, matched on the detokenized text."""
     stop_token_ids: list[int] | None = None
+    """Token ids that end the output, besides the model's EOS."""
     ignore_eos: bool = False
+    """Keep generating past EOS."""
     logprobs: int | None = None
+    """Log-probabilities of the sampled token and the top N at each position, N in [0, 20]."""
     prompt_logprobs: int | None = None
+    """Log-probabilities of each prompt token given the ones before it, with the top N, N in [0, 20]."""
     include_stop_str_in_output: bool = False
+    """Keep the matched stop string at the end of the text."""
     skip_special_tokens: bool = True
+    """Leave special tokens out of the detokenized text."""
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:

@@ -58,8 +58,13 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of KV blocks held by requests now."""
+        return self.kv.usage
+
     def stats(self) -> SchedulerStats:
-        return SchedulerStats(len(self.running), len(self.waiting), self.kv.usage,
+        return SchedulerStats(len(self.running), len(self.waiting), self.kv_cache_usage,
                               self.kv.prefix_cache_queries, self.kv.prefix_cache_hits, self.num_preemptions)
 
     def take_queue_times(self) -> tuple[float, ...]:

@@ -153,10 +153,12 @@ class EngineCore:
         start = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
         scheduled = time.perf_counter()
+        kv_cache_usage_peak = self.scheduler.kv_cache_usage  # blocks are only allocated by schedule()
         runner_output = self.executor.execute_model(scheduler_output)
         ran = time.perf_counter()
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         stats = IterationStats(scheduled - start, runner_output.model_time_s, runner_output.sample_time_s,
                                time.perf_counter() - ran, scheduler_output.total_num_scheduled_tokens,
-                               self.scheduler.take_queue_times(), runner_output.prepare_time_s)
+                               self.scheduler.take_queue_times(), runner_output.prepare_time_s,
+                               kv_cache_usage_peak)
         return EngineCoreOutputs(outputs, self.scheduler.stats(), stats)

@@ -27,3 +27,6 @@ class IterationStats:
     num_tokens: int = 0
     queue_times_s: tuple[float, ...] = field(default_factory=tuple)  # arrival -> first scheduled, this step
     prepare_s: float = 0.0  # the runner's input batch, positions and attention metadata
+    # KV usage once the step's blocks were allocated, before finished requests freed theirs: the step's peak,
+    # which SchedulerStats (taken after the step) misses for a request that finishes within it.
+    kv_cache_usage_peak: float = 0.0

@@ -83,6 +83,14 @@ def _add_routes(app: FastAPI, serving: OpenAIServing) -> None:
     async def chat_completions(request: Request) -> Response:
         return await serving.chat(request)
 
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        return await serving.tokenize(request)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        return await serving.detokenize(request)
+
 
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)

@@ -18,35 +18,38 @@ def _api_key_from_env() -> str | None:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """Where to listen and how to protect the engine.
-
-    ``port=0`` picks a free port (the address is logged). ``api_key``: when set, every endpoint but
-    ``/health`` needs ``Authorization: Bearer <key>``; when not given it comes from ``JIDO_API_KEY``
-    (``api_key=None`` given explicitly means no key). ``max_waiting_requests`` bounds the sequences
-    accepted but not yet running; past it requests get 503 with ``Retry-After``. ``served_model_name``
-    defaults to the model's name (``gemma-3-270m`` for the default model, else the file or folder name).
-    ``chat_template`` is a Jinja file that overrides the model's chat template. ``ssl_keyfile`` and
-    ``ssl_certfile`` (PEM files, both or neither; the key unencrypted) serve HTTPS instead of HTTP.
-    Slow clients: a request body not fully received ``request_read_timeout_s`` after its headers gets 408;
-    an idle keep-alive connection is closed after ``timeout_keep_alive_s``; past ``limit_concurrency``
-    open connections (or requests in flight), new requests get 503 from uvicorn.
-    """
+    """Where to listen and how to protect the engine; each field's docstring is its ``jido serve --help``."""
 
     host: str = "127.0.0.1"
+    """Address to listen on; 0.0.0.0 listens on every interface."""
     port: int = 8000
+    """TCP port; 0 picks a free one (the address is logged)."""
     api_key: str | None = field(default_factory=_api_key_from_env, repr=False)
+    """Key every endpoint but /health requires as "Authorization: Bearer KEY" (default: $JIDO_API_KEY, else
+    none)."""
     served_model_name: str | None = None
+    """The model name clients send (default: gemma-3-270m for the default model, else the file or folder
+    name)."""
     chat_template: str | None = None
+    """A Jinja file that replaces the model's chat template (default: the model's own, else the family's)."""
     max_waiting_requests: int = 256
+    """Sequences accepted but not yet running; past it, requests get 503 with Retry-After."""
     max_request_body_bytes: int = 4 * 2**20
+    """Largest request body taken; a larger one gets 413."""
     drain_timeout_s: float = 30.0
-    # 30 s reads the largest default body (4 MiB) at about 1 Mbit/s.
+    """Seconds SIGTERM waits for requests in flight; those still open then end with a 503."""
     request_read_timeout_s: float = 30.0
+    """Seconds a request body may take to arrive after its headers before a 408 (30 s reads 4 MiB at about
+    1 Mbit/s)."""
     timeout_keep_alive_s: float = 5.0
-    # Above max_waiting_requests plus the running ones, so the queue, not this, refuses load first.
+    """Seconds an idle kept-alive connection stays open."""
     limit_concurrency: int = 1024
+    """Open connections (or requests in flight) before uvicorn answers 503; above max_waiting_requests plus
+    the running ones, so the queue refuses load first."""
     ssl_keyfile: str | None = None
+    """PEM private key (unencrypted) to serve HTTPS; goes with ssl_certfile (default: none, plain HTTP)."""
     ssl_certfile: str | None = None
+    """PEM certificate chain to serve HTTPS; goes with ssl_keyfile (default: none, plain HTTP)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:

@@ -107,6 +107,7 @@ class ServerMetrics:
         self._registry = CollectorRegistry()
         MultiProcessCollector(self._registry, path=self.dir.path)
         self._engine_totals: dict[str, int] = {}
+        self._kv_usage_value = self._kv_peak_value = 0.0  # this process's, for the peak between scrapes
         self._closed = False
         with _values_in_files() as value_class:
             self._value_class = value_class
@@ -136,6 +137,8 @@ class ServerMetrics:
         self.running = gauge("vllm:num_requests_running", "Sequences running in the engine.")
         self.waiting = gauge("vllm:num_requests_waiting", "Sequences accepted but not yet running.")
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).")
+        self.kv_peak = gauge("jido:kv_cache_usage_perc_max",
+                             "Highest fraction of KV blocks in use since the previous scrape, within steps too.")
         self.engine_counters = {
             "prefix_cache_queries": counter("vllm:prefix_cache_queries",
                                             "Prompt tokens looked up in the prefix cache."),
@@ -165,12 +168,16 @@ class ServerMetrics:
         self.aborted = counter("jido:requests_aborted", "Requests abandoned before finishing (client gone).")
 
     def render(self) -> bytes:
-        """The Prometheus text exposition (format 0.0.4), merged over the processes' files.
+        """The Prometheus text exposition (format 0.0.4), merged over the processes' files; resets the KV peak.
 
         Never OpenMetrics: prometheus_client escapes the colons of its sample names to underscores there
         (vllm_..., under HELP lines that keep vllm:...), which would rename every metric.
         """
-        return generate_latest(self._registry)
+        text = generate_latest(self._registry)
+        # A peak since the last scrape: start the next window from the usage now.
+        self._kv_peak_value = self._kv_usage_value
+        self.kv_peak.set(self._kv_peak_value)
+        return text
 
     def close(self) -> None:
         """At shutdown: close and remove the files. Requests still finishing after this record nothing."""
@@ -189,6 +196,10 @@ class ServerMetrics:
         self.running.set(stats.num_running)
         self.waiting.set(num_waiting)
         self.kv_usage.set(stats.kv_cache_usage)
+        step_peak = max(stats.kv_cache_usage, report.times.kv_cache_usage_peak if report.times else 0.0)
+        self._kv_usage_value = stats.kv_cache_usage
+        self._kv_peak_value = max(self._kv_peak_value, step_peak)
+        self.kv_peak.set(self._kv_peak_value)
         for key, child in self.engine_counters.items():
             # The scheduler reports running totals; the counter advances by the difference.
             total = getattr(stats, key)

@@ -192,3 +192,19 @@ def _text_content(content: str | list[dict[str, Any]] | None, index: int) -> str
         return "".join(p["text"] for p in content)
     raise ValueError(f"messages[{index}].content must be a string or a list of "
                      '{"type": "text", "text": "..."} parts (jido serves text-only models)')
+
+
+class TokenizeRequest(_Body):
+    """POST /tokenize (vLLM's): the server tokenizer's ids for ``prompt``; any length, not only what fits."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Body):
+    """POST /detokenize (vLLM's): the text of ``tokens``, special tokens included."""
+
+    model: str | None = None
+    tokens: list[int]

@@ -20,7 +20,8 @@ from jido.engine.llm_engine import ProcessedPrompt
 from jido.engine.outputs import RequestOutput
 from jido.server.errors import APIError, bad_request, from_validation_error, parse_json
 from jido.server.metrics import RequestTimer, ServerMetrics
-from jido.server.protocol import ChatCompletionRequest, CompletionRequest, check_supported
+from jido.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
+                                  check_supported)
 from jido.server.responses import ChatFormat, CompletionFormat, ResponseFormat, StreamCursor
 
 _RETRY_AFTER_S = "1"
@@ -72,6 +73,31 @@ class OpenAIServing:
         params = self._params(body, prompt_ids, body.requested_max_tokens, body.num_logprobs)
         fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer)
         return await self._respond(http_request, fmt, prompt_ids, params, body.stream, body.include_usage, timer)
+
+    async def tokenize(self, http_request: Request) -> Response:
+        """vLLM's /tokenize: ``{"tokens", "count", "max_model_len", "token_strs"}``."""
+        body = _validate(TokenizeRequest, parse_json(await http_request.body()))
+        self._check_model(body.model)
+        tokenizer = self.llm.tokenizer
+        try:
+            ids = await asyncio.to_thread(tokenizer.encode, body.prompt, body.add_special_tokens)
+        except ValueError as exc:  # text that is not valid Unicode
+            raise bad_request(str(exc), "prompt") from exc
+        strs = tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": self.llm.max_model_len,
+                             "token_strs": strs})
+
+    async def detokenize(self, http_request: Request) -> Response:
+        """vLLM's /detokenize: ``{"prompt"}``, the text of the ids with special tokens kept."""
+        body = _validate(DetokenizeRequest, parse_json(await http_request.body()))
+        self._check_model(body.model)
+        vocab_size = self.llm.tokenizer.vocab_size
+        bad = next((i for i, t in enumerate(body.tokens) if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise bad_request(f"tokens[{bad}] = {body.tokens[bad]} is outside the vocabulary: ids must be in "
+                              f"[0, {vocab_size})", "tokens")
+        text = await asyncio.to_thread(self.llm.tokenizer.decode, body.tokens, False)
+        return JSONResponse({"prompt": text})
 
     # -- request checks ---------------------------------------------------------------------------
     def _check_model(self, model: str | None) -> None:

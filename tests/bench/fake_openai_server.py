@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import struct
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
@@ -19,6 +21,12 @@ class FakeState:
         self.num_requests = 0
         self.payloads: list[dict] = []
         self.num_connections_to_drop = 0  # POSTs answered by closing the connection, as a stale keep-alive
+        # POSTs that get a reset before their body is read, as from a server whose keep-alive timeout fired
+        # just as the client reused the connection: the write fails, or the server is gone before answering.
+        self.num_kept_alive_to_reset = 0
+        self.num_resets = 0
+        self.num_scrapes_started = 0
+        self.metrics_delay_s = 0.0  # how long /metrics takes to answer
 
 
 def schedule(prompt: str) -> tuple[float, float]:
@@ -30,6 +38,8 @@ def schedule(prompt: str) -> tuple[float, float]:
 
 def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keeps connections alive between requests, as real servers do
+
         def log_message(self, *args) -> None:
             pass
 
@@ -37,12 +47,28 @@ def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
             if self.path == "/v1/models":
                 self._send(200, "application/json", json.dumps({"data": [{"id": "fake-model", "owned_by": "t"}]}))
             elif self.path == "/metrics":
+                with state.lock:
+                    state.num_scrapes_started += 1
+                time.sleep(state.metrics_delay_s)
                 self._send(200, "text/plain", self._metrics_text())
             else:
                 self._send(404, "application/json", json.dumps({"error": {"message": "not found"}}))
 
         def do_POST(self) -> None:
+            with state.lock:
+                # After the first answer (the bench's warm-up), so the resets land on the timed requests.
+                reset = state.num_requests > 0 and state.num_kept_alive_to_reset > 0
+                state.num_kept_alive_to_reset -= reset
+                state.num_resets += reset
+            if reset:
+                # Linger 0: close() sends RST at once instead of FIN, and the unread body is dropped.
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.close_connection = True
+                return
             payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path not in ("/v1/completions", "/v1/chat/completions"):  # no /tokenize, as llama-server
+                self._send(404, "application/json", json.dumps({"error": {"message": "not found"}}))
+                return
             with state.lock:
                 state.payloads.append(payload)
                 drop = state.num_connections_to_drop > 0
@@ -56,8 +82,10 @@ def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
                 return
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             self._stream(payload, prompt)
+            self._chunk(b"")
             with state.lock:
                 state.num_requests += 1
 
@@ -72,10 +100,14 @@ def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
                 choice = {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
                 self._event({"choices": [choice]})
             self._event({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": payload["max_tokens"]}})
-            self.wfile.write(b"data: [DONE]\n\n")
+            self._chunk(b"data: [DONE]\n\n")
 
         def _event(self, body: dict) -> None:
-            self.wfile.write(f"data: {json.dumps(body)}\n\n".encode())
+            self._chunk(f"data: {json.dumps(body)}\n\n".encode())
+
+        def _chunk(self, data: bytes) -> None:
+            """One piece of a chunked body; empty ends the body."""
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
 
         def _metrics_text(self) -> str:

@@ -1,8 +1,12 @@
 """The load generator against the fake server: timings, percentiles, goodput, errors, /metrics, result keys."""
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from pathlib import Path
+
+import aiohttp
 
 import numpy as np
 import pytest
@@ -10,8 +14,9 @@ import pytest
 from fake_openai_server import KV_USAGE, PREFIX_HITS_PER_REQUEST, PREFIX_QUERIES_PER_REQUEST, QUEUE_SECONDS_PER_REQUEST
 
 from jido.bench.cli import bench_main
-from jido.bench.client import SSEDecoder
+from jido.bench.client import MAX_RETRIES, SSEDecoder
 from jido.bench.runner import arrival_offsets
+from jido.bench.server_metrics import GaugeSampler
 
 TTFTS_MS = [40, 80, 120, 160, 200]
 ITL_MS, OUTPUT_LEN = 15, 5
@@ -72,24 +77,52 @@ def test_chat_endpoint_times_the_first_content_not_the_role_chunk(tmp_path, fake
     assert state.payloads[-1]["ignore_eos"] is True and state.payloads[-1]["stream"] is True
 
 
-def test_failed_requests_are_counted_with_the_servers_error(tmp_path, fake_server):
+def test_failed_requests_are_counted_and_reported_first_with_the_servers_error(tmp_path, fake_server, capsys):
     base_url, _ = fake_server
     data = write_schedule(tmp_path / "schedule.jsonl", extra=["please fail"])
-    result = run_bench(tmp_path, base_url, "--dataset-path", str(data), "--num-prompts", "6",
+    result = run_bench(tmp_path, base_url, "--dataset-path", str(data), "--num-prompts", "12",
                        "--max-concurrency", "6")
-    assert (result["completed"], result["failed"]) == (5, 1)
+    assert (result["completed"], result["failed"]) == (10, 2)
     assert result["errors"][5].startswith("HTTP 500") and "asked to fail" in result["errors"][5]
+    assert result["first_errors"] == [{"count": 2, "error": result["errors"][5]}]
+    captured = capsys.readouterr()
+    warning = "WARNING: 2 of 12 requests FAILED; the figures below cover the 10 that completed. First error: HTTP 500"
+    assert captured.out.startswith(warning) and "error (2x): HTTP 500" in captured.out
+    assert captured.err.splitlines()[-1].startswith("jido bench: " + warning)
 
 
-def test_a_connection_closed_before_any_answer_is_retried_once(tmp_path, fake_server):
+def test_kept_alive_connections_the_server_resets_are_retried_and_counted(tmp_path, fake_server):
     base_url, state = fake_server
     data = write_schedule(tmp_path / "schedule.jsonl")
-    state.num_connections_to_drop = 1
-    result = run_bench(tmp_path, base_url, "--dataset-path", str(data), "--num-prompts", "5")
-    assert (result["completed"], result["failed"]) == (5, 0)
-    state.num_connections_to_drop = 2  # the warm-up's retry is dropped too: a clear error, not a hang
+    state.num_kept_alive_to_reset = 3
+    result = run_bench(tmp_path, base_url, "--dataset-path", str(data), "--num-prompts", "6",
+                       "--max-concurrency", "1")
+    assert (result["completed"], result["failed"]) == (6, 0)
+    assert state.num_resets == 3 and result["num_retries"] == 3
+    assert result["first_errors"] == []
+
+
+def test_a_request_body_cut_off_by_a_reset_is_sent_again(tmp_path, fake_server):
+    # 8 MB does not fit in the socket buffers, so the reset breaks the body's write (ClientOSError, the
+    # "Can not write request body" that llama-server's closed keep-alives cause) rather than the read.
+    base_url, state = fake_server
+    data = tmp_path / "big.jsonl"
+    data.write_text(json.dumps({"prompt": "x" * 8_000_000, "output_len": 2}) + "\n")
+    state.num_kept_alive_to_reset = 1
+    result = run_bench(tmp_path, base_url, "--dataset-path", str(data), "--num-prompts", "1")
+    assert (result["completed"], result["failed"], result["num_retries"]) == (1, 0, 1)
+    assert state.num_resets == 1 and len(state.payloads[-1]["prompt"]) == 8_000_000
+
+
+def test_retries_are_bounded_and_a_warm_up_that_keeps_failing_is_a_clear_error(tmp_path, fake_server, capsys):
+    base_url, state = fake_server
+    data = write_schedule(tmp_path / "schedule.jsonl")
+    state.num_connections_to_drop = MAX_RETRIES + 1
     assert bench_main(["--base-url", base_url, "--dataset-name", "jsonl", "--dataset-path", str(data),
                        "--disable-tqdm"]) == 2
+    error = capsys.readouterr().err
+    assert "ServerDisconnectedError" in error and f"(after {MAX_RETRIES} retries)" in error
+    assert len(state.payloads) == MAX_RETRIES + 1
 
 
 def test_server_metrics_over_the_run_are_differences_of_the_counters(tmp_path, fake_server):
@@ -142,3 +175,48 @@ def test_poisson_arrivals_have_the_requested_mean_gap_and_repeat_for_a_seed():
     assert np.diff(offsets).std() == pytest.approx(1 / 8.0, rel=0.08)  # exponential: std == mean
     assert np.array_equal(offsets, arrival_offsets(4000, 8.0, 1.0, seed=3))
     assert not arrival_offsets(5, float("inf"), 1.0, seed=3).any()
+
+
+def test_one_token_answers_have_no_tpot_or_itl_rather_than_zero(tmp_path, fake_server, capsys):
+    base_url, _ = fake_server
+    data = tmp_path / "one.jsonl"
+    data.write_text(json.dumps({"prompt": "ttft_ms=20", "output_len": 1}) + "\n")
+    result = run_bench(tmp_path, base_url, "--dataset-path", str(data), "--num-prompts", "2")
+    assert result["completed"] == 2 and result["tpots"] == [None, None] and result["itls"] == [[], []]
+    for name in ("tpot", "itl"):
+        assert all(result[f"{stat}_{name}_ms"] is None for stat in ("mean", "median", "std", "p90", "p95", "p99"))
+    assert result["mean_ttft_ms"] > 0
+    table = capsys.readouterr().out
+    assert "Mean TPOT (ms):                                n/a" in table
+    assert "P99 ITL (ms):                                  n/a" in table
+
+
+def test_without_tokenize_on_the_server_lengths_are_words_and_the_output_says_so(tmp_path, fake_server, capsys):
+    base_url, _ = fake_server
+    data = write_schedule(tmp_path / "schedule.jsonl")
+    result = run_bench(tmp_path, base_url, "--dataset-path", str(data), "--num-prompts", "2")
+    assert result["prompt_len_unit"] == "words"
+    assert result["server_max_kv_cache_usage_source"] == "sampled every second"
+    captured = capsys.readouterr()
+    assert "prompt lengths counted in words and punctuation marks, not model tokens" in captured.err
+    assert "Prompt lengths drawn in: words" in captured.out
+
+
+def test_stopping_the_gauge_sampler_keeps_the_scrape_under_way(fake_server):
+    # jido resets its KV peak when it answers a scrape: an answer dropped at the end of a run loses the peak.
+    base_url, state = fake_server
+    state.metrics_delay_s = 0.3
+
+    async def sample() -> list:
+        async with aiohttp.ClientSession() as session:
+            sampler = GaugeSampler(session, f"{base_url}/metrics", interval_s=0.01)
+            task = asyncio.create_task(sampler.run())
+            deadline = time.monotonic() + 10
+            while state.num_scrapes_started < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            sampler.stop()
+            await task
+            return sampler.samples
+
+    samples = asyncio.run(sample())
+    assert state.num_scrapes_started == 2 and len(samples) == 2

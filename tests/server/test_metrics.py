@@ -22,12 +22,16 @@ REQUEST = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
            960.0, 1920.0, 7680.0)
 STEP = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TOKENS_600 = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0)
-# What the hand-written exporter exported before prometheus_client (captured from it with max_model_len=600):
+# What the hand-written exporter exported before prometheus_client (captured from it with max_model_len=600),
+# plus what was added since (the prepare phase, the KV peak):
 # family -> type, help, labels besides model_name with their values, histogram buckets.
 BEFORE = {
     "vllm:num_requests_running": ("gauge", "Sequences running in the engine.", {}, ()),
     "vllm:num_requests_waiting": ("gauge", "Sequences accepted but not yet running.", {}, ()),
     "vllm:kv_cache_usage_perc": ("gauge", "Fraction of KV blocks in use (1 = full).", {}, ()),
+    "jido:kv_cache_usage_perc_max": ("gauge",
+                                     "Highest fraction of KV blocks in use since the previous scrape, within steps too.",
+                                     {}, ()),
     "vllm:prefix_cache_queries": ("counter", "Prompt tokens looked up in the prefix cache.", {}, ()),
     "vllm:prefix_cache_hits": ("counter", "Prompt tokens found in the prefix cache.", {}, ()),
     "vllm:num_preemptions": ("counter", "Sequences preempted for lack of KV blocks.", {}, ()),
