@@ -27,9 +27,10 @@ class ServerConfig:
     defaults to the model's name (``gemma-3-270m`` for the default model, else the file or folder name).
     ``chat_template`` is a Jinja file that overrides the model's chat template. ``ssl_keyfile`` and
     ``ssl_certfile`` (PEM files, both or neither; the key unencrypted) serve HTTPS instead of HTTP.
-    Slow clients: a request body not fully received ``request_read_timeout_s`` after its headers gets 408;
+    Slow clients: a connection whose request line and headers are not complete ``header_read_timeout_s``
+    after it opened (or after the first byte of its next request) gets 408 and is closed; a request body not fully received ``request_read_timeout_s`` after its headers gets 408;
     an idle keep-alive connection is closed after ``timeout_keep_alive_s``; past ``limit_concurrency``
-    open connections (or requests in flight), new requests get 503 from uvicorn.
+    open connections (or requests in flight), new requests get 503.
     """
 
     host: str = "127.0.0.1"
@@ -40,6 +41,7 @@ class ServerConfig:
     max_waiting_requests: int = 256
     max_request_body_bytes: int = 4 * 2**20
     drain_timeout_s: float = 30.0
+    header_read_timeout_s: float = 10.0
     # 30 s reads the largest default body (4 MiB) at about 1 Mbit/s.
     request_read_timeout_s: float = 30.0
     timeout_keep_alive_s: float = 5.0
@@ -59,7 +61,7 @@ class ServerConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.drain_timeout_s, (int, float)) or self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be a number of seconds >= 0, got {self.drain_timeout_s!r}")
-        for name in ("request_read_timeout_s", "timeout_keep_alive_s"):
+        for name in ("header_read_timeout_s", "request_read_timeout_s", "timeout_keep_alive_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < float("inf"):
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
