@@ -143,8 +143,9 @@ class LLMEngine:
     def _child_params(params: SamplingParams) -> list[SamplingParams]:
         if params.n == 1:
             return [params]
-        # Distinct seeds per child, so n seeded completions differ yet stay reproducible.
-        return [dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + i)
+        # Distinct seeds per child, so n seeded completions differ yet stay reproducible; they wrap around
+        # within int64 (seed 2**63 - 1 is valid, its second child's seed + 1 would not be).
+        return [dataclasses.replace(params, n=1, seed=None if params.seed is None else _wrap_int64(params.seed + i))
                 for i in range(params.n)]
 
     def abort_request(self, request_ids: list[str]) -> None:
@@ -236,3 +237,7 @@ class LLMEngine:
                                  text_offset=offset)
         seq.new_token_ids, seq.new_logprobs, seq.num_text_sent = [], [], len(text)
         return delta
+
+
+def _wrap_int64(value: int) -> int:
+    return (value + 2**63) % 2**64 - 2**63
