@@ -84,7 +84,14 @@ class LLMEngine:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 # Already tokenized: the ids are checked, the text (if given) is kept for the output.
-                return prompt.get("prompt"), self.process_prompt(prompt["prompt_token_ids"])[1]
+                text = prompt.get("prompt")
+                if text is not None and not isinstance(text, str):
+                    raise ValueError(f"a dict prompt's 'prompt' must be a string, got {type(text).__name__}")
+                ids = prompt["prompt_token_ids"]
+                if isinstance(ids, (str, dict)):
+                    raise ValueError(f"a dict prompt's 'prompt_token_ids' must be a list of token ids, "
+                                     f"got {type(ids).__name__}")
+                return text, self.process_prompt(ids)[1]
             if "prompt" in prompt:
                 prompt = prompt["prompt"]
             else:

@@ -102,13 +102,3 @@ def test_each_prompt_is_validated_and_tokenized_once(llm, monkeypatch):
     monkeypatch.setattr(engine, "_check_token_ids", counting_check)
     llm.generate(["The capital of France is", [2, 818, 5279]], SamplingParams(max_tokens=1), use_tqdm=False)
     assert calls == {"encode": 1, "check": 1}
-
-
-def test_n_children_of_the_largest_seed_wrap_around_int64(llm):
-    # Child i is seeded seed + i; past 2**63 - 1 that wraps to -2**63 instead of failing validation.
-    params = SamplingParams(n=2, seed=2**63 - 1, max_tokens=3, ignore_eos=True)
-    children = llm.generate("Once upon a time", params, use_tqdm=False)[0].outputs
-    second = SamplingParams(seed=-(2**63), max_tokens=3, ignore_eos=True)
-    first = SamplingParams(seed=2**63 - 1, max_tokens=3, ignore_eos=True)
-    assert [c.token_ids for c in children] == [
-        llm.generate("Once upon a time", p, use_tqdm=False)[0].outputs[0].token_ids for p in (first, second)]

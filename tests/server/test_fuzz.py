@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_harness import make_tiny_model, running_server
+from server_harness import running_server
+from tiny_gemma import make_tiny_model
 
 from jido.server.config import ServerConfig
 from jido.server.protocol import _UNSUPPORTED, ChatCompletionRequest, CompletionRequest

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from server_harness import make_tiny_model, running_server
+from server_harness import running_server
+from tiny_gemma import make_tiny_model
 
 from jido.server.config import ServerConfig
 
