@@ -6,9 +6,9 @@ import http
 import json
 
 import h11
+from starlette.types import Receive, Scope, Send
 from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
-from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
 from jido.server.errors import APIError, http_error
@@ -22,7 +22,7 @@ class JidoH11Protocol(H11Protocol):
       has no such timeout, so a client trickling its headers held a connection forever;
     - past ``limit_concurrency`` open connections or requests in flight, a request gets 503 (uvicorn's
       own answer is plain text);
-    - a request h11 cannot parse gets 400 (plain text in uvicorn too).
+    - a request h11 cannot parse gets 400 (uvicorn's is plain text too).
     """
 
     def __init__(self, config: Config, server_state: ServerState, app_state: dict,
@@ -58,7 +58,9 @@ class JidoH11Protocol(H11Protocol):
         self.head_bytes = 0  # the next request's clock starts with its first byte (keep-alive covers idling)
 
     def send_400_response(self, msg: str) -> None:
-        self._send_and_close(http_error(400, f"invalid HTTP request: {msg}", "invalid_http"))
+        # uvicorn's msg is always "Invalid HTTP request received."; say what happens to the connection too.
+        self._send_and_close(http_error(400, "the request is not valid HTTP/1.1; the connection is closed",
+                                        "invalid_http"))
 
     def _arm_header_timer(self) -> None:
         if self.header_timer is None:

@@ -129,3 +129,12 @@ def test_fuzzed_completion_bodies_get_a_result_or_a_4xx_naming_a_field(server, b
 @given(body=bodies(CHAT))
 def test_fuzzed_chat_bodies_get_a_result_or_a_4xx_naming_a_field(server, body):
     fuzz_endpoint(server, CHAT, body)
+
+
+def test_n_seeded_completions_from_the_largest_seed_are_served(server):
+    # Found by probing what the fuzzer rarely draws: child seeds seed + i once overflowed int64 (a 400 naming
+    # no field, about a seed the client never sent).
+    body = {"prompt": "Hi", "n": 2, "seed": 2**63 - 1, "max_tokens": 1}
+    status, _, raw = server.request("POST", COMPLETIONS, body)
+    assert status == 200, raw
+    assert [c["index"] for c in json.loads(raw)["choices"]] == [0, 1]

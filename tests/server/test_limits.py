@@ -99,10 +99,10 @@ def test_a_burst_on_an_idle_server_fills_the_free_running_slot_and_the_waiting_o
 
 
 def _trickle(port: int, head: bytes, trickled: bytes, seconds: float) -> tuple[bytes, float]:
-    """Send ``head``, then ``trickled`` one byte every 0.1 s; returns what the server sent until it closed the
-    connection (or ``seconds`` passed), and when it began answering."""
+    """Send ``head``, then ``trickled`` one byte every 0.1 s (round and round); returns what the server sent
+    until it closed the connection (or ``seconds`` passed), and when it began answering."""
+    start = time.monotonic()  # before connecting: the server's clock starts when it accepts
     sock = socket.create_connection(("127.0.0.1", port), timeout=0.1)
-    start = time.monotonic()
     sock.sendall(head)
     received, answered_at = b"", None
     for i in itertools.count():
@@ -150,23 +150,23 @@ def test_a_normal_request_is_served_while_a_body_trickles_in(server):
     slow.close()
 
 
-@pytest.mark.parametrize("trickled", [b"POST /v1/completions HTTP/1.1\r\n", b"X-Slow: " + b"a" * 100])
-def test_a_request_line_or_headers_that_trickle_in_get_408_and_the_connection_closes(server, trickled):
-    head = b"" if trickled.startswith(b"POST") else b"GET /v1/models HTTP/1.1\r\nHost: x\r\n"
-    received, answered_at = _trickle(server.port, head, trickled, seconds=HEADER_TIMEOUT_S + 10)
+# The trickled part never ends (a path or a header value growing a byte at a time), so only the timeout ends it.
+@pytest.mark.parametrize("head", [b"POST /v1/", b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: "])
+def test_a_request_line_or_headers_that_trickle_in_get_408_and_the_connection_closes(server, head):
+    received, answered_at = _trickle(server.port, head, b"a", seconds=HEADER_TIMEOUT_S + 10)
     assert received.startswith(b"HTTP/1.1 408 "), received
     assert b"connection: close" in received.lower()
     error = json.loads(received.split(b"\r\n\r\n", 1)[1])["error"]
     assert (error["code"], error["message"]) == ("request_timeout",
                                                  "request line and headers were not received within 1 s")
-    assert HEADER_TIMEOUT_S <= answered_at < HEADER_TIMEOUT_S + 3
+    assert HEADER_TIMEOUT_S <= answered_at < HEADER_TIMEOUT_S + 5
 
 
 def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(server):
-    sock = socket.create_connection(("127.0.0.1", server.port), timeout=HEADER_TIMEOUT_S + 10)
     start = time.monotonic()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=HEADER_TIMEOUT_S + 10)
     assert sock.recv(65536) == b""
-    assert HEADER_TIMEOUT_S <= time.monotonic() - start < HEADER_TIMEOUT_S + 3
+    assert HEADER_TIMEOUT_S <= time.monotonic() - start < HEADER_TIMEOUT_S + 5
     sock.close()
 
 
@@ -187,7 +187,8 @@ def test_an_unparsable_request_gets_400_with_an_error_body(server):
         received = b"".join(iter(lambda: sock.recv(65536), b""))
     assert received.startswith(b"HTTP/1.1 400 "), received
     error = json.loads(received.split(b"\r\n\r\n", 1)[1])["error"]
-    assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_http")
+    assert (error["type"], error["code"], error["message"]) == (
+        "invalid_request_error", "invalid_http", "the request is not valid HTTP/1.1; the connection is closed")
 
 
 def test_connections_past_the_limit_get_503_with_an_error_body_until_some_close(server):
