@@ -89,7 +89,7 @@ def _bad_request(rng: random.Random) -> tuple[str, str, bytes, int]:
             # Past --max-model-len in tokens, or in bytes for the chat (refused before tokenizing).
             "too_long_prompt": json.dumps({"prompt": [2] * 20_000, "messages": [
                 {"role": "user", "content": "cat " * 20_000}]}).encode(),
-            "unsupported": b'{"prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}], "echo": true, '
+            "unsupported": b'{"prompt": "Hi", "messages": [{"role": "user", "content": "Hi"}], "suffix": "end", '
                            b'"tools": [{"type": "function"}]}'}[kind]
     return kind, path, body, 413 if kind == "oversized" else 400
 
