@@ -79,7 +79,9 @@ def bodies(draw: st.DrawFn, path: str) -> dict[str, Any]:
 def blamable(body: dict, path: str) -> set[str]:
     """The fields an error may name: those the fuzzer changed from the good body, the required ones, and
     the length limit when the prompt changed (a longer prompt leaves less room for max_tokens)."""
-    changed = {k for k in body if k not in GOOD[path] or body[k] != GOOD[path][k]} | REQUIRED[path]
+    # json.dumps tells false from 0 (Python's == does not): compare the JSON.
+    changed = {k for k in body if k not in GOOD[path] or json.dumps(body[k]) != json.dumps(GOOD[path][k])}
+    changed |= REQUIRED[path]
     if changed & {"prompt", "messages"}:
         changed |= {"max_tokens", "max_completion_tokens"}
     return changed
