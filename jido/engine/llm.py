@@ -83,8 +83,12 @@ class LLM:
 
 
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
-    if isinstance(prompts, (str, dict)):
+    if isinstance(prompts, (str, dict, ProcessedPrompt)):
         return [prompts]
+    # NOTE: bytes are a sequence of ints: list(b"hi") would pass for the token ids [104, 105].
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be a string, a list of token ids, a dict or a list of those, "
+                        f"got {type(prompts).__name__}")
     prompts = list(prompts)
     if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
         return [prompts]  # one prompt given as token ids
@@ -98,6 +102,10 @@ def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, nu
         return [SamplingParams()] * num
     if isinstance(params, SamplingParams):
         return [params] * num
+    if not isinstance(params, (list, tuple)) or not all(isinstance(p, SamplingParams) for p in params):
+        raise TypeError("sampling_params must be a SamplingParams or a list of them, got "
+                        f"{type(params).__name__}" + (" holding other objects" if isinstance(params, (list, tuple))
+                                                       else ""))
     params = list(params)
     if len(params) != num:
         raise ValueError(f"got {len(params)} SamplingParams for {num} prompts: give one, or one per prompt")

@@ -86,7 +86,14 @@ class LLMEngine:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 # Already tokenized: the ids are checked, the text (if given) is kept for the output.
-                return prompt.get("prompt"), self.process_prompt(prompt["prompt_token_ids"])[1]
+                text = prompt.get("prompt")
+                if text is not None and not isinstance(text, str):
+                    raise ValueError(f"a dict prompt's 'prompt' must be a string, got {type(text).__name__}")
+                ids = prompt["prompt_token_ids"]
+                if isinstance(ids, (str, dict)):
+                    raise ValueError(f"a dict prompt's 'prompt_token_ids' must be a list of token ids, "
+                                     f"got {type(ids).__name__}")
+                return text, self.process_prompt(ids)[1]
             if "prompt" in prompt:
                 prompt = prompt["prompt"]
             else:
@@ -145,8 +152,9 @@ class LLMEngine:
     def _child_params(params: SamplingParams) -> list[SamplingParams]:
         if params.n == 1:
             return [params]
-        # Distinct seeds per child, so n seeded completions differ yet stay reproducible.
-        return [dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + i)
+        # Distinct seeds per child, so n seeded completions differ yet stay reproducible; they wrap around
+        # within int64 (seed 2**63 - 1 is valid, its second child's seed + 1 would not be).
+        return [dataclasses.replace(params, n=1, seed=None if params.seed is None else _wrap_int64(params.seed + i))
                 for i in range(params.n)]
 
     def abort_request(self, request_ids: list[str]) -> None:
@@ -261,3 +269,7 @@ class LLMEngine:
                                  text_offset=offset)
         seq.new_token_ids, seq.new_logprobs, seq.num_text_sent = [], [], len(text)
         return delta
+
+
+def _wrap_int64(value: int) -> int:
+    return (value + 2**63) % 2**64 - 2**63

@@ -38,6 +38,8 @@ class ServerConfig:
     """Largest request body taken; a larger one gets 413."""
     drain_timeout_s: float = 30.0
     """Seconds SIGTERM waits for requests in flight; those still open then end with a 503."""
+    header_read_timeout_s: float = 10.0
+    """Seconds a connection may take to send its request line and headers before a 408 and close."""
     request_read_timeout_s: float = 30.0
     """Seconds a request body may take to arrive after its headers before a 408 (30 s reads 4 MiB at about
     1 Mbit/s)."""
@@ -62,7 +64,7 @@ class ServerConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.drain_timeout_s, (int, float)) or self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be a number of seconds >= 0, got {self.drain_timeout_s!r}")
-        for name in ("request_read_timeout_s", "timeout_keep_alive_s"):
+        for name in ("header_read_timeout_s", "request_read_timeout_s", "timeout_keep_alive_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < float("inf"):
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")

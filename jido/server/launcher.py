@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import signal
@@ -15,6 +16,7 @@ from jido.config import EngineConfig
 from jido.engine.llm_engine import LLMEngine
 from jido.server.app import create_app
 from jido.server.config import ServerConfig
+from jido.server.connection import JidoH11Protocol
 
 logger = logging.getLogger("jido")
 
@@ -65,7 +67,8 @@ class _DrainingServer(uvicorn.Server):
 
 def uvicorn_server(app: FastAPI, config: ServerConfig) -> uvicorn.Server:
     """A uvicorn server for an app from ``create_app``, draining as ``_DrainingServer`` says."""
-    uv_config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
+    protocol = functools.partial(JidoH11Protocol, header_read_timeout_s=config.header_read_timeout_s)
+    uv_config = uvicorn.Config(app, http=protocol, log_config=None, access_log=False, lifespan="on",
                                timeout_graceful_shutdown=config.drain_timeout_s + _END_STREAMS_GRACE_S,
                                timeout_keep_alive=config.timeout_keep_alive_s,
                                limit_concurrency=config.limit_concurrency,

@@ -114,6 +114,10 @@ class _SamplingBody(_Body):
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
 
+    def client_name(self, name: str) -> str:
+        """The request field that set SamplingParams' ``name``, for error messages and ``param``."""
+        return name
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -167,6 +171,13 @@ class ChatCompletionRequest(_SamplingBody):
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def client_name(self, name: str) -> str:
+        if name == "logprobs":
+            return "top_logprobs"  # chat's logprobs is a boolean; the count comes from top_logprobs
+        if name == "max_tokens" and self.max_completion_tokens is not None:
+            return "max_completion_tokens"
+        return name
 
     @property
     def num_logprobs(self) -> int | None:

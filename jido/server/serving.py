@@ -140,18 +140,21 @@ class OpenAIServing:
                 max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
         room = self.llm.max_model_len - len(prompt_ids)
         if max_tokens is not None and max_tokens > room:
-            raise bad_request(f"max_tokens={max_tokens} is too large: the prompt has {len(prompt_ids)} tokens "
+            name = body.client_name("max_tokens")
+            raise bad_request(f"{name}={max_tokens} is too large: the prompt has {len(prompt_ids)} tokens "
                               f"and max_model_len is {self.llm.max_model_len}, so at most {room} tokens "
-                              "can be generated", "max_tokens")
+                              "can be generated", name)
         max_n = self.llm.config.scheduler_config.max_num_seqs
         if isinstance(body.n, int) and body.n > max_n:
             raise bad_request(f"n={body.n} is too large: at most {max_n} (the engine's max_num_seqs)", "n")
         try:
             return body.sampling_params(room if max_tokens is None else max_tokens, logprobs, prompt_logprobs)
         except ValueError as exc:
-            # SamplingParams' messages start with the field's name ("temperature must be >= 0, ...").
-            name = str(exc).split(" ", 1)[0]
-            raise bad_request(str(exc), name if name in type(body).model_fields else None) from exc
+            # SamplingParams' messages start with the field's name ("temperature must be >= 0, ..."),
+            # said here as the client said it (chat's top_logprobs sets logprobs).
+            name, rest = str(exc).split(" ", 1)
+            param = body.client_name(name)
+            raise bad_request(f"{param} {rest}", param if param in type(body).model_fields else None) from exc
 
     # -- running ----------------------------------------------------------------------------------
     async def _respond(self, http_request: Request, fmt: ResponseFormat, prompt_ids: list[int],

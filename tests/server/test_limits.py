@@ -3,6 +3,7 @@ and 408 for a body that trickles in too slowly."""
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import socket
 import time
@@ -19,6 +20,7 @@ pytestmark = pytest.mark.slow
 KEY = "test-key-123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 READ_TIMEOUT_S = 1.0
+HEADER_TIMEOUT_S = 1.0
 MAX_CONNECTIONS = 8
 
 
@@ -26,7 +28,7 @@ MAX_CONNECTIONS = 8
 def server():
     # One running sequence and one waiting one: the third request finds the queue full.
     config = ServerConfig(api_key=KEY, max_waiting_requests=1, request_read_timeout_s=READ_TIMEOUT_S,
-                          limit_concurrency=MAX_CONNECTIONS)
+                          header_read_timeout_s=HEADER_TIMEOUT_S, limit_concurrency=MAX_CONNECTIONS)
     with running_server(config, max_num_seqs=1) as server:
         yield server
 
@@ -96,17 +98,18 @@ def test_a_burst_on_an_idle_server_fills_the_free_running_slot_and_the_waiting_o
     assert metric(server.metrics(AUTH), "jido:requests_rejected_total", reason="overload") == rejected
 
 
-def _trickle_body(port: int, seconds: float) -> tuple[bytes, float]:
-    """Headers promising 100 body bytes, then one byte every 0.1 s; returns what the server sent until it
-    closed the connection (or ``seconds`` passed), and when it began answering."""
+def _trickle(port: int, head: bytes, trickled: bytes, seconds: float) -> tuple[bytes, float]:
+    """Send ``head``, then ``trickled`` one byte every 0.1 s (round and round); returns what the server sent
+    until it closed the connection (or ``seconds`` passed), and when it began answering."""
+    start = time.monotonic()  # before connecting: the server's clock starts when it accepts
     sock = socket.create_connection(("127.0.0.1", port), timeout=0.1)
-    start = time.monotonic()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 100\r\n\r\n{")
+    sock.sendall(head)
     received, answered_at = b"", None
-    while time.monotonic() - start < seconds:
+    for i in itertools.count():
+        if time.monotonic() - start >= seconds:
+            break
         try:
-            sock.sendall(b" ")
+            sock.sendall(trickled[i % len(trickled):][:1])
         except OSError:  # the server closed the connection
             pass
         try:
@@ -121,6 +124,12 @@ def _trickle_body(port: int, seconds: float) -> tuple[bytes, float]:
         received += chunk
     sock.close()
     return received, answered_at
+
+
+def _trickle_body(port: int, seconds: float) -> tuple[bytes, float]:
+    """Headers promising 100 body bytes, then one body byte every 0.1 s."""
+    return _trickle(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 100\r\n\r\n{", b" ", seconds)
 
 
 def test_a_body_that_trickles_in_gets_408_and_the_connection_closes(server):
@@ -141,11 +150,57 @@ def test_a_normal_request_is_served_while_a_body_trickles_in(server):
     slow.close()
 
 
-def test_connections_past_the_limit_get_503_until_some_close(server):
+# The trickled part never ends (a path or a header value growing a byte at a time), so only the timeout ends it.
+@pytest.mark.parametrize("head", [b"POST /v1/", b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: "])
+def test_a_request_line_or_headers_that_trickle_in_get_408_and_the_connection_closes(server, head):
+    received, answered_at = _trickle(server.port, head, b"a", seconds=HEADER_TIMEOUT_S + 10)
+    assert received.startswith(b"HTTP/1.1 408 "), received
+    assert b"connection: close" in received.lower()
+    error = json.loads(received.split(b"\r\n\r\n", 1)[1])["error"]
+    assert (error["code"], error["message"]) == ("request_timeout",
+                                                 "request line and headers were not received within 1 s")
+    assert HEADER_TIMEOUT_S <= answered_at < HEADER_TIMEOUT_S + 5
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(server):
+    start = time.monotonic()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=HEADER_TIMEOUT_S + 10)
+    assert sock.recv(65536) == b""
+    assert HEADER_TIMEOUT_S <= time.monotonic() - start < HEADER_TIMEOUT_S + 5
+    sock.close()
+
+
+def test_a_keep_alive_connection_idle_past_the_header_timeout_serves_its_next_request(server):
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    connection.request("GET", "/v1/models", headers=AUTH)
+    assert connection.getresponse().read()
+    first_socket = connection.sock
+    time.sleep(HEADER_TIMEOUT_S * 1.5)  # idle between requests is the keep-alive timeout's (5 s), not this one's
+    connection.request("GET", "/v1/models", headers=AUTH)
+    assert connection.getresponse().status == 200 and connection.sock is first_socket
+    connection.close()
+
+
+def test_an_unparsable_request_gets_400_with_an_error_body(server):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        received = b"".join(iter(lambda: sock.recv(65536), b""))
+    assert received.startswith(b"HTTP/1.1 400 "), received
+    error = json.loads(received.split(b"\r\n\r\n", 1)[1])["error"]
+    assert (error["type"], error["code"], error["message"]) == (
+        "invalid_request_error", "invalid_http", "the request is not valid HTTP/1.1; the connection is closed")
+
+
+def test_connections_past_the_limit_get_503_with_an_error_body_until_some_close(server):
     idle = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(MAX_CONNECTIONS)]
     try:
         wait_until(lambda: server.request("GET", "/v1/models", headers=AUTH)[0] == 503, 10,
                    "a connection past the limit to get 503")
+        status, headers, raw = server.request("GET", "/v1/models", headers=AUTH)
+        assert (status, headers["retry-after"], headers["connection"]) == (503, "1", "close")
+        error = json.loads(raw)["error"]
+        assert (error["type"], error["code"]) == ("service_unavailable", "too_many_connections")
+        assert f"limit of {MAX_CONNECTIONS} open connections" in error["message"]
     finally:
         for sock in idle:
             sock.close()

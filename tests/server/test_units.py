@@ -33,6 +33,7 @@ def test_stream_cursor_sends_tokens_that_added_no_text_with_the_next_delta():
                                            ({"drain_timeout_s": -1}, "drain_timeout_s"),
                                            ({"limit_concurrency": 0}, "limit_concurrency must be a positive"),
                                            ({"request_read_timeout_s": 0}, "request_read_timeout_s must be .* > 0"),
+                                           ({"header_read_timeout_s": -1}, "header_read_timeout_s must be .* > 0"),
                                            ({"timeout_keep_alive_s": float("inf")}, "timeout_keep_alive_s")])
 def test_server_config_rejects_bad_values(kwargs, words):
     with pytest.raises(ValueError, match=words):
