@@ -43,7 +43,7 @@ def time_decode(llm: LLM, batch: int, context: int, steps: int) -> dict:
         times.append(time.perf_counter() - start)
         stats = engine.last_iteration_stats
         for phase in PHASES:
-            split[phase].append(getattr(stats, f"{phase}_s"))
+            split[phase].append(getattr(stats, f"{phase}_s", 0.0))  # older versions lack "prepare"
     while engine.has_unfinished_requests():
         engine.step()
     return {"step_ms": 1e3 * statistics.median(times),

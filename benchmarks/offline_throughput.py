@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 
 from jido import LLM, SamplingParams
-from jido.attention.registry import get_attention_backend
 from jido.bench.machine import machine_info
 from jido.tools.roofline import onednn_version
 
@@ -54,7 +53,7 @@ class AttentionTimer:
     def __init__(self, llm: LLM) -> None:
         self.total = 0.0
         # The backend lives in the worker, behind the executor: time its class's forward (in-process runs only).
-        backend_cls = type(get_attention_backend(llm.llm_engine.config.model_config.attention_backend))
+        backend_cls = type(llm.llm_engine.collective_rpc(_attention_backend)[0])
         inner = backend_cls.forward
 
         def timed(*args, **kwargs):
@@ -64,6 +63,10 @@ class AttentionTimer:
             return out
 
         backend_cls.forward = timed
+
+
+def _attention_backend(worker):
+    return worker.runner.attn_backend
 
 
 def run_jido(llm: LLM, prompts: list[list[int]], max_tokens: int, timer: AttentionTimer) -> dict:

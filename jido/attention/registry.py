@@ -17,6 +17,15 @@ def supported_attention_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
+# The default per device type: the fastest measured there (benchmarks/results/decode_step-2026-12-01.md on
+# CPU). CUDA keeps the reference until the triton kernels have been timed on a GPU.
+_DEFAULT_BY_DEVICE = {"cpu": "tiled", "cuda": "torch"}
+
+
+def default_attention_backend(device_type: str) -> str:
+    return _DEFAULT_BY_DEVICE.get(device_type, "torch")
+
+
 def get_attention_backend(name: str = "torch") -> AttentionBackend:
     """A new instance of the backend registered as ``name``.
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from jido.attention.backend import build_step_metadata
-from jido.attention.registry import get_attention_backend
+from jido.attention.registry import default_attention_backend, get_attention_backend
 from jido.config import EngineConfig
 from jido.core.kv_cache_spec import FullAttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec
 from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
@@ -60,7 +60,8 @@ class ModelRunner:
         self.model_folder = Path(model_folder)
         self.model_arch = ModelArchConfig.from_hf_config(load_config(self.model_folder))
         self.block_size = config.cache_config.block_size
-        self.attn_backend = get_attention_backend(config.model_config.attention_backend)
+        self.attn_backend = get_attention_backend(config.model_config.attention_backend
+                                                  or default_attention_backend(self.device.type))
         self.model = self._load_model()
         self.sampler = Sampler(config.model_config.seed, self.device)
         self.prompt_logprobs = PromptLogprobsCollector(self.model.compute_logits, self.model_arch.vocab_size,

@@ -33,12 +33,13 @@ def test_greedy_tokens_match_transformers(llm, gemma_reference, name):
     _assert_same_until_a_near_tie(name, got, gen)
 
 
-def test_tiled_attention_batched_greedy_tokens_match_transformers(gemma_reference):
+@pytest.mark.parametrize("backend", ["tiled", "torch"])
+def test_each_cpu_attention_backend_batched_greedy_tokens_match_transformers(gemma_reference, backend):
     # Every fixture prompt in one batch: prefills next to decodes, the C++ decode kernel, sliding windows.
-    tiled = LLM(kv_cache_memory="160MiB", attention_backend="tiled")
+    llm = LLM(kv_cache_memory="160MiB", attention_backend=backend, dtype="float32")
     gens = [next(g for g in gemma_reference["generations"] if g["name"] == name) for name in NAMES]
     params = SamplingParams(temperature=0, max_tokens=max(len(g["output_ids"]) for g in gens), ignore_eos=True)
-    outputs = tiled.generate([g["prompt_ids"] for g in gens], params, use_tqdm=False)
+    outputs = llm.generate([g["prompt_ids"] for g in gens], params, use_tqdm=False)
     for name, gen, out in zip(NAMES, gens, outputs):
         _assert_same_until_a_near_tie(name, out.outputs[0].token_ids[: len(gen["output_ids"])], gen)
 
