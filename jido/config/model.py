@@ -22,8 +22,8 @@ class ModelConfig:
     max_model_len: int | None = None
     """Prompt plus output tokens per request (default: the model's limit, capped by what the KV cache holds)."""
     attention_backend: str | None = None
-    """The attention backend by registry name (torch, tiled, triton); it owns the KV cache layout. Default: the
-    fastest measured for the device (tiled on CPU, torch on CUDA)."""
+    """The attention backend by registry name (torch, tiled, triton); it owns the KV cache layout (default: the
+    fastest measured for the device, tiled on CPU and torch on CUDA)."""
     seed: int = 0
     """Seed of the engine's random state (requests seed their own sampling)."""
 
