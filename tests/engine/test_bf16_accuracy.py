@@ -7,7 +7,7 @@ from jido import LLM, SamplingParams
 from jido.utils.cpu import cpu_info
 
 # benchmarks/bf16_accuracy.py measured bf16's error in the gap between float32's top two logits on these
-# prompts: at most 0.23 (median 0.05), AVX-512 BF16 EPYC, 2026-12-01. A bf16 run may choose differently only
+# prompts: at most 0.26 (medians 0.03-0.08), AVX-512 BF16 EPYC, 2026-12-01. A bf16 run may choose differently only
 # where float32's gap is below that error; twice the maximum leaves room for other CPUs' summation orders.
 BF16_GAP_ERROR = 0.5
 
