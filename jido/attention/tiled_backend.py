@@ -8,7 +8,7 @@ import torch
 
 from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
 from jido.attention.cpu_extension import load_paged_decode
-from jido.attention.torch_backend import TorchAttentionMetadata, build_plan, masked_attention
+from jido.attention.torch_backend import TorchAttentionMetadata, build_plan, causal_attention, first_visible_key
 
 # A prefill whose [query, key] mask has at most this many elements runs as one fused SDPA call over its
 # gathered keys: on 2k-token prompts that is ~2.5x faster than the tiled loop in PyTorch (measured:
@@ -134,35 +134,23 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
     kv_cache[1][block_ids, :, offsets] = v.view(-1, num_kv_heads, head_dim)
 
 
-def _first_key(spec: AttentionLayerSpec, first_query: int) -> int:
-    return 0 if spec.sliding_window is None else max(0, first_query - spec.sliding_window + 1)
-
-
 def _num_visible_keys(spec: AttentionLayerSpec, seq_len: int, query_len: int) -> int:
-    return seq_len - _first_key(spec, seq_len - query_len)
+    return seq_len - first_visible_key(spec, seq_len - query_len)
 
 
 def dense_prefill_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor,
                             block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
     """The same as :func:`prefill_attention` in one masked SDPA call over the gathered keys (short prompts)."""
-    query_len, num_kv_heads, head_dim = q.shape[0], spec.num_kv_heads, spec.head_dim
-    block_size, first_query = kv_cache.shape[3], seq_len - query_len
-    first_key = _first_key(spec, first_query)
+    num_kv_heads, head_dim = spec.num_kv_heads, spec.head_dim
+    block_size, first_query = kv_cache.shape[3], seq_len - q.shape[0]
+    first_key = first_visible_key(spec, first_query)
     first_block = first_key // block_size
     block_ids = block_table[first_block : -(-seq_len // block_size)].long()
     keep = slice(first_key - first_block * block_size, seq_len - first_block * block_size)
     # [n, kv_heads, block_size, head_dim] -> [kv_heads, num_keys, head_dim]
     keys = kv_cache[0][block_ids].transpose(0, 1).reshape(num_kv_heads, -1, head_dim)[:, keep]
     values = kv_cache[1][block_ids].transpose(0, 1).reshape(num_kv_heads, -1, head_dim)[:, keep]
-    q_pos = torch.arange(first_query, seq_len, device=q.device)[:, None]
-    k_pos = torch.arange(first_key, seq_len, device=q.device)[None, :]
-    visible = k_pos <= q_pos
-    if spec.sliding_window is not None:
-        visible &= k_pos > q_pos - spec.sliding_window
-    group = spec.num_heads // num_kv_heads
-    grouped_q = q.view(query_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(num_kv_heads, -1, head_dim)
-    out = masked_attention(spec, grouped_q, keys, values, visible.repeat(group, 1))
-    return out.view(num_kv_heads, group, query_len, head_dim).permute(2, 0, 1, 3).reshape(query_len, -1, head_dim)
+    return causal_attention(spec, q, keys, values, first_query, first_key)
 
 
 def prefill_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -195,7 +183,7 @@ def prefill_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch
 def _key_tiles(spec: AttentionLayerSpec, first_pos: int, end_pos: int, block_size: int,
                key_tile_blocks: int) -> list[tuple[int, int]]:
     """Block ranges of the key tiles that queries at ``first_pos .. end_pos - 1`` can see."""
-    first_key = _first_key(spec, first_pos)
+    first_key = first_visible_key(spec, first_pos)
     first_block, end_block = first_key // block_size, -(-end_pos // block_size)
     return [(b, min(b + key_tile_blocks, end_block)) for b in range(first_block, end_block, key_tile_blocks)]
 

@@ -137,7 +137,7 @@ def _decode_attention(
     keys = kv_cache[0][block_ids].view(num_reqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     values = kv_cache[1][block_ids].view(num_reqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     grouped_q = q.view(num_reqs, num_kv_heads, -1, head_dim)  # [B, kv_heads, group, head_dim]
-    out = masked_attention(spec, grouped_q, keys, values, visible[:, None, None, :])
+    out = _attend(spec, grouped_q, keys, values, visible[:, None, None, :])
     return out.reshape(num_reqs, spec.num_heads, head_dim)
 
 
@@ -146,15 +146,28 @@ def _prefill_attention(
 ) -> torch.Tensor:
     """Causal attention for one request's ``q`` ``[query_len, num_heads, head_dim]``, the last tokens of its context."""
     block_size = kv_cache.shape[2]
-    query_len, num_kv_heads, head_dim = q.shape[0], spec.num_kv_heads, spec.head_dim
-    first_query = seq_len - query_len
-    first_key = 0 if spec.sliding_window is None else max(0, first_query - spec.sliding_window + 1)
+    first_query = seq_len - q.shape[0]
+    first_key = first_visible_key(spec, first_query)
     first_block = first_key // block_size
     block_ids = block_table[first_block : -(-seq_len // block_size)].long()
     keep = slice(first_key - first_block * block_size, seq_len - first_block * block_size)
     # [n, block_size, kv_heads, head_dim] -> [kv_heads, num_keys, head_dim]
     keys = kv_cache[0][block_ids].flatten(0, 1)[keep].transpose(0, 1)
     values = kv_cache[1][block_ids].flatten(0, 1)[keep].transpose(0, 1)
+    return causal_attention(spec, q, keys, values, first_query, first_key)
+
+
+def first_visible_key(spec: AttentionLayerSpec, first_query: int) -> int:
+    """The first key position any query at ``first_query`` or later can see (its sliding window's start)."""
+    return 0 if spec.sliding_window is None else max(0, first_query - spec.sliding_window + 1)
+
+
+def causal_attention(spec: AttentionLayerSpec, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     first_query: int, first_key: int) -> torch.Tensor:
+    """One request's ``q`` ``[query_len, num_heads, head_dim]`` at positions ``first_query...`` against gathered
+    ``keys``/``values`` ``[kv_heads, num_keys, head_dim]`` at ``first_key...``, causal and windowed, in one call."""
+    query_len, num_kv_heads, head_dim = q.shape[0], spec.num_kv_heads, spec.head_dim
+    seq_len = first_query + query_len
     q_pos = torch.arange(first_query, seq_len, device=q.device)[:, None]
     k_pos = torch.arange(first_key, seq_len, device=q.device)[None, :]
     visible = k_pos <= q_pos  # [query_len, num_keys]
@@ -164,12 +177,12 @@ def _prefill_attention(
     # Fold the query heads that share a KV head into the rows: [kv_heads, group * query_len, head_dim],
     # so GQA needs no copy of K/V per query head.
     grouped_q = q.view(query_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(num_kv_heads, -1, head_dim)
-    out = masked_attention(spec, grouped_q, keys, values, visible.repeat(group, 1))
+    out = _attend(spec, grouped_q, keys, values, visible.repeat(group, 1))
     # [kv_heads, group * query_len, head_dim] -> [query_len, num_heads, head_dim]
     return out.view(num_kv_heads, group, query_len, head_dim).permute(2, 0, 1, 3).reshape(query_len, -1, head_dim)
 
 
-def masked_attention(
+def _attend(
     spec: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
 ) -> torch.Tensor:
     """``softmax(q k^T * scale [soft-capped], masked) v`` over the last two dims; ``visible`` broadcasts."""
