@@ -157,8 +157,9 @@ class EngineCore:
         runner_output = self.executor.execute_model(scheduler_output)
         ran = time.perf_counter()
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        stats = IterationStats(scheduled - start, runner_output.model_time_s, runner_output.sample_time_s,
-                               time.perf_counter() - ran, scheduler_output.total_num_scheduled_tokens,
-                               self.scheduler.take_queue_times(), runner_output.prepare_time_s,
-                               kv_cache_usage_peak)
+        stats = IterationStats(
+            schedule_s=scheduled - start, prepare_s=runner_output.prepare_time_s, model_s=runner_output.model_time_s,
+            sample_s=runner_output.sample_time_s, update_s=time.perf_counter() - ran,
+            num_tokens=scheduler_output.total_num_scheduled_tokens, queue_times_s=self.scheduler.take_queue_times(),
+            kv_cache_usage_peak=kv_cache_usage_peak)
         return EngineCoreOutputs(outputs, self.scheduler.stats(), stats)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from near_tie import assert_same_until_a_near_tie
 
 from jido import LLM, SamplingParams
 from jido.utils.cpu import cpu_info
@@ -23,12 +24,6 @@ def bf16_llm() -> LLM:
 @pytest.mark.parametrize("name", ["capital", "story", "korean", "code", "long_argparse", "long_textwrap"])
 def test_bf16_greedy_matches_float32_until_a_near_tie(bf16_llm, gemma_reference, name):
     gen = next(g for g in gemma_reference["generations"] if g["name"] == name)
-    expected = gen["output_ids"]
-    params = SamplingParams(temperature=0, max_tokens=len(expected), ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=len(gen["output_ids"]), ignore_eos=True)
     got = bf16_llm.generate([gen["prompt_ids"]], params, use_tqdm=False)[0].outputs[0].token_ids
-    for step, (ours, theirs) in enumerate(zip(got, expected)):
-        if ours != theirs:
-            gap = gen["top2_gaps"][step]
-            assert gap < BF16_GAP_ERROR, f"{name}: bf16 gives {ours} at step {step}, float32 {theirs} (gap {gap})"
-            return
-    assert got == expected
+    assert_same_until_a_near_tie(f"{name} (bf16)", got, gen, BF16_GAP_ERROR)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from near_tie import assert_same_until_a_near_tie
 
 from jido import LLM, SamplingParams
 
@@ -30,7 +31,7 @@ def test_greedy_tokens_match_transformers(llm, gemma_reference, name):
     gen = next(g for g in gemma_reference["generations"] if g["name"] == name)
     params = SamplingParams(temperature=0, max_tokens=len(gen["output_ids"]), ignore_eos=True)
     got = llm.generate([gen["prompt_ids"]], params, use_tqdm=False)[0].outputs[0].token_ids
-    _assert_same_until_a_near_tie(name, got, gen)
+    assert_same_until_a_near_tie(name, got, gen, NEAR_TIE_LOGIT_GAP)
 
 
 @pytest.mark.parametrize("backend", ["tiled", "torch"])
@@ -41,14 +42,4 @@ def test_each_cpu_attention_backend_batched_greedy_tokens_match_transformers(gem
     params = SamplingParams(temperature=0, max_tokens=max(len(g["output_ids"]) for g in gens), ignore_eos=True)
     outputs = llm.generate([g["prompt_ids"] for g in gens], params, use_tqdm=False)
     for name, gen, out in zip(NAMES, gens, outputs):
-        _assert_same_until_a_near_tie(name, out.outputs[0].token_ids[: len(gen["output_ids"])], gen)
-
-
-def _assert_same_until_a_near_tie(name: str, got: list[int], gen: dict) -> None:
-    expected = gen["output_ids"]
-    for step, (ours, theirs) in enumerate(zip(got, expected)):
-        if ours != theirs:
-            gap = gen["top2_gaps"][step]
-            assert gap < NEAR_TIE_LOGIT_GAP, f"{name}: step {step} gives {ours}, transformers {theirs} (gap {gap})"
-            return
-    assert got == expected
+        assert_same_until_a_near_tie(name, out.outputs[0].token_ids[: len(gen["output_ids"])], gen, NEAR_TIE_LOGIT_GAP)
