@@ -147,14 +147,19 @@ def _progress(message: str) -> None:
 
 
 def result_record(result: PerplexityResult, llm: LLM) -> dict[str, Any]:
-    """The result with the model, its resolved dtype, every engine setting and the machine, for ``--json``."""
+    """The result with the model, the device, dtype and attention backend it ran on (resolved where the
+    settings leave them to the engine), every engine setting as given, and the machine, for ``--json``."""
     import torch  # loaded with the engine already
 
+    from jido.attention.registry import default_attention_backend
     from jido.runner.model_runner import resolve_device, resolve_dtype
 
     config = llm.llm_engine.config
-    dtype = resolve_dtype(config.model_config.dtype, resolve_device(config.device_config.device))
-    return {"model": llm.llm_engine.model_folder.name, "dtype": str(dtype).removeprefix("torch."),
+    device = resolve_device(config.device_config.device)
+    dtype = resolve_dtype(config.model_config.dtype, device)
+    backend = config.model_config.attention_backend or default_attention_backend(device.type)
+    return {"model": llm.llm_engine.model_folder.name, "device": str(device),
+            "dtype": str(dtype).removeprefix("torch."), "attention_backend": backend,
             **dataclasses.asdict(result), "tokens_per_s": result.tokens_per_s,
             "scored_positions": _describe_positions(result.context_length),
             "engine": engine_settings(config), "machine": {**cpu_info().as_dict(), "torch": torch.__version__}}

@@ -36,9 +36,10 @@ def test_a_setting_no_engine_config_has_fails_that_variant_without_running_it(sc
 
 
 def test_table_gives_ratios_to_the_first_variant_and_the_reason_of_a_failed_one(script):
-    record = {"perplexity": 20.0, "stderr": 0.5, "tokens_per_s": 100.0, "dtype": "float32", "num_scored_tokens": 510}
-    runs = [script.Run("dtype=float32", {}, record),
-            script.Run("dtype=bfloat16", {}, {**record, "perplexity": 20.2, "tokens_per_s": 150.0, "dtype": "bfloat16"}),
+    record = {"perplexity": 20.0, "stderr": 0.5, "tokens_per_s": 100.0, "dtype": "float32",
+              "num_scored_tokens": 510}
+    bf16 = {**record, "perplexity": 20.2, "tokens_per_s": 150.0, "dtype": "bfloat16"}
+    runs = [script.Run("dtype=float32", {}, record), script.Run("dtype=bfloat16", {}, bf16),
             script.Run("quantization=int8", {}, error="a | b")]
     rows = script.markdown_table(runs).splitlines()[2:]
     assert rows[0] == "| dtype=float32 | 20.0000 | 0.5000 | 1.0000 | 100.0 | 1.00 | float32 | 510 |"

@@ -61,7 +61,7 @@ def test_standard_error_is_llama_cpps_from_the_mean_and_mean_square_of_the_nlls(
     assert perplexity_and_stderr([0.5]) == (pytest.approx(math.exp(0.5)), None)
 
 
-def test_perplexity_equals_transformers_float64_log_softmax_on_the_same_chunks_and_tokens(tiny_llm, tiny_model_folder):
+def test_perplexity_is_transformers_float64_log_softmax_on_the_same_chunks_and_tokens(tiny_llm, tiny_model_folder):
     text = _words(0, 3 * CONTEXT_LENGTH + 5)  # with BOS: 3 chunks and a tail of 6 tokens
     result = evaluate(tiny_llm, text, PerplexityConfig(context_length=CONTEXT_LENGTH))
     ids = [BOS_ID, *(int(w[1:]) for w in text.split())]
@@ -91,10 +91,11 @@ def test_cli_json_prints_the_result_with_model_dtype_engine_settings_and_machine
     text_file.write_text(_words(2, 2 * CONTEXT_LENGTH), encoding="utf-8")
     assert _cli(tiny_model_folder, text_file, "--json", f"--context-length={CONTEXT_LENGTH}") == 0
     record = json.loads(capsys.readouterr().out)
-    assert set(record) == {"model", "dtype", "perplexity", "stderr", "num_scored_tokens", "num_chunks",
-                           "context_length", "num_text_tokens", "wall_s", "tokens_per_s", "scored_positions",
-                           "engine", "machine"}
-    assert (record["model"], record["dtype"], record["num_chunks"]) == (tiny_model_folder.name, "float32", 2)
+    assert set(record) == {"model", "device", "dtype", "attention_backend", "perplexity", "stderr",
+                           "num_scored_tokens", "num_chunks", "context_length", "num_text_tokens", "wall_s",
+                           "tokens_per_s", "scored_positions", "engine", "machine"}
+    assert (record["model"], record["device"], record["dtype"]) == (tiny_model_folder.name, "cpu", "float32")
+    assert (record["attention_backend"], record["num_chunks"]) == ("tiled", 2)
     assert record["scored_positions"] == "13..23 of each chunk's 0..23"
     assert {k: record["engine"][k] for k in ENGINE} == ENGINE
     assert {"cpu_model", "cpu_flags", "torch"} <= set(record["machine"])
