@@ -13,9 +13,9 @@ from jido.config import EngineConfig
 from jido.core.kv_cache_spec import FullAttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec
 from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
 from jido.layers.parameter import default_device_and_dtype
-from jido.layers.quantization import process_weights_after_loading
+from jido.layers.quantization import get_quantization_config, process_weights_after_loading
 from jido.models.config import ModelArchConfig
-from jido.models.loader import iter_weights, load_config
+from jido.models.loader import gguf_source, iter_gguf_weights, iter_weights, load_config
 from jido.models.registry import get_model_class
 from jido.runner.input_batch import InputBatch
 from jido.runner.prompt_logprobs import PromptLogprobsCollector
@@ -48,6 +48,21 @@ def resolve_dtype(dtype: str, device: torch.device, cpu: CpuInfo | None = None) 
     return torch.bfloat16 if (cpu or cpu_info()).has_native_bf16 else torch.float32
 
 
+def resolve_quantization(quantization: str | None, device: torch.device, from_gguf: bool) -> str:
+    """The scheme to load with: as asked, else ``gguf`` for a GGUF model on CPU and ``none`` otherwise.
+
+    The GGUF kernels are CPU kernels; on CUDA a GGUF model is dequantized to dtype unless asked otherwise.
+
+    Raises:
+        ValueError: ``gguf`` asked for a model that is not a GGUF file.
+    """
+    if quantization == "gguf" and not from_gguf:
+        raise ValueError("quantization 'gguf' needs a .gguf model; for other checkpoints use int8, int4 or none")
+    if quantization is not None:
+        return quantization
+    return "gguf" if from_gguf and device.type == "cpu" else "none"
+
+
 class ModelRunner:
     """Loads a model onto one device and executes :class:`SchedulerOutput` steps on it."""
 
@@ -62,6 +77,8 @@ class ModelRunner:
         self.block_size = config.cache_config.block_size
         self.attn_backend = get_attention_backend(config.model_config.attention_backend
                                                   or default_attention_backend(self.device.type))
+        self.quantization = resolve_quantization(config.model_config.quantization, self.device,
+                                                 gguf_source(self.model_folder) is not None)
         self.model = self._load_model()
         self.sampler = Sampler(config.model_config.seed, self.device)
         self.prompt_logprobs = PromptLogprobsCollector(self.model.compute_logits, self.model_arch.vocab_size,
@@ -73,14 +90,16 @@ class ModelRunner:
     def _load_model(self) -> torch.nn.Module:
         start = time.perf_counter()
         model_class = get_model_class(self.model_arch.architecture)
+        quant_config = get_quantization_config(self.quantization, self.config.model_config.quantization_group_size)
         # Built on its device in its dtype: no float32 (or CPU) copy of the whole model is ever made.
         with default_device_and_dtype(self.device, self.dtype):
-            model = model_class(self.model_arch, self.attn_backend)
-        model.load_weights(iter_weights(self.model_folder))
+            model = model_class(self.model_arch, self.attn_backend, quant_config)
+        source = gguf_source(self.model_folder)
+        model.load_weights(iter_gguf_weights(source) if self.quantization == "gguf" else iter_weights(self.model_folder))
         process_weights_after_loading(model)
         model.eval()
-        logger.info("loaded %s (%s, %s) in %.1f s", self.model_folder.name, self.device, self.dtype,
-                    time.perf_counter() - start)
+        logger.info("loaded %s (%s, %s, quantization %s) in %.1f s", self.model_folder.name, self.device, self.dtype,
+                    self.quantization, time.perf_counter() - start)
         return model
 
     def get_kv_cache_spec(self) -> dict[int, KVCacheSpec]:
