@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -17,6 +18,9 @@ from jido.utils.cpu import cpu_info
 logger = logging.getLogger(__name__)
 
 CACHE_ROOT = Path.home() / ".cache" / "jido" / "torch_extensions"
+# Debugging switch: compile for this ISA instead of the CPU's widest, e.g. `avx2` on an AVX-512 machine to run
+# the AVX2 build's tests where AVX2-only machines are not at hand.
+BUILD_ISA_ENV = "JIDO_BUILD_ISA"
 
 # Vector flags per ISA. Zen 4 runs 512-bit vectors at full rate, but GCC prefers 256-bit unless told.
 ISA_FLAGS = {
@@ -34,13 +38,16 @@ def build_key(prefix: str, source: Path, isa: str) -> str:
 
 
 def load_ops_library(prefix: str, source: Path, purpose: str, fallback: str, isa: str | None = None) -> bool:
-    """Compile ``source`` for ``isa`` (default: this CPU's) and load it, so its ``TORCH_LIBRARY`` ops appear under
-    ``torch.ops``; False if it cannot, with the warning "``purpose`` unavailable (why); using ``fallback``".
+    """Compile ``source`` for ``isa`` (default: ``$JIDO_BUILD_ISA``, else this CPU's) and load it, so its
+    ``TORCH_LIBRARY`` ops appear under ``torch.ops``; False if it cannot, with the warning "``purpose``
+    unavailable (why); using ``fallback``".
 
     NOTE: a process can hold one build of a library only (its ops namespace is registered once), so a build for
     another ISA than this CPU's must be loaded in a fresh process.
     """
-    isa = isa or cpu_info().isa
+    isa = isa or os.environ.get(BUILD_ISA_ENV) or cpu_info().isa
+    if isa not in ISA_FLAGS:
+        raise ValueError(f"unknown ISA {isa!r} (from {BUILD_ISA_ENV} or the caller); choose one of {list(ISA_FLAGS)}")
     key = build_key(prefix, source, isa)
     build_dir = CACHE_ROOT / key
     try:
