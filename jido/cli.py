@@ -1,4 +1,4 @@
-"""The ``jido`` command: generate, serve, plan and doctor."""
+"""The ``jido`` command: generate, serve, eval, bench, roofline, plan and doctor."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from jido.config import FLAT_CONFIGS, JSON_CONFIGS, EngineConfig
 from jido.core.sampling_params import SamplingParams
 from jido.metrics.stats import IterationStats
+from jido.tools.perplexity import PerplexityConfig, evaluate, format_result, read_text, result_record
 from jido.utils.cli_args import add_dataclass_arguments, dataclass_kwargs, summary
 
 if TYPE_CHECKING:  # the engine loads torch: only `jido generate` and `serve` import it, when they run
@@ -122,6 +123,31 @@ def _run_serve(args: argparse.Namespace) -> int:
     return serve(EngineConfig.from_kwargs(**_engine_kwargs(args)), server_config)
 
 
+def _eval_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("eval", help="measure the model's quality on a text")
+    tasks = parser.add_subparsers(dest="task", required=True)
+    perplexity = tasks.add_parser(
+        "perplexity", help="a text file's perplexity, as llama.cpp's llama-perplexity computes it",
+        description="Perplexity of FILE by llama-perplexity's method: consecutive chunks of --context-length "
+                    "tokens, each starting with BOS, the tokens after each chunk's first half scored; prints it "
+                    "with its standard error, the tokens scored and tokens/s")
+    perplexity.add_argument("file", metavar="FILE", help="a UTF-8 text file, tokenized as one text")
+    add_dataclass_arguments(perplexity, PerplexityConfig)
+    _add_engine_arguments(perplexity)
+    perplexity.set_defaults(handler=_run_perplexity)
+
+
+def _run_perplexity(args: argparse.Namespace) -> int:
+    from jido.engine.llm import LLM
+
+    config = PerplexityConfig(**dataclass_kwargs(args, PerplexityConfig))
+    text = read_text(args.file)  # an empty or missing file fails before the model loads
+    llm = LLM(**_engine_kwargs(args))
+    result = evaluate(llm, text, config)
+    print(json.dumps(result_record(result, llm)) if config.json else format_result(result))
+    return 0
+
+
 def _add_engine_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
     """One flag per engine setting (vLLM's names), generated from the configs by concern."""
     for config_cls in FLAT_CONFIGS:
@@ -169,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _generate_parser(sub)
     _serve_parser(sub)
+    _eval_parser(sub)
     for name in _DELEGATES:
         _delegate_parser(sub, name)
     return parser

@@ -14,6 +14,7 @@ from jido.config.parallel import EXECUTOR_BACKENDS
 from jido.core.sampling_params import SamplingParams
 from jido.planner.cli import doctor_parser, plan_parser
 from jido.server.config import ServerConfig
+from jido.tools.perplexity import PerplexityConfig
 from jido.tools.roofline import RooflineConfig
 from jido.tools.roofline import build_parser as roofline_parser
 from jido.utils.cli_args import field_docs
@@ -22,13 +23,16 @@ from jido.utils.cli_args import field_docs
 def _subparsers() -> dict[str, argparse.ArgumentParser]:
     main = build_parser()
     sub = next(a for a in main._actions if isinstance(a, argparse._SubParsersAction))
+    tasks = next(a for a in sub.choices["eval"]._actions if isinstance(a, argparse._SubParsersAction))
     # bench, roofline, plan and doctor hand their argv to parsers of their own.
     return {"jido": main, "generate": sub.choices["generate"], "serve": sub.choices["serve"],
+            "eval perplexity": tasks.choices["perplexity"],
             "bench": bench_parser(), "roofline": roofline_parser(), "plan": plan_parser(), "doctor": doctor_parser()}
 
 
 PARSERS = _subparsers()
 GENERATED = {"generate": (*FLAT_CONFIGS, SamplingParams), "serve": (*FLAT_CONFIGS, ServerConfig),
+             "eval perplexity": (*FLAT_CONFIGS, PerplexityConfig),
              "bench": (BenchConfig,), "roofline": (RooflineConfig,)}
 
 
@@ -42,7 +46,7 @@ def test_every_option_of_every_subcommand_has_a_description(name):
         assert action.help and action.help.strip(), f"jido {name} {action.option_strings[0]} has no help"
 
 
-@pytest.mark.parametrize("name", ["jido", "generate", "serve", "bench", "roofline"])
+@pytest.mark.parametrize("name", ["jido", "generate", "serve", "eval perplexity", "bench", "roofline"])
 def test_every_option_of_the_engine_commands_states_its_default(name):
     for action in _options(PARSERS[name]):
         assert "default" in action.help, f"jido {name} {action.option_strings[0]}: {action.help!r}"
@@ -70,7 +74,8 @@ def _shown(value: object) -> str:
 
 
 @pytest.mark.parametrize(("name", "flag", "choices"), [
-    ("generate", "--dtype", DTYPES), ("serve", "--dtype", DTYPES), ("roofline", "--dtype", DTYPES),
+    ("generate", "--dtype", DTYPES), ("serve", "--dtype", DTYPES), ("eval perplexity", "--dtype", DTYPES),
+    ("roofline", "--dtype", DTYPES),
     ("serve", "--distributed-executor-backend", EXECUTOR_BACKENDS), ("bench", "--dataset-name", DATASETS),
     ("jido", "--log-level", ("DEBUG", "INFO", "WARNING", "ERROR"))])
 def test_flags_with_a_fixed_set_of_values_list_them_in_help_and_refuse_others(name, flag, choices, capsys):
