@@ -117,3 +117,12 @@ def test_kv_cache_dtype_names_are_vllms_and_others_are_refused() -> None:
     with pytest.raises(ValueError, match=r"kv_cache_dtype must be one of \['auto', 'int8', 'fp8_e4m3', 'fp8_e5m2'\], "
                                          r"got 'fp8'"):
         CacheConfig(kv_cache_dtype="fp8")
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton runs CPU tensors only under its interpreter")
+def test_triton_refuses_a_quantized_cache_whose_scales_it_cannot_read_in_place() -> None:
+    from jido.attention.triton_backend import TritonAttentionBackend
+
+    assert TritonAttentionBackend.get_kv_cache_shape(3, 4, 2, 8, torch.int8) == (2, 3, 4, 2, 12)
+    with pytest.raises(ValueError, match=r"needs head_dim divisible by 4 \(got 6\); use kv_cache_dtype='auto'"):
+        TritonAttentionBackend.get_kv_cache_shape(3, 4, 2, 6, torch.int8)
