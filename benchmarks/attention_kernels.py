@@ -155,7 +155,7 @@ def main() -> None:
     parser.add_argument("--max-reference-gib", type=float, default=2.0)
     parser.add_argument("--out", default=None)
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
-    parser.add_argument("--kv-cache-dtypes", nargs="+", default=["auto"], help="decode caches: auto, int8, fp8_e4m3, ...")
+    parser.add_argument("--kv-cache-dtypes", nargs="+", default=["auto"], help="decode caches: auto, int8, ...")
     parser.add_argument("--prefill-case", nargs=4, metavar=("BACKEND", "SEQ_LEN", "WINDOW", "DTYPE"))
     args = parser.parse_args()
     if args.threads:

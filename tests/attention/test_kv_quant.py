@@ -5,11 +5,13 @@ from __future__ import annotations
 import importlib.util
 import os
 
+import numpy as np
 import pytest
 import torch
 from paged_cases import make_case, reference, run
 
-from jido.attention.backend import AttentionLayerSpec
+from jido.attention.backend import AttentionLayerSpec, build_common_metadata
+from jido.attention.cpu_extension import load_paged_decode
 from jido.attention.kv_quant import (KV_CACHE_DTYPES, SCALE_BYTES, dequantize_rows, quantize_rows,
                                      resolve_kv_cache_dtype)
 from jido.attention.tiled_backend import TiledAttentionBackend
@@ -126,3 +128,40 @@ def test_triton_refuses_a_quantized_cache_whose_scales_it_cannot_read_in_place()
     assert TritonAttentionBackend.get_kv_cache_shape(3, 4, 2, 8, torch.int8) == (2, 3, 4, 2, 12)
     with pytest.raises(ValueError, match=r"needs head_dim divisible by 4 \(got 6\); use kv_cache_dtype='auto'"):
         TritonAttentionBackend.get_kv_cache_shape(3, 4, 2, 6, torch.int8)
+
+
+def _every_fp8_value_cache(kv_dtype: torch.dtype, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cache whose value rows hold all 256 bit patterns of ``kv_dtype`` (NaN and inf ones zeroed), 16 per
+    row, scale 1, in each of blocks 1..16; in block ``b + 1`` only key ``b`` is non-zero (1.0, scale 100), so a
+    decode over block ``b + 1`` with a query of ones returns value row ``b`` exactly. Also those rows as floats."""
+    bits = torch.arange(256, dtype=torch.uint8)
+    bits[~bits.view(kv_dtype).float().isfinite()] = 0
+    one = torch.ones(1).to(kv_dtype).view(torch.uint8)
+    cache = torch.zeros(2, 17, 16, 1, 20, dtype=torch.uint8)  # the torch layout: [2, blocks, block_size, heads, width]
+    cache[1, 1:, :, 0] = torch.cat([bits.view(16, 16), torch.ones(16, 1).view(torch.uint8)], dim=1)
+    for b in range(16):
+        cache[0, b + 1, b, 0] = torch.cat([one.expand(16), torch.full((1,), 100.0).view(torch.uint8)])
+    cache = cache if layout == "torch" else cache.transpose(2, 3).contiguous()
+    return cache.view(kv_dtype), bits.view(kv_dtype).float().view(16, 16)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["fp8_e4m3", "fp8_e5m2"])
+def test_cpp_decode_reads_every_fp8_bit_pattern_as_torch_does(kv_dtype: torch.dtype) -> None:
+    cache, expected = _every_fp8_value_cache(kv_dtype, "tiled")
+    out = torch.empty(16, 1, 16)
+    load_paged_decode()(out, torch.ones(16, 1, 16), cache, torch.arange(1, 17, dtype=torch.int32)[:, None],
+                        torch.full((16,), 16, dtype=torch.int32), 1.0, 0, 0.0, 1)
+    torch.testing.assert_close(out.view(16, 16), expected, atol=0, rtol=0)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton runs CPU tensors only under its interpreter")
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["fp8_e4m3", "fp8_e5m2"])
+def test_triton_attention_reads_every_fp8_bit_pattern_as_torch_does(kv_dtype: torch.dtype) -> None:
+    from jido.attention.triton_backend import TritonAttentionBackend, unified_attention
+
+    cache, expected = _every_fp8_value_cache(kv_dtype, "torch")
+    common = build_common_metadata([1] * 16, [16] * 16, np.arange(1, 17, dtype=np.int32)[:, None], 16)
+    out = torch.empty(16, 16)
+    unified_attention(AttentionLayerSpec(1, 1, 16, 1.0), torch.ones(16, 16), cache, out,
+                      TritonAttentionBackend().build_metadata(common))
+    torch.testing.assert_close(out, expected, atol=0, rtol=0)

@@ -33,27 +33,27 @@ inline float to_float(uint16_t bf16_bits) {
   return out;
 }
 
-// fp8 values (torch's float8_e4m3fn and float8_e5m2 bits), decoded with integer ops that vectorize: a
-// normal number's exponent and mantissa bits move into float32's places and its exponent is rebiased;
-// a subnormal (exponent 0) is its mantissa times the smallest subnormal step. NaN never occurs: writes
-// clamp to the format's largest finite value.
+// fp8 values (torch's float8_e4m3fn and float8_e5m2 bits), decoded with integer ops that vectorize: the
+// exponent and mantissa bits move into float32's places unchanged, which gives the value times
+// 2^(kBias - 127) for normal and subnormal numbers alike (fp8 subnormals become float32 subnormals), and one
+// multiply restores it. NaN never occurs: writes clamp to the format's largest finite value.
 struct E4M3 { uint8_t bits; };
 struct E5M2 { uint8_t bits; };
 
-template <int kMant, int kBias>
-inline float fp8_to_float(uint8_t b) {
-  const uint32_t mag = b & 0x7f, sign = static_cast<uint32_t>(b & 0x80) << 24;
-  uint32_t normal = (mag << (23 - kMant)) + (static_cast<uint32_t>(127 - kBias) << 23);
+// 2^e, exactly, for a normal float32 exponent (folded to a constant where e is one).
+inline float exp2i(int e) {
+  const uint32_t bits = static_cast<uint32_t>(e + 127) << 23;
   float out;
-  std::memcpy(&out, &normal, sizeof(out));
-  constexpr float kStep = 1.f / static_cast<float>(1 << (kBias + kMant - 1));  // the smallest subnormal
-  const float subnormal = static_cast<float>(mag & ((1 << kMant) - 1)) * kStep;
-  out = (mag >> kMant) == 0 ? subnormal : out;
-  uint32_t bits;
-  std::memcpy(&bits, &out, sizeof(bits));
-  bits |= sign;
   std::memcpy(&out, &bits, sizeof(out));
   return out;
+}
+
+template <int kMant, int kBias>
+inline float fp8_to_float(uint8_t b) {
+  const uint32_t bits = (static_cast<uint32_t>(b & 0x80) << 24) | (static_cast<uint32_t>(b & 0x7f) << (23 - kMant));
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out * exp2i(127 - kBias);
 }
 inline float to_float(int8_t x) { return static_cast<float>(x); }
 inline float to_float(E4M3 x) { return fp8_to_float<3, 7>(x.bits); }
