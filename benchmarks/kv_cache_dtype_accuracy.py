@@ -1,6 +1,6 @@
 """How far a quantized KV cache moves Gemma 3 270M's greedy output from the float cache, on the test fixture's prompts.
 
-For every fixture prompt the default engine (``dtype="auto"``, the default backend) decodes greedily with
+For every fixture prompt the engine (``--dtype``, default ``auto``; the default backend) decodes greedily with
 ``kv_cache_dtype`` auto and with each quantized format, top-20 logprobs per step. Reported per format: the
 tokens that match auto's up to the first divergence, whole generations that match, and the error in the gap
 between auto's top two tokens along the agreeing steps (as ``bf16_accuracy.py`` measures bf16 against float32).
@@ -32,9 +32,11 @@ def compare(reference: list, quantized: list) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kv-cache-dtypes", nargs="+", default=["int8", "fp8_e4m3", "fp8_e5m2"])
+    parser.add_argument("--dtype", default="auto", help="the model's dtype in every run")
     args = parser.parse_args()
     generations = json.loads(FIXTURE.read_text(encoding="utf-8"))["generations"]
-    llms = {kv: LLM(kv_cache_memory="160MiB", kv_cache_dtype=kv) for kv in ["auto", *args.kv_cache_dtypes]}
+    llms = {kv: LLM(dtype=args.dtype, kv_cache_memory="160MiB", kv_cache_dtype=kv)
+            for kv in ["auto", *args.kv_cache_dtypes]}
     rows = []
     for gen in generations:
         steps = len(gen["output_ids"])
@@ -50,7 +52,7 @@ def main() -> None:
     dtype = str(llms["auto"].llm_engine.collective_rpc(_dtype)[0])
     result = {"date": now_iso(), "machine": machine_info() | {"torch": torch.__version__}, "model_dtype": dtype,
               "prompts": rows, "summary": summary}
-    path = RESULTS / f"kv_cache_dtype_accuracy-{result['date'][:10]}.json"
+    path = RESULTS / f"kv_cache_dtype_accuracy-{result['date'][:10]}-{dtype.removeprefix('torch.')}.json"
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(summary, indent=1))
     print(f"wrote {path}")
