@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from jido.attention.backend import build_step_metadata
+from jido.attention.kv_quant import SCALE_BYTES, is_quantized, resolve_kv_cache_dtype
 from jido.attention.registry import default_attention_backend, get_attention_backend
 from jido.config import EngineConfig
 from jido.core.kv_cache_spec import FullAttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec
@@ -79,6 +80,7 @@ class ModelRunner:
                                                   or default_attention_backend(self.device.type))
         self.quantization = resolve_quantization(config.model_config.quantization, self.device,
                                                  gguf_source(self.model_folder) is not None)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache_config.kv_cache_dtype, self.dtype)
         self.model = self._load_model()
         self.sampler = Sampler(config.model_config.seed, self.device)
         self.prompt_logprobs = PromptLogprobsCollector(self.model.compute_logits, self.model_arch.vocab_size,
@@ -105,24 +107,25 @@ class ModelRunner:
     def get_kv_cache_spec(self) -> dict[int, KVCacheSpec]:
         """What each attention layer keeps per token: full context, or a sliding window."""
         arch = self.model_arch
-        dtype_bytes = torch.finfo(self.dtype).bits // 8
+        sizes = dict(dtype_bytes=self.kv_cache_dtype.itemsize,
+                     scale_bytes=SCALE_BYTES if is_quantized(self.kv_cache_dtype) else 0)
         specs: dict[int, KVCacheSpec] = {}
         for layer_id, window in enumerate(arch.sliding_windows):
             if window is None:
-                specs[layer_id] = FullAttentionSpec(self.block_size, arch.num_kv_heads, arch.head_dim, dtype_bytes)
+                specs[layer_id] = FullAttentionSpec(self.block_size, arch.num_kv_heads, arch.head_dim, **sizes)
             else:
-                specs[layer_id] = SlidingWindowSpec(self.block_size, arch.num_kv_heads, arch.head_dim, dtype_bytes,
-                                                    window)
+                specs[layer_id] = SlidingWindowSpec(self.block_size, arch.num_kv_heads, arch.head_dim, **sizes,
+                                                    sliding_window=window)
         return specs
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         """Allocate the cache tensors (one per layer slot of a group) and the persistent input batch."""
         arch = self.model_arch
         shape = self.attn_backend.get_kv_cache_shape(kv_cache_config.num_blocks, self.block_size,
-                                                     arch.num_kv_heads, arch.head_dim)
+                                                     arch.num_kv_heads, arch.head_dim, self.kv_cache_dtype)
         # Zeros, not empty: padded lanes of batched attention multiply unused slots by zero weights,
         # and 0 * NaN from uninitialised memory would poison the result.
-        tensors = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+        tensors = [torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
                    for _ in range(kv_cache_config.group_size)]
         layers = range(arch.num_layers)
         self.kv_caches = [tensors[kv_cache_config.tensor_index(i)] for i in layers]
