@@ -5,12 +5,15 @@ layers) and a 512-token sliding window (five layers in six). Times one layer's `
 included), in ms: min and median of ``--repeats`` runs, the variants interleaved within each repeat.
 (a) decode: batch 1 and 32 at 256, 2k and 8k tokens of context, float32 and bfloat16; the tiled backend
 with its C++ kernel (``cpp``) and with its PyTorch fallback (``tiled-torch``). Blocks are shuffled.
+``--kv-cache-dtypes auto int8 fp8_e4m3`` repeats each decode case over quantized caches (queries stay in
+the case's dtype; ``auto`` is the case's dtype).
 (b) prefill: one 2k, 8k and 32k-token prompt; each case runs in a fresh process that reports its time and
 peak resident memory above what it held before the call (``ru_maxrss``). The reference backend at 32k is
 skipped when its mask alone would pass ``--max-reference-gib``; its largest intermediates are listed.
 
     flock /tmp/jido-bench.lock env PYTHONPATH=. .venv/bin/python benchmarks/attention_kernels.py \
-        [--repeats 5] [--threads N] [--out benchmarks/results/attention-<date>.json]
+        [--repeats 5] [--threads N] [--dtypes bfloat16] [--kv-cache-dtypes auto int8] \
+        [--out benchmarks/results/attention-<date>.json]
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import numpy as np
 import torch
 
 from jido.attention.backend import AttentionBackend, AttentionLayerSpec, build_common_metadata
+from jido.attention.kv_quant import cache_rows, resolve_kv_cache_dtype
 from jido.attention.registry import get_attention_backend
 from jido.attention.tiled_backend import TiledAttentionBackend
 from jido.utils.cpu import cpu_info
@@ -41,7 +45,8 @@ def _backend(name: str) -> AttentionBackend:
 
 
 def make_step(backend: AttentionBackend, query_lens: list[int], seq_lens: list[int], dtype: torch.dtype,
-              seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, object]:
+              seed: int = 0, kv_cache_dtype: str = "auto",
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, object]:
     """q, k, v, a cache with random contents over shuffled blocks, and the backend's metadata for one step."""
     gen = torch.Generator().manual_seed(seed)
     needed = [-(-n // BLOCK_SIZE) for n in seq_lens]
@@ -51,8 +56,9 @@ def make_step(backend: AttentionBackend, query_lens: list[int], seq_lens: list[i
     for i, n in enumerate(needed):
         table[i, :n] = ids[start : start + n]
         start += n
+    cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, dtype)
     shape = backend.get_kv_cache_shape(sum(needed) + 1, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
-    kv_cache = torch.randn(shape, generator=gen).to(dtype)
+    kv_cache = cache_rows(torch.randn(shape, generator=gen), cache_dtype)  # quantized rows are HEAD_DIM + 4 wide
     num_tokens = sum(query_lens)
     q = torch.randn(num_tokens, NUM_HEADS * HEAD_DIM, generator=gen).to(dtype)
     k = torch.randn(num_tokens, NUM_KV_HEADS * HEAD_DIM, generator=gen).to(dtype)
@@ -66,23 +72,26 @@ def _spec(window: int | None) -> AttentionLayerSpec:
 
 
 @torch.inference_mode()
-def bench_decode(repeats: int) -> list[dict]:
+def bench_decode(repeats: int, dtypes: list[str], kv_cache_dtypes: list[str]) -> list[dict]:
     rows = []
-    for dtype_name in DTYPES:
+    for dtype_name in dtypes:
         for window in (None, WINDOW):
             for batch in (1, 32):
                 for context in (256, 2048, 8192):
-                    rows.append(_decode_case(dtype_name, window, batch, context, repeats))
-                    print(json.dumps(rows[-1]), flush=True)
+                    for kv in kv_cache_dtypes:
+                        rows.append(_decode_case(dtype_name, window, batch, context, repeats, kv))
+                        print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
-def _decode_case(dtype_name: str, window: int | None, batch: int, context: int, repeats: int) -> dict:
+def _decode_case(dtype_name: str, window: int | None, batch: int, context: int, repeats: int,
+                 kv_cache_dtype: str) -> dict:
     variants = ["torch", "tiled-torch", "cpp"]
     steps = {}
     for name in variants:
         backend = _backend(name)
-        steps[name] = (backend, make_step(backend, [1] * batch, [context] * batch, DTYPES[dtype_name]))
+        steps[name] = (backend, make_step(backend, [1] * batch, [context] * batch, DTYPES[dtype_name],
+                                          kv_cache_dtype=kv_cache_dtype))
     times: dict[str, list[float]] = {name: [] for name in variants}
     spec = _spec(window)
     for _ in range(repeats + 1):  # the first round warms up (and builds the C++ kernel)
@@ -90,7 +99,8 @@ def _decode_case(dtype_name: str, window: int | None, batch: int, context: int, 
             start = time.perf_counter()
             backend.forward(spec, *step)
             times[name].append((time.perf_counter() - start) * 1e3)
-    return {"kind": "decode", "dtype": dtype_name, "window": window, "batch": batch, "context": context,
+    return {"kind": "decode", "dtype": dtype_name, "kv_cache_dtype": kv_cache_dtype, "window": window,
+            "batch": batch, "context": context,
             **{f"{name}_ms": _summary(t[1:]) for name, t in times.items()}}
 
 
@@ -144,6 +154,8 @@ def main() -> None:
     parser.add_argument("--only", choices=["decode", "prefill"], default=None)
     parser.add_argument("--max-reference-gib", type=float, default=2.0)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
+    parser.add_argument("--kv-cache-dtypes", nargs="+", default=["auto"], help="decode caches: auto, int8, ...")
     parser.add_argument("--prefill-case", nargs=4, metavar=("BACKEND", "SEQ_LEN", "WINDOW", "DTYPE"))
     args = parser.parse_args()
     if args.threads:
@@ -155,7 +167,7 @@ def main() -> None:
     result = {"cpu": cpu_info().as_dict(), "torch": torch.__version__, "threads": torch.get_num_threads()}
     print(json.dumps(result), flush=True)
     if args.only in (None, "decode"):
-        result["decode"] = bench_decode(args.repeats)
+        result["decode"] = bench_decode(args.repeats, args.dtypes, args.kv_cache_dtypes)
     if args.only in (None, "prefill"):
         result["prefill"] = bench_prefill(args.max_reference_gib)
     if args.out:

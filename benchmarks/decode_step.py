@@ -1,11 +1,15 @@
-"""One engine step, timed per attention backend and precision, in the same run: batch-1 and batch-32 decode.
+"""One engine step, timed per attention backend, precision and KV cache dtype in the same run: batch-1 and
+batch-32 decode.
 
 For each configuration the engine prefills ``--batch`` prompts of ``--context`` tokens (Gemma 3 270M, the
 default model), then times ``--steps`` decode steps and reports the median step and its split (schedule,
 prepare, model, sample, update, from the engine's own iteration records). Configurations run interleaved,
 ``--repeats`` rounds, so drift on a shared machine hits them alike; every figure is the median over rounds.
+Each row also records the KV capacity of its configuration in ``--kv-cache-memory``: blocks, tokens, and the
+maximum concurrency the engine logs.
 
     .venv/bin/python benchmarks/decode_step.py --backends torch tiled --dtypes auto float32
+    .venv/bin/python benchmarks/decode_step.py --backends tiled --kv-cache-dtypes auto int8 fp8_e4m3
 """
 from __future__ import annotations
 
@@ -59,15 +63,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backends", nargs="+", default=["torch", "tiled"], help="attention backends to compare")
     parser.add_argument("--dtypes", nargs="+", default=["auto"], help="precisions to compare (auto, float32, ...)")
+    parser.add_argument("--kv-cache-dtypes", nargs="+", default=["auto"], help="KV cache dtypes (auto, int8, ...)")
+    parser.add_argument("--kv-cache-memory", default="2GiB", help="KV cache size of every configuration")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 32], help="decode batch sizes")
     parser.add_argument("--context", type=int, default=1024, help="tokens of context per request")
     parser.add_argument("--steps", type=int, default=16, help="decode steps timed per configuration and round")
     parser.add_argument("--repeats", type=int, default=3, help="rounds; each figure is the median over them")
     parser.add_argument("--tag", default="", help="appended to the result file's name")
     args = parser.parse_args()
-    configs = list(itertools.product(args.dtypes, args.backends))
-    llms = {c: LLM(dtype=c[0], attention_backend=c[1], kv_cache_memory="2GiB", max_model_len=args.context + 64,
-                   max_num_seqs=max(args.batches)) for c in configs}
+    configs = list(itertools.product(args.dtypes, args.backends, args.kv_cache_dtypes))
+    llms = {c: LLM(dtype=c[0], attention_backend=c[1], kv_cache_dtype=c[2], kv_cache_memory=args.kv_cache_memory,
+                   max_model_len=args.context + 64, max_num_seqs=max(args.batches)) for c in configs}
     rounds: dict[tuple, list[dict]] = {(c, b): [] for c in configs for b in args.batches}
     for r in range(args.repeats):
         for (config, batch) in rounds:
@@ -76,18 +82,29 @@ def main() -> None:
     rows = []
     for (config, batch), runs in rounds.items():
         dtype = str(llms[config].llm_engine.collective_rpc(_dtype)[0])
-        rows.append({"dtype": config[0], "resolved_dtype": dtype, "backend": config[1], "batch": batch,
+        rows.append({"dtype": config[0], "resolved_dtype": dtype, "backend": config[1], "kv_cache_dtype": config[2],
+                     "batch": batch, **_kv_capacity(llms[config]),
                      **{k: statistics.median(run[k] for run in runs) for k in runs[0]},
                      "step_ms_runs": [run["step_ms"] for run in runs]})
     result = {"date": now_iso(), "machine": machine_info() | {"torch": torch.__version__,
                                                               "torch_threads": torch.get_num_threads()},
-              "context": args.context, "steps": args.steps, "repeats": args.repeats, "rows": rows}
+              "context": args.context, "steps": args.steps, "repeats": args.repeats,
+              "kv_cache_memory": args.kv_cache_memory, "rows": rows}
     path = RESULTS / f"decode_step-{result['date'][:10]}{args.tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     for row in rows:
-        print(f"{row['resolved_dtype']:>9} {row['backend']:>6} batch {row['batch']:>3}: step {row['step_ms']:.1f} ms "
-              + " ".join(f"{p} {row[f'{p}_ms']:.1f}" for p in PHASES))
+        print(f"{row['resolved_dtype']:>9} {row['backend']:>6} kv {row['kv_cache_dtype']:>8} batch {row['batch']:>3}: "
+              f"step {row['step_ms']:.1f} ms " + " ".join(f"{p} {row[f'{p}_ms']:.1f}" for p in PHASES)
+              + f"; KV {row['kv_tokens']} tokens")
     print(f"wrote {path}")
+
+
+def _kv_capacity(llm: LLM) -> dict:
+    """The pool's blocks and tokens, and the concurrency at max_model_len the engine logged at startup."""
+    plan = llm.llm_engine.core.kv_plan
+    kv = plan.kv_cache_config
+    return {"kv_blocks": kv.num_blocks, "kv_tokens": kv.num_blocks * kv.block_size, "kv_block_bytes": kv.block_bytes,
+            "max_concurrency": round(plan.max_concurrency, 2)}
 
 
 def _dtype(worker) -> torch.dtype:

@@ -68,10 +68,11 @@ class AttentionBackend(ABC):
         q: ``[num_tokens, num_heads * head_dim]``, RoPE already applied.
         k, v: ``[num_tokens, num_kv_heads * head_dim]``, RoPE already applied to ``k``.
         kv_cache: the layer's cache tensor; ``forward`` first writes this step's ``k``/``v`` rows into their
-            slots (``metadata``'s slot mapping), then attends.
+            slots (``metadata``'s slot mapping), quantized if the cache's dtype is int8 or fp8, then attends.
         metadata: what :meth:`build_metadata` returned for the layer's group this step.
     Returns:
-        ``[num_tokens, num_heads * head_dim]`` in ``q``'s dtype.
+        ``[num_tokens, num_heads * head_dim]`` in ``q``'s dtype. With a quantized cache it equals attention
+        over the dequantized keys and values (computed in float32 or better).
     Invariants:
         The result for a request depends only on that request's tokens and cache blocks, never on which
         other requests share the batch (batched == unbatched). Slots outside a request's visible keys
@@ -82,8 +83,13 @@ class AttentionBackend(ABC):
 
     @staticmethod
     @abstractmethod
-    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-        """The shape of one layer's cache tensor holding ``num_blocks`` blocks."""
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                           dtype: torch.dtype | None = None) -> tuple[int, ...]:
+        """The shape of one layer's cache tensor of element type ``dtype`` holding ``num_blocks`` blocks.
+
+        A quantized ``dtype`` (int8, fp8: :mod:`jido.attention.kv_quant`) widens each (token, KV head) row by
+        its scale's bytes; ``None`` or a float type keeps rows of ``head_dim``.
+        """
 
     @abstractmethod
     def build_metadata(self, common: AttentionMetadata) -> Any:

@@ -8,6 +8,7 @@ import torch
 
 from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
 from jido.attention.cpu_extension import load_paged_decode
+from jido.attention.kv_quant import cache_rows, read_rows, row_width
 from jido.attention.torch_backend import TorchAttentionMetadata, build_plan, causal_attention, first_visible_key
 
 # A prefill whose [query, key] mask has at most this many elements runs as one fused SDPA call over its
@@ -64,7 +65,10 @@ class TiledAttentionBackend(AttentionBackend):
     other devices) decodes run the same online softmax in PyTorch over key tiles gathered for the batch.
 
     Layout: one tensor per layer, ``[2, num_blocks, num_kv_heads, block_size, head_dim]`` (0 keys, 1 values):
-    one (block, KV head) pair is a contiguous ``[block_size, head_dim]`` tile, read with unit stride.
+    one (block, KV head) pair is a contiguous ``[block_size, head_dim]`` tile, read with unit stride. A
+    quantized cache's rows are ``head_dim + 4`` wide (values, then their float32 scale's bytes): the C++
+    decode reads them in place and folds each row's scale into its score and its softmax weight; the
+    PyTorch paths dequantize the key tiles they gather.
     NOTE: the PyTorch decode path reads slots past a request's context in its last tile (masked); as for
     the reference backend, allocate the cache with ``torch.zeros`` so those slots hold finite values.
     """
@@ -80,8 +84,9 @@ class TiledAttentionBackend(AttentionBackend):
         self.use_cpp_decode = use_cpp_decode
 
     @staticmethod
-    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-        return (2, num_blocks, num_kv_heads, block_size, head_dim)
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                           dtype: torch.dtype | None = None) -> tuple[int, ...]:
+        return (2, num_blocks, num_kv_heads, block_size, row_width(head_dim, dtype))
 
     def build_metadata(self, common: AttentionMetadata) -> TorchAttentionMetadata:
         return build_plan(common)
@@ -126,12 +131,14 @@ class TiledAttentionBackend(AttentionBackend):
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Scatter this step's keys and values into their slots of the ``[2, blocks, kv_heads, block_size, head_dim]`` cache."""
-    _, _, num_kv_heads, block_size, head_dim = kv_cache.shape
+    """Scatter this step's keys and values into their slots of the ``[2, blocks, kv_heads, block_size, width]``
+    cache (quantized if the cache is)."""
+    _, _, num_kv_heads, block_size, _ = kv_cache.shape
+    head_dim = k.shape[1] // num_kv_heads
     block_ids, offsets = slot_mapping // block_size, slot_mapping % block_size
-    # Indexing dims 0 and 2 around the kv-head slice gives [num_tokens, num_kv_heads, head_dim].
-    kv_cache[0][block_ids, :, offsets] = k.view(-1, num_kv_heads, head_dim)
-    kv_cache[1][block_ids, :, offsets] = v.view(-1, num_kv_heads, head_dim)
+    # Indexing dims 0 and 2 around the kv-head slice gives [num_tokens, num_kv_heads, width].
+    kv_cache[0][block_ids, :, offsets] = cache_rows(k.view(-1, num_kv_heads, head_dim), kv_cache.dtype)
+    kv_cache[1][block_ids, :, offsets] = cache_rows(v.view(-1, num_kv_heads, head_dim), kv_cache.dtype)
 
 
 def _num_visible_keys(spec: AttentionLayerSpec, seq_len: int, query_len: int) -> int:
@@ -147,9 +154,10 @@ def dense_prefill_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache:
     first_block = first_key // block_size
     block_ids = block_table[first_block : -(-seq_len // block_size)].long()
     keep = slice(first_key - first_block * block_size, seq_len - first_block * block_size)
-    # [n, kv_heads, block_size, head_dim] -> [kv_heads, num_keys, head_dim]
-    keys = kv_cache[0][block_ids].transpose(0, 1).reshape(num_kv_heads, -1, head_dim)[:, keep]
-    values = kv_cache[1][block_ids].transpose(0, 1).reshape(num_kv_heads, -1, head_dim)[:, keep]
+    width = kv_cache.shape[4]
+    # [n, kv_heads, block_size, width] -> [kv_heads, num_keys, head_dim]
+    keys = read_rows(kv_cache[0][block_ids].transpose(0, 1).reshape(num_kv_heads, -1, width)[:, keep], head_dim)
+    values = read_rows(kv_cache[1][block_ids].transpose(0, 1).reshape(num_kv_heads, -1, width)[:, keep], head_dim)
     return causal_attention(spec, q, keys, values, first_query, first_key)
 
 
@@ -169,7 +177,7 @@ def prefill_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch
         state = _Softmax.empty((num_kv_heads, group * (end - start)), head_dim, q.device)
         key_tiles = _key_tiles(spec, first_query + start, first_query + end, block_size, key_tile_blocks)
         for block_lo, block_hi in key_tiles:
-            keys, values, k_pos = _gather_tile(kv_cache, block_table[block_lo:block_hi].long(), block_lo)
+            keys, values, k_pos = _gather_tile(kv_cache, block_table[block_lo:block_hi].long(), block_lo, head_dim)
             scores = _softcap(spec, torch.bmm(tile, keys.transpose(1, 2)))  # [kv_heads, group * tile_len, tile_keys]
             if not _all_visible(spec, first_query + start, first_query + end - 1, block_lo * block_size,
                                 block_hi * block_size - 1):
@@ -188,13 +196,13 @@ def _key_tiles(spec: AttentionLayerSpec, first_pos: int, end_pos: int, block_siz
     return [(b, min(b + key_tile_blocks, end_block)) for b in range(first_block, end_block, key_tile_blocks)]
 
 
-def _gather_tile(kv_cache: torch.Tensor, block_ids: torch.Tensor,
-                 first_block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _gather_tile(kv_cache: torch.Tensor, block_ids: torch.Tensor, first_block: int,
+                 head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Keys and values of consecutive blocks ``[kv_heads, n * block_size, head_dim]`` in float32, and their positions."""
-    _, _, num_kv_heads, block_size, head_dim = kv_cache.shape
-    # [n, kv_heads, block_size, head_dim] -> [kv_heads, n * block_size, head_dim]
-    keys = kv_cache[0][block_ids].transpose(0, 1).reshape(num_kv_heads, -1, head_dim).float()
-    values = kv_cache[1][block_ids].transpose(0, 1).reshape(num_kv_heads, -1, head_dim).float()
+    _, _, num_kv_heads, block_size, width = kv_cache.shape
+    # [n, kv_heads, block_size, width] -> [kv_heads, n * block_size, head_dim]
+    keys = read_rows(kv_cache[0][block_ids].transpose(0, 1).reshape(num_kv_heads, -1, width), head_dim).float()
+    values = read_rows(kv_cache[1][block_ids].transpose(0, 1).reshape(num_kv_heads, -1, width), head_dim).float()
     k_pos = torch.arange(first_block * block_size, first_block * block_size + keys.shape[1], device=keys.device)
     return keys, values, k_pos
 
@@ -235,9 +243,9 @@ def decode_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.
     for lo in range(0, num_blocks, key_tile_blocks):
         block_idx = first_block + torch.arange(lo, min(lo + key_tile_blocks, num_blocks), device=q.device)  # [B, n]
         block_ids = block_tables.gather(1, block_idx.clamp(max=block_tables.shape[1] - 1)).long()
-        # [B, n, kv_heads, block_size, head_dim] -> [B, kv_heads, n * block_size, head_dim]
-        keys = kv_cache[0][block_ids].transpose(1, 2).flatten(2, 3).float()
-        values = kv_cache[1][block_ids].transpose(1, 2).flatten(2, 3).float()
+        # [B, n, kv_heads, block_size, width] -> [B, kv_heads, n * block_size, head_dim]
+        keys = read_rows(kv_cache[0][block_ids].transpose(1, 2).flatten(2, 3), head_dim).float()
+        values = read_rows(kv_cache[1][block_ids].transpose(1, 2).flatten(2, 3), head_dim).float()
         scores = _softcap(spec, grouped_q @ keys.transpose(-1, -2))  # [B, kv_heads, group, n * block_size]
         k_pos = (block_idx[:, :, None] * block_size + offsets).flatten(1)  # [B, n * block_size]
         hidden = k_pos >= seq_lens

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
+from jido.attention.kv_quant import cache_rows, read_rows, row_width
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,9 @@ class TorchAttentionBackend(AttentionBackend):
     run one by one over exactly their visible keys. Sliding-window layers gather only the blocks that the
     window reaches. Soft-capped layers use float32 math instead of SDPA, which has no soft-cap.
 
-    Layout: one tensor per layer, ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (0 keys, 1 values).
+    Layout: one tensor per layer, ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (0 keys, 1 values);
+    a quantized cache's rows are ``head_dim + 4`` wide (values, then their float32 scale's bytes), and the
+    gathered blocks are dequantized to float32 before SDPA.
     NOTE: padded decode rows read cache slots beyond a request's context (masked out). The cache must hold
     finite values there, so allocate it with ``torch.zeros``, not ``torch.empty``: ``0 * NaN`` is NaN.
     """
@@ -53,8 +56,9 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     @staticmethod
-    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                           dtype: torch.dtype | None = None) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, row_width(head_dim, dtype))
 
     def build_metadata(self, common: AttentionMetadata) -> TorchAttentionMetadata:
         return build_plan(common)
@@ -86,11 +90,14 @@ class TorchAttentionBackend(AttentionBackend):
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Scatter this step's keys and values into their cache slots."""
-    _, num_blocks, block_size, num_kv_heads, head_dim = kv_cache.shape
-    # [num_blocks * block_size, num_kv_heads, head_dim] views share the cache's storage.
-    kv_cache[0].view(-1, num_kv_heads, head_dim)[slot_mapping] = k.view(-1, num_kv_heads, head_dim)
-    kv_cache[1].view(-1, num_kv_heads, head_dim)[slot_mapping] = v.view(-1, num_kv_heads, head_dim)
+    """Scatter this step's keys and values into their cache slots (quantized if the cache is)."""
+    _, _, _, num_kv_heads, width = kv_cache.shape
+    head_dim = k.shape[1] // num_kv_heads
+    # [num_blocks * block_size, num_kv_heads, width] views share the cache's storage.
+    kv_cache[0].view(-1, num_kv_heads, width)[slot_mapping] = cache_rows(k.view(-1, num_kv_heads, head_dim),
+                                                                        kv_cache.dtype)
+    kv_cache[1].view(-1, num_kv_heads, width)[slot_mapping] = cache_rows(v.view(-1, num_kv_heads, head_dim),
+                                                                        kv_cache.dtype)
 
 
 def build_plan(m: AttentionMetadata) -> TorchAttentionMetadata:
@@ -133,9 +140,9 @@ def _decode_attention(
     if spec.sliding_window is not None:
         visible &= key_pos >= seq_lens - spec.sliding_window
     num_reqs, num_kv_heads, head_dim = q.shape[0], spec.num_kv_heads, spec.head_dim
-    # [B, n, block_size, kv_heads, head_dim] -> [B, kv_heads, n * block_size, head_dim]
-    keys = kv_cache[0][block_ids].view(num_reqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-    values = kv_cache[1][block_ids].view(num_reqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    # [B, n, block_size, kv_heads, width] -> [B, kv_heads, n * block_size, head_dim]
+    keys = read_rows(kv_cache[0][block_ids], head_dim).view(num_reqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    values = read_rows(kv_cache[1][block_ids], head_dim).view(num_reqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     grouped_q = q.view(num_reqs, num_kv_heads, -1, head_dim)  # [B, kv_heads, group, head_dim]
     out = _attend(spec, grouped_q, keys, values, visible[:, None, None, :])
     return out.reshape(num_reqs, spec.num_heads, head_dim)
@@ -151,9 +158,9 @@ def _prefill_attention(
     first_block = first_key // block_size
     block_ids = block_table[first_block : -(-seq_len // block_size)].long()
     keep = slice(first_key - first_block * block_size, seq_len - first_block * block_size)
-    # [n, block_size, kv_heads, head_dim] -> [kv_heads, num_keys, head_dim]
-    keys = kv_cache[0][block_ids].flatten(0, 1)[keep].transpose(0, 1)
-    values = kv_cache[1][block_ids].flatten(0, 1)[keep].transpose(0, 1)
+    # [n, block_size, kv_heads, width] -> [kv_heads, num_keys, head_dim]
+    keys = read_rows(kv_cache[0][block_ids].flatten(0, 1)[keep], spec.head_dim).transpose(0, 1)
+    values = read_rows(kv_cache[1][block_ids].flatten(0, 1)[keep], spec.head_dim).transpose(0, 1)
     return causal_attention(spec, q, keys, values, first_query, first_key)
 
 
@@ -186,6 +193,8 @@ def _attend(
     spec: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor
 ) -> torch.Tensor:
     """``softmax(q k^T * scale [soft-capped], masked) v`` over the last two dims; ``visible`` broadcasts."""
+    if k.dtype != q.dtype:  # keys dequantized to float32: attend in float32 rather than round them to q's dtype
+        return _attend(spec, q.float(), k, v, visible).to(q.dtype)
     if spec.logit_softcap is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=spec.scale)
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * spec.scale

@@ -9,6 +9,7 @@ import triton
 from triton.runtime.jit import JITFunction
 
 from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
+from jido.attention.kv_quant import is_quantized, quantize_rows, row_width
 from jido.attention.triton_kernels import merge_splits_kernel, reshape_and_cache_kernel, unified_attention_kernel
 
 # (rows of one query tile: queries x the query heads of one KV head, keys per inner step): small tiles
@@ -19,6 +20,8 @@ LARGE_TILES = (64, 64)
 # A KV split should get at least this many keys, or the merge costs more than the parallelism buys.
 MIN_KEYS_PER_SPLIT = 256
 MAX_KV_SPLITS = 16
+# The kernel's KV_FORMAT per quantized cache dtype (0: float rows).
+KV_FORMATS = {torch.int8: 1, torch.float8_e4m3fn: 2, torch.float8_e5m2: 3}
 
 
 @dataclass
@@ -46,7 +49,9 @@ class TritonAttentionBackend(AttentionBackend):
     several programs and merge the splits by their log-sum-exp (flash-decoding).
 
     Layout: one tensor per layer, ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (0 keys, 1 values),
-    the same as the torch backend's. The kernels read only visible keys, so the cache may hold anything
+    the same as the torch backend's; a quantized cache's rows are ``head_dim + 4`` wide (values, then their
+    float32 scale's bytes): the write quantizes in PyTorch and the kernel scatters the bytes, attention reads
+    the values and scales in place. The kernels read only visible keys, so the cache may hold anything
     elsewhere. On CPU tensors the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1``,
     set before triton is imported): slow, and meant for tests.
     """
@@ -54,8 +59,12 @@ class TritonAttentionBackend(AttentionBackend):
     name = "triton"
 
     @staticmethod
-    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                           dtype: torch.dtype | None = None) -> tuple[int, ...]:
+        if dtype is not None and is_quantized(dtype) and head_dim % 4:
+            raise ValueError(f"the triton backend reads a quantized KV cache's float32 scales in place, which needs "
+                             f"head_dim divisible by 4 (got {head_dim}); use kv_cache_dtype='auto'")
+        return (2, num_blocks, block_size, num_kv_heads, row_width(head_dim, dtype))
 
     def build_metadata(self, common: AttentionMetadata) -> TritonAttentionMetadata:
         return TritonAttentionMetadata(common, max(common.seq_lens_list), max(common.query_lens_list))
@@ -77,11 +86,18 @@ class TritonAttentionBackend(AttentionBackend):
 
 
 def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Scatter this step's key and value rows ``[num_tokens, num_kv_heads * head_dim]`` into their slots.
+    """Scatter this step's key and value rows ``[num_tokens, num_kv_heads * head_dim]`` into their slots
+    (quantized, with their scales, if the cache is).
 
     A negative slot (a padding token) is skipped.
     """
     _check_device(kv_cache)
+    if is_quantized(kv_cache.dtype):
+        # Quantized here, one reduction per (token, KV head); the kernel then copies bytes.
+        shape = (k.shape[0], kv_cache.shape[3], -1)  # [num_tokens, num_kv_heads, head_dim]
+        k = quantize_rows(k.reshape(shape), kv_cache.dtype).view(torch.uint8).flatten(1)
+        v = quantize_rows(v.reshape(shape), kv_cache.dtype).view(torch.uint8).flatten(1)
+        kv_cache = kv_cache.view(torch.uint8)
     k, v = _rows_contiguous(k), _rows_contiguous(v)
     width = kv_cache.shape[3] * kv_cache.shape[4]
     reshape_and_cache_kernel[(k.shape[0],)](
@@ -111,20 +127,30 @@ def unified_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch
         lse = torch.empty(num_splits, num_tokens, spec.num_heads, dtype=torch.float32, device=q.device)
     else:
         partial = lse = out  # unused by the kernel
+    kv_format = KV_FORMATS.get(kv_cache.dtype, 0)
+    scales = _scales(kv_cache, spec.head_dim) if kv_format else kv_cache  # unused by the kernel when float
+    # fp8 is read as its bits: the kernel decodes them, so neither the GPU nor the interpreter needs fp8 loads.
+    cache = kv_cache.view(torch.uint8) if kv_format > 1 else kv_cache
     unified_attention_kernel[(tile_req.shape[0], spec.num_kv_heads, num_splits)](
-        out, q, kv_cache, partial, lse, tile_req, tile_q_start, common.query_start_loc, common.seq_lens,
+        out, q, cache, scales, partial, lse, tile_req, tile_q_start, common.query_start_loc, common.seq_lens,
         common.block_tables, spec.scale, spec.logit_softcap or 1.0,
         q.stride(0), out.stride(0), common.block_tables.stride(0),
-        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
+        *kv_cache.stride()[:4], *scales.stride()[:4],
         partial.stride(0), lse.stride(0), spec.num_heads,
         GROUP=group, HEAD_DIM=spec.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=common.block_size,
         BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n, WINDOW=spec.sliding_window or 0,
-        USE_SOFTCAP=spec.logit_softcap is not None, NUM_SPLITS=num_splits, IEEE=q.dtype == torch.float32)
+        USE_SOFTCAP=spec.logit_softcap is not None, NUM_SPLITS=num_splits, IEEE=q.dtype == torch.float32,
+        KV_FORMAT=kv_format)
     if num_splits > 1:
         merge_splits_kernel[(num_tokens, spec.num_heads)](
             out, partial, lse, out.stride(0), partial.stride(0), lse.stride(0), spec.num_heads,
             NUM_SPLITS=num_splits, SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=spec.head_dim,
             HEAD_DIM_PAD=head_dim_pad)
+
+
+def _scales(kv_cache: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """The float32 scales of a quantized cache, in place: ``[2, num_blocks, block_size, num_kv_heads, 1]``."""
+    return kv_cache.view(torch.uint8)[..., head_dim:].view(torch.float32)
 
 
 def num_kv_splits(metadata: TritonAttentionMetadata, num_kv_heads: int, device: torch.device) -> int:

@@ -34,16 +34,44 @@ def _tanh(x):
 
 
 @triton.jit
+def _fp8_to_float(bits, MANT: tl.constexpr, BIAS: tl.constexpr):
+    """fp8 values from their bits (uint8), by integer ops that need no fp8 support in the GPU or interpreter:
+    a normal number's exponent and mantissa move into float32's places and the exponent is rebiased; a
+    subnormal one (exponent 0) is its mantissa times the smallest subnormal step."""
+    b = bits.to(tl.uint32)
+    mag = b & 0x7F
+    normal = ((mag << (23 - MANT)) + ((127 - BIAS) << 23)).to(tl.float32, bitcast=True)
+    subnormal = (mag & ((1 << MANT) - 1)).to(tl.float32) * (1.0 / (1 << (BIAS + MANT - 1)))
+    value = tl.where((mag >> MANT) == 0, subnormal, normal)
+    return tl.where((b & 0x80) != 0, -value, value)
+
+
+@triton.jit
+def _kv_values(x, KV_FORMAT: tl.constexpr):
+    """Cache elements as float32: a quantized format's raw values (its scale is applied by the caller)."""
+    if KV_FORMAT == 1:  # int8
+        out = x.to(tl.float32)
+    elif KV_FORMAT == 2:  # fp8 e4m3 (float8_e4m3fn), read as uint8
+        out = _fp8_to_float(x, 3, 7)
+    elif KV_FORMAT == 3:  # fp8 e5m2, read as uint8
+        out = _fp8_to_float(x, 2, 15)
+    else:
+        out = x
+    return out
+
+
+@triton.jit
 def unified_attention_kernel(
-    out_ptr, q_ptr, cache_ptr, partial_ptr, lse_ptr,
+    out_ptr, q_ptr, cache_ptr, scale_ptr, partial_ptr, lse_ptr,
     tile_req_ptr, tile_q_start_ptr, query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
     scale, softcap,
     q_row_stride, out_row_stride, block_table_stride,
-    cache_kv_stride, cache_block_stride, cache_slot_stride,
+    cache_kv_stride, cache_block_stride, cache_slot_stride, cache_head_stride,
+    scale_kv_stride, scale_block_stride, scale_slot_stride, scale_head_stride,
     partial_split_stride, lse_split_stride, num_heads,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr, WINDOW: tl.constexpr,
-    USE_SOFTCAP: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr, NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, KV_FORMAT: tl.constexpr,
 ):
     """One program per (query tile of one request, KV head, KV split).
 
@@ -53,6 +81,10 @@ def unified_attention_kernel(
     the online softmax. With one split the program writes the normalized output; with several, split
     ``s`` takes the ``s``-th share of the key tiles and writes its normalized partial output and its
     log2-sum-exp for :func:`merge_splits_kernel`.
+
+    ``KV_FORMAT`` 0 reads float rows; 1, 2, 3 read quantized ones (int8, fp8 e4m3, fp8 e5m2) whose float32
+    scales ``scale_ptr`` addresses per (K or V, block, slot, KV head): each key's scale multiplies its
+    score, each value's its softmax weight, so tiles are dequantized only to their raw values.
     """
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -87,7 +119,7 @@ def unified_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-    head_offset = kv_head * HEAD_DIM
+    head_offset = kv_head * cache_head_stride
     for tile_start in range(lo, hi, TILE_N):
         k_pos = tile_start + tl.arange(0, TILE_N)
         # NOTE: keys outside [key_start, key_end) are never loaded: blocks a window has passed may hold
@@ -97,12 +129,22 @@ def unified_attention_kernel(
         slot_offset = (block_id.to(tl.int64) * cache_block_stride + (k_pos % BLOCK_SIZE) * cache_slot_stride
                        + head_offset)  # [TILE_N]
         kv_ok = k_ok[:, None] & d_ok[None, :]
-        k = tl.load(cache_ptr + slot_offset[:, None] + offs_d[None, :], mask=kv_ok, other=0.0)
-        v = tl.load(cache_ptr + cache_kv_stride + slot_offset[:, None] + offs_d[None, :], mask=kv_ok, other=0.0)
+        k = tl.load(cache_ptr + slot_offset[:, None] + offs_d[None, :], mask=kv_ok, other=0)
+        v = tl.load(cache_ptr + cache_kv_stride + slot_offset[:, None] + offs_d[None, :], mask=kv_ok, other=0)
+        if KV_FORMAT != 0:
+            # Raw int8 / fp8 values are exact in q's dtype (bf16, fp16 or float32), so the dots lose nothing.
+            k = _kv_values(k, KV_FORMAT).to(q.dtype)
+            v = _kv_values(v, KV_FORMAT).to(q.dtype)
+            scale_offset = (block_id.to(tl.int64) * scale_block_stride + (k_pos % BLOCK_SIZE) * scale_slot_stride
+                            + kv_head * scale_head_stride)  # [TILE_N]
+            k_scale = tl.load(scale_ptr + scale_offset, mask=k_ok, other=0.0)
+            v_scale = tl.load(scale_ptr + scale_kv_stride + scale_offset, mask=k_ok, other=0.0)
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
+        if KV_FORMAT != 0:
+            s = s * k_scale[None, :]
         s = s * scale  # [BLOCK_M, TILE_N]
         if USE_SOFTCAP:
             s = softcap * _tanh(s / softcap)
@@ -116,6 +158,8 @@ def unified_attention_kernel(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if KV_FORMAT != 0:
+            p = p * v_scale[None, :]  # after the sum: l_i normalizes the weights, not the values
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         else:

@@ -8,6 +8,8 @@ from jido.config.size import check_positive_int
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 DTYPES: tuple[str, ...] = get_args(DType)
+Quantization = Literal["none", "gguf", "int8", "int4"]
+QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,13 @@ class ModelConfig:
     AMX), float32 on other CPUs."""
     max_model_len: int | None = None
     """Prompt plus output tokens per request (default: the model's limit, capped by what the KV cache holds)."""
+    quantization: Quantization | None = None
+    """How weights are stored and multiplied: gguf keeps a GGUF file's quantized tensors as stored (int8/int4 codes
+    with the file's scales, the default for a .gguf model on CPU), int8 quantizes weights per output channel at load,
+    int4 in groups of quantization_group_size at load, none computes with dense weights in dtype (the default for
+    other models and on CUDA)."""
+    quantization_group_size: int | None = None
+    """Inputs per scale for int8 and int4 (default: a whole row for int8, 32 for int4)."""
     attention_backend: str | None = None
     """The attention backend by registry name (torch, tiled, triton); it owns the KV cache layout (default: the
     fastest measured for the device, tiled on CPU and torch on CUDA)."""
@@ -30,6 +39,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
+        if self.quantization_group_size is not None:
+            check_positive_int("quantization_group_size", self.quantization_group_size)
         if self.max_model_len is not None:
             check_positive_int("max_model_len", self.max_model_len)
 

@@ -10,18 +10,20 @@ from jido.utils.hf_config import kv_tokens_held
 class FullAttentionSpec:
     """A layer that attends to the whole context: it keeps K/V for every token.
 
-    ``page_size_bytes`` is one block of one layer (keys and values); the attention backend decides the
-    layout inside it, the core only counts bytes.
+    ``page_size_bytes`` is one block of one layer (keys and values, and a quantized cache's scales: one of
+    ``scale_bytes`` per token, KV head and K or V); the attention backend decides the layout inside it, the
+    core only counts bytes.
     """
 
     block_size: int
     num_kv_heads: int
     head_dim: int
     dtype_bytes: int
+    scale_bytes: int = 0
 
     @property
     def page_size_bytes(self) -> int:
-        return 2 * self.block_size * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return 2 * self.block_size * self.num_kv_heads * (self.head_dim * self.dtype_bytes + self.scale_bytes)
 
     def num_live_blocks(self, num_tokens: int) -> int:
         """Blocks a request of ``num_tokens`` tokens holds while it decodes (the planner's formula too)."""

@@ -61,8 +61,9 @@ def plan_kv_cache(config: EngineConfig, kv_cache_config: KVCacheConfig, model_ma
     concurrency = (kv_cache_config.num_blocks - reserve) / steady
     groups = ", ".join(f"{len(g.layer_ids)} layers " + (f"window {g.spec.sliding_window}"
                        if isinstance(g.spec, SlidingWindowSpec) else "full") for g in kv_cache_config.groups)
-    logger.info("KV cache: %d blocks of %d tokens, %d bytes each; %d groups (%s)", kv_cache_config.num_blocks,
-                kv_cache_config.block_size, kv_cache_config.block_bytes, len(kv_cache_config.groups), groups)
+    logger.info("KV cache (%s): %d blocks of %d tokens, %d bytes each; %d groups (%s)",
+                config.cache_config.kv_cache_dtype, kv_cache_config.num_blocks, kv_cache_config.block_size,
+                kv_cache_config.block_bytes, len(kv_cache_config.groups), groups)
     logger.info("Maximum concurrency for %d tokens per request: %.2fx", max_model_len, concurrency)
     return KVCachePlan(kv_cache_config, max_model_len, concurrency)
 

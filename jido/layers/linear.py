@@ -6,7 +6,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from jido.layers.parameter import copy_weight, default_weight_loader, empty_parameter
+from jido.layers.quant_kernels import QuantizedWeight, quant_embedding
 from jido.layers.quantization import QuantizationConfig, get_quantization_config
+from jido.layers.quantized_linear import QuantizedCodes
 
 
 class Linear(nn.Module):
@@ -64,11 +66,35 @@ class MergedLinear(Linear):
 
 
 class Embedding(nn.Module):
-    """Token embedding table ``[vocab_size, hidden_size]``; a tied LM head multiplies by the same table."""
+    """Token embedding table ``[vocab_size, hidden_size]``; a tied LM head multiplies by the same table.
+
+    A table that arrives quantized (GGUF codes) is kept as ``qweight`` and gathered row by row, with no
+    dense copy; so is one the tied head's quantized method quantized (see :mod:`jido.layers.quantized_linear`).
+    """
 
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__()
-        self.weight = empty_parameter(vocab_size, hidden_size)
+        self.weight = empty_parameter(vocab_size, hidden_size, weight_loader=self.weight_loader)
+        self.staged_codes: dict[str | None, QuantizedCodes] = {}
+        self.qweight: QuantizedWeight | None = None
+        self.compute_dtype = self.weight.dtype
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor | QuantizedCodes,
+                      shard_id: str | None = None) -> None:
+        """Copy a float table; keep quantized codes aside for :meth:`process_weights_after_loading`."""
+        if isinstance(loaded, QuantizedCodes):
+            self.staged_codes[None] = loaded
+        else:
+            default_weight_loader(param, loaded)
+
+    def process_weights_after_loading(self) -> None:
+        """Pack codes still staged (an untied table; a tied head's method has packed them already)."""
+        codes = self.staged_codes.pop(None, None)
+        if codes is not None:
+            self.qweight = codes.pack()
+            del self.weight
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.qweight is not None:
+            return quant_embedding(input_ids, self.qweight, self.compute_dtype)
         return F.embedding(input_ids, self.weight)

@@ -1,6 +1,7 @@
 """The quantization seam: a config picks each linear layer's method, which owns its weights and its matmul."""
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 
 import torch
@@ -118,6 +119,11 @@ def process_weights_after_loading(model: nn.Module) -> None:
     logits_method = getattr(model, "logits_method", None)
     if logits_method is not None:
         logits_method.process_logits_weights_after_loading(model.lm_head)
+    for module in model.modules():
+        # Layers without a linear method (the embedding) process their own weights, after the tied head.
+        hook = getattr(module, "process_weights_after_loading", None)
+        if hook is not None and getattr(module, "linear_method", None) is None:
+            hook()
 
 
 class QuantizationConfig(ABC):
@@ -135,20 +141,32 @@ class UnquantizedConfig(QuantizationConfig):
 
     name = "none"
 
+    def __init__(self, group_size: int | None = None) -> None:
+        if group_size is not None:
+            raise ValueError("quantization_group_size needs a quantization scheme that takes one (int8, int4)")
+
     def get_linear_method(self, layer: nn.Module) -> LinearMethod:
         return UnquantizedLinearMethod()
 
 
-# name -> config class; a quantization scheme registers here.
-_CONFIGS: dict[str, type[QuantizationConfig]] = {UnquantizedConfig.name: UnquantizedConfig}
+# name -> "module:class" of each scheme, imported when asked for (the quantized ones need their kernels).
+_CONFIGS: dict[str, str] = {
+    "none": "jido.layers.quantization:UnquantizedConfig",
+    "gguf": "jido.layers.quantized_linear:GGUFConfig",
+    "int8": "jido.layers.quantized_linear:Int8Config",
+    "int4": "jido.layers.quantized_linear:Int4Config",
+}
+QUANTIZATIONS: tuple[str, ...] = tuple(_CONFIGS)
 
 
-def get_quantization_config(name: str = UnquantizedConfig.name) -> QuantizationConfig:
-    """A new config of the scheme registered as ``name``.
+def get_quantization_config(name: str = "none", group_size: int | None = None) -> QuantizationConfig:
+    """A new config of the scheme registered as ``name`` (``group_size`` for the schemes that take one).
 
     Raises:
-        ValueError: no scheme has that name (the message lists the known ones).
+        ValueError: no scheme has that name (the message lists the known ones), or a bad group size.
     """
     if name not in _CONFIGS:
         raise ValueError(f"unknown quantization {name!r}; available: {sorted(_CONFIGS)}")
-    return _CONFIGS[name]()
+    module_name, class_name = _CONFIGS[name].split(":")
+    config_cls = getattr(importlib.import_module(module_name), class_name)
+    return config_cls(group_size)

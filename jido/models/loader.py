@@ -17,12 +17,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from jido.models import gguf
+from jido.layers.quantized_linear import QuantizedCodes
+from jido.models import gguf, gguf_blocks
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "gemma-3-270m"
 CACHE_DIR_ENV = "JIDO_CACHE_DIR"
+SOURCE_MARKER = "jido_gguf_source.json"  # in a converted folder: the GGUF it came from, for quantized loading
+CONVERSION_VERSION = 2  # bumped when converted folders change (2: they name their source GGUF)
+_FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
 ACCEPTED = f"a .gguf file, an HF checkpoint folder with config.json and *.safetensors, or the name {DEFAULT_MODEL!r}"
 
 
@@ -62,6 +66,37 @@ def iter_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
         with safe_open(shard, framework="pt") as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
+
+
+def gguf_source(folder: Path) -> Path | None:
+    """The GGUF file a converted folder was made from (None for an HF checkpoint, or if it has gone)."""
+    marker = Path(folder) / SOURCE_MARKER
+    if not marker.is_file():
+        return None
+    source = Path(json.loads(marker.read_text(encoding="utf-8"))["gguf"])
+    return source if source.is_file() else None
+
+
+def iter_gguf_weights(gguf_path: Path) -> Iterator[tuple[str, torch.Tensor | QuantizedCodes]]:
+    """Yield (HF name, tensor) from a GGUF file, 2-D quantized tensors still quantized as :class:`QuantizedCodes`.
+
+    Types without an integer decoder are dequantized to float32, with one log line naming them.
+    """
+    model = gguf.open_gguf(gguf_path)
+    dequantized: set[str] = set()
+    for raw in gguf.iter_raw_tensors(model, gguf.hf_config(model)):
+        if len(raw.shape) == 2 and gguf_blocks.supported(raw.tensor_type):
+            codes = gguf_blocks.decode(raw.data, raw.tensor_type, raw.shape)
+            offsets = None if codes.offsets is None else torch.from_numpy(codes.offsets)
+            yield raw.name, QuantizedCodes(torch.from_numpy(codes.q), torch.from_numpy(codes.scales), offsets,
+                                           codes.group_size, raw.tensor_type.name)
+            continue
+        if raw.tensor_type.name not in _FLOAT_TYPES:
+            dequantized.add(raw.tensor_type.name)
+        yield raw.name, torch.from_numpy(raw.dequantize())
+    if dequantized:
+        logger.info("%s: GGML types %s have no quantized kernel here; dequantized them to float",
+                    gguf_path.name, ", ".join(sorted(dequantized)))
 
 
 def generation_eos_ids(folder: Path) -> list[int]:
@@ -104,7 +139,7 @@ def _cache_key(gguf_path: Path) -> str:
     stat = gguf_path.stat()
     # Path, size and mtime identify the file without hashing its gigabytes.
     digest = hashlib.sha256(f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
-    return f"{gguf_path.stem}-{digest[:12]}"
+    return f"{gguf_path.stem}-{digest[:12]}-v{CONVERSION_VERSION}"
 
 
 def _converted(gguf_path: Path, cache_root: Path) -> Path:
@@ -116,6 +151,7 @@ def _converted(gguf_path: Path, cache_root: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=cache_root))
     try:
         convert_gguf(gguf_path, tmp)
+        _write_json(tmp / SOURCE_MARKER, {"gguf": str(gguf_path.resolve())})
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache is shared like ~/.cache/huggingface
         # NOTE: the rename is the commit point; a folder under its final name is always complete.
         os.rename(tmp, folder)

@@ -8,14 +8,15 @@ from pathlib import Path
 import torch
 
 from jido.attention.backend import build_step_metadata
+from jido.attention.kv_quant import SCALE_BYTES, is_quantized, resolve_kv_cache_dtype
 from jido.attention.registry import default_attention_backend, get_attention_backend
 from jido.config import EngineConfig
 from jido.core.kv_cache_spec import FullAttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec
 from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
 from jido.layers.parameter import default_device_and_dtype
-from jido.layers.quantization import process_weights_after_loading
+from jido.layers.quantization import get_quantization_config, process_weights_after_loading
 from jido.models.config import ModelArchConfig
-from jido.models.loader import iter_weights, load_config
+from jido.models.loader import gguf_source, iter_gguf_weights, iter_weights, load_config
 from jido.models.registry import get_model_class
 from jido.runner.input_batch import InputBatch
 from jido.runner.prompt_logprobs import PromptLogprobsCollector
@@ -48,6 +49,21 @@ def resolve_dtype(dtype: str, device: torch.device, cpu: CpuInfo | None = None) 
     return torch.bfloat16 if (cpu or cpu_info()).has_native_bf16 else torch.float32
 
 
+def resolve_quantization(quantization: str | None, device: torch.device, from_gguf: bool) -> str:
+    """The scheme to load with: as asked, else ``gguf`` for a GGUF model on CPU and ``none`` otherwise.
+
+    The GGUF kernels are CPU kernels; on CUDA a GGUF model is dequantized to dtype unless asked otherwise.
+
+    Raises:
+        ValueError: ``gguf`` asked for a model that is not a GGUF file.
+    """
+    if quantization == "gguf" and not from_gguf:
+        raise ValueError("quantization 'gguf' needs a .gguf model; for other checkpoints use int8, int4 or none")
+    if quantization is not None:
+        return quantization
+    return "gguf" if from_gguf and device.type == "cpu" else "none"
+
+
 class ModelRunner:
     """Loads a model onto one device and executes :class:`SchedulerOutput` steps on it."""
 
@@ -62,6 +78,9 @@ class ModelRunner:
         self.block_size = config.cache_config.block_size
         self.attn_backend = get_attention_backend(config.model_config.attention_backend
                                                   or default_attention_backend(self.device.type))
+        self.quantization = resolve_quantization(config.model_config.quantization, self.device,
+                                                 gguf_source(self.model_folder) is not None)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache_config.kv_cache_dtype, self.dtype)
         self.model = self._load_model()
         self.sampler = Sampler(config.model_config.seed, self.device)
         self.prompt_logprobs = PromptLogprobsCollector(self.model.compute_logits, self.model_arch.vocab_size,
@@ -73,37 +92,40 @@ class ModelRunner:
     def _load_model(self) -> torch.nn.Module:
         start = time.perf_counter()
         model_class = get_model_class(self.model_arch.architecture)
+        quant_config = get_quantization_config(self.quantization, self.config.model_config.quantization_group_size)
         # Built on its device in its dtype: no float32 (or CPU) copy of the whole model is ever made.
         with default_device_and_dtype(self.device, self.dtype):
-            model = model_class(self.model_arch, self.attn_backend)
-        model.load_weights(iter_weights(self.model_folder))
+            model = model_class(self.model_arch, self.attn_backend, quant_config)
+        source = gguf_source(self.model_folder)
+        model.load_weights(iter_gguf_weights(source) if self.quantization == "gguf" else iter_weights(self.model_folder))
         process_weights_after_loading(model)
         model.eval()
-        logger.info("loaded %s (%s, %s) in %.1f s", self.model_folder.name, self.device, self.dtype,
-                    time.perf_counter() - start)
+        logger.info("loaded %s (%s, %s, quantization %s) in %.1f s", self.model_folder.name, self.device, self.dtype,
+                    self.quantization, time.perf_counter() - start)
         return model
 
     def get_kv_cache_spec(self) -> dict[int, KVCacheSpec]:
         """What each attention layer keeps per token: full context, or a sliding window."""
         arch = self.model_arch
-        dtype_bytes = torch.finfo(self.dtype).bits // 8
+        sizes = dict(dtype_bytes=self.kv_cache_dtype.itemsize,
+                     scale_bytes=SCALE_BYTES if is_quantized(self.kv_cache_dtype) else 0)
         specs: dict[int, KVCacheSpec] = {}
         for layer_id, window in enumerate(arch.sliding_windows):
             if window is None:
-                specs[layer_id] = FullAttentionSpec(self.block_size, arch.num_kv_heads, arch.head_dim, dtype_bytes)
+                specs[layer_id] = FullAttentionSpec(self.block_size, arch.num_kv_heads, arch.head_dim, **sizes)
             else:
-                specs[layer_id] = SlidingWindowSpec(self.block_size, arch.num_kv_heads, arch.head_dim, dtype_bytes,
-                                                    window)
+                specs[layer_id] = SlidingWindowSpec(self.block_size, arch.num_kv_heads, arch.head_dim, **sizes,
+                                                    sliding_window=window)
         return specs
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         """Allocate the cache tensors (one per layer slot of a group) and the persistent input batch."""
         arch = self.model_arch
         shape = self.attn_backend.get_kv_cache_shape(kv_cache_config.num_blocks, self.block_size,
-                                                     arch.num_kv_heads, arch.head_dim)
+                                                     arch.num_kv_heads, arch.head_dim, self.kv_cache_dtype)
         # Zeros, not empty: padded lanes of batched attention multiply unused slots by zero weights,
         # and 0 * NaN from uninitialised memory would poison the result.
-        tensors = [torch.zeros(shape, dtype=self.dtype, device=self.device)
+        tensors = [torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
                    for _ in range(kv_cache_config.group_size)]
         layers = range(arch.num_layers)
         self.kv_caches = [tensors[kv_cache_config.tensor_index(i)] for i in layers]

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata, build_common_metadata
+from jido.attention.kv_quant import dequantize_rows, quantize_rows
 from jido.attention.registry import get_attention_backend
 
 HEAD_DIM = 16
@@ -31,14 +32,21 @@ class Case:
 def make_case(
     requests: list[tuple[int, int]], num_heads: int, num_kv_heads: int, block_size: int, seed: int = 0,
     backend: str | AttentionBackend = "torch", dtype: torch.dtype = torch.float32, head_dim: int = HEAD_DIM,
+    kv_cache_dtype: torch.dtype | None = None,
 ) -> Case:
-    """A step of ``requests`` (cached prefix length, query length), the prefixes written through the backend."""
+    """A step of ``requests`` (cached prefix length, query length), the prefixes written through the backend.
+
+    With a quantized ``kv_cache_dtype`` the case's ``full_k``/``full_v`` are the dequantized vectors the
+    backend attends over, so the reference checks attention exactly, quantization apart.
+    """
     attn = get_attention_backend(backend) if isinstance(backend, str) else backend
     gen = torch.Generator().manual_seed(seed)
     seq_lens = [cached + query for cached, query in requests]
     tables = _block_tables(seq_lens, block_size, gen)
     num_blocks = 1 + sum(len(t) for t in tables)
-    kv_cache = torch.zeros(attn.get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_dim), dtype=dtype)
+    cache_dtype = kv_cache_dtype or dtype
+    kv_cache = torch.zeros(attn.get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_dim, cache_dtype),
+                           dtype=cache_dtype)
     full_k = [torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype) for n in seq_lens]
     full_v = [torch.randn(n, num_kv_heads, head_dim, generator=gen).to(dtype) for n in seq_lens]
     # The cached prefixes were written by earlier steps: write them through the backend, as a prefill.
@@ -56,6 +64,9 @@ def make_case(
     new_v = torch.cat([v[cached:].flatten(1) for (cached, _), v in zip(requests, full_v)])
     q = torch.randn(sum(query_lens), num_heads * head_dim, generator=gen).to(dtype)
     metadata = _metadata(query_lens, seq_lens, tables, block_size)
+    if kv_cache_dtype is not None:
+        full_k = [dequantize_rows(quantize_rows(k, kv_cache_dtype), head_dim) for k in full_k]
+        full_v = [dequantize_rows(quantize_rows(v, kv_cache_dtype), head_dim) for v in full_v]
     return Case(q, new_k, new_v, kv_cache, metadata, attn, full_k, full_v)
 
 

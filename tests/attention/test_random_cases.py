@@ -10,6 +10,7 @@ import torch
 from paged_cases import make_case, reference, run
 
 from jido.attention import cpu_extension, tiled_backend
+from jido.utils import cpp_build
 from jido.attention.backend import AttentionBackend, AttentionLayerSpec
 from jido.attention.registry import supported_attention_backends
 from jido.attention.tiled_backend import TiledAttentionBackend
@@ -71,9 +72,9 @@ def test_tiled_new_keys_and_values_land_in_their_slots() -> None:
 def test_cpp_decode_build_failure_falls_back_to_pytorch_with_a_warning(tmp_path, monkeypatch, caplog) -> None:
     broken = tmp_path / "paged_decode.cpp"
     broken.write_text("#error this source does not compile\n")
-    monkeypatch.setattr(cpu_extension, "CACHE_ROOT", tmp_path / "build")
+    monkeypatch.setattr(cpp_build, "CACHE_ROOT", tmp_path / "build")
     monkeypatch.setattr(tiled_backend, "load_paged_decode", lambda: cpu_extension.load_paged_decode(broken))
-    with caplog.at_level(logging.WARNING, logger=cpu_extension.__name__):
+    with caplog.at_level(logging.WARNING, logger=cpp_build.__name__):
         spec = AttentionLayerSpec(4, 1, 16, 0.25, sliding_window=9)
         case = make_case([(30, 1), (3, 1), (70, 1)], 4, 1, block_size=4, backend="tiled")
         torch.testing.assert_close(run(spec, case), reference(spec, case), atol=2e-5, rtol=0)

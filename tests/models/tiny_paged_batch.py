@@ -21,7 +21,7 @@ class TinyPagedRunner:
         self.backend = model.model.layers[0].self_attn.backend
         config = model.config
         shape = self.backend.get_kv_cache_shape(num_blocks, block_size, config.num_kv_heads, config.head_dim)
-        dtype = model.model.embed_tokens.weight.dtype
+        dtype = model.model.norm.weight.dtype  # a quantized embedding keeps no float table
         self.kv_caches = [torch.zeros(shape, dtype=dtype) for _ in range(model.num_layers)]
         # Shuffled so that a request's blocks are not contiguous, as after a while in a real server.
         self.free_blocks = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()

@@ -1,5 +1,10 @@
 // Paged decode attention on CPU: one query token per request, keys and values read in place from their
-// cache blocks (layout [2, num_blocks, num_kv_heads, block_size, head_dim]), never gathered.
+// cache blocks (layout [2, num_blocks, num_kv_heads, block_size, width]), never gathered.
+//
+// The cache holds float32 or bf16 rows (width = head_dim), or quantized ones (int8, fp8 e4m3 or e5m2:
+// width = head_dim + 4, the values then the bytes of their float32 scale). A quantized row's scale is
+// folded into its score (q . k_t * scale_t) and into its softmax weight (p_t * scale_t), so the inner
+// loops multiply raw values converted to float, and nothing is dequantized into memory.
 //
 // Work is split into (request, kv head, split of consecutive blocks) items so that one long request
 // still keeps every thread busy; each item keeps a running max m, sum l and unnormalized output acc
@@ -28,6 +33,49 @@ inline float to_float(uint16_t bf16_bits) {
   return out;
 }
 
+// fp8 values (torch's float8_e4m3fn and float8_e5m2 bits), decoded with integer ops that vectorize: the
+// exponent and mantissa bits move into float32's places unchanged, which gives the value times
+// 2^(kBias - 127) for normal and subnormal numbers alike (fp8 subnormals become float32 subnormals), and one
+// multiply restores it. NaN never occurs: writes clamp to the format's largest finite value.
+struct E4M3 { uint8_t bits; };
+struct E5M2 { uint8_t bits; };
+
+// 2^e, exactly, for a normal float32 exponent (folded to a constant where e is one).
+inline float exp2i(int e) {
+  const uint32_t bits = static_cast<uint32_t>(e + 127) << 23;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+template <int kMant, int kBias>
+inline float fp8_to_float(uint8_t b) {
+  const uint32_t bits = (static_cast<uint32_t>(b & 0x80) << 24) | (static_cast<uint32_t>(b & 0x7f) << (23 - kMant));
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out * exp2i(127 - kBias);
+}
+inline float to_float(int8_t x) { return static_cast<float>(x); }
+inline float to_float(E4M3 x) { return fp8_to_float<3, 7>(x.bits); }
+inline float to_float(E5M2 x) { return fp8_to_float<2, 15>(x.bits); }
+
+// Quantized cache element types carry a float32 scale after the head_dim values of each row.
+template <typename T> constexpr bool kQuantized = false;
+template <> constexpr bool kQuantized<int8_t> = true;
+template <> constexpr bool kQuantized<E4M3> = true;
+template <> constexpr bool kQuantized<E5M2> = true;
+
+template <typename T>
+inline float row_scale(const T* row, int64_t head_dim) {
+  if constexpr (!kQuantized<T>) {
+    return 1.f;
+  } else {
+    float scale;
+    std::memcpy(&scale, row + head_dim, sizeof(scale));  // rows are not 4-byte aligned
+    return scale;
+  }
+}
+
 inline void store(float x, float* dst) { *dst = x; }
 // Rounds to the nearest bf16, ties to even, as torch's .to(torch.bfloat16) does.
 inline void store(float x, uint16_t* dst) {
@@ -43,7 +91,7 @@ inline void axpy(float a, const T* x, float* y, int64_t n) {
 }
 
 struct Shape {
-  int64_t num_blocks, num_kv_heads, block_size, head_dim, group, max_blocks;
+  int64_t num_blocks, num_kv_heads, block_size, head_dim, width, group, max_blocks;  // width: elements per row
   int64_t window;  // 0: no sliding window
   float scale, softcap;  // softcap 0: none
 };
@@ -59,9 +107,10 @@ constexpr int64_t kLanes = 16;  // one AVX-512 register of floats (two AVX2 ones
 // Scores of keys t_lo..t_hi-1 of one block for G query heads: s[g * bs + t] = q_g . k_t. Each key row is
 // loaded once for all G heads, and G x kLanes partial sums keep the FMA chains independent.
 template <int G, typename T>
-inline void block_scores(const float* q, const T* k, int64_t t_lo, int64_t t_hi, int64_t D, int64_t bs, float* s) {
+inline void block_scores(const float* q, const T* k, int64_t t_lo, int64_t t_hi, int64_t D, int64_t W, int64_t bs,
+                         float* s) {
   for (int64_t t = t_lo; t < t_hi; ++t) {
-    const T* kt = k + t * D;
+    const T* kt = k + t * W;
     float part[G][kLanes] = {};
     int64_t d0 = 0;
     for (; d0 + kLanes <= D; d0 += kLanes) {
@@ -75,18 +124,20 @@ inline void block_scores(const float* q, const T* k, int64_t t_lo, int64_t t_hi,
       float x = 0.f;
       for (int64_t j = 0; j < kLanes; ++j) x += part[g][j];
       for (int64_t d = d0; d < D; ++d) x += q[g * D + d] * to_float(kt[d]);
-      s[g * bs + t] = x;
+      s[g * bs + t] = x * row_scale(kt, D);
     }
   }
 }
 
 // acc_g += sum_t p[g * bs + t] * v_t for G heads, each value row loaded once.
 template <int G, typename T>
-inline void block_values(const float* p, const T* v, int64_t t_lo, int64_t t_hi, int64_t D, int64_t bs, float* acc) {
+inline void block_values(const float* p, const T* v, int64_t t_lo, int64_t t_hi, int64_t D, int64_t W, int64_t bs,
+                         float* acc) {
   for (int64_t t = t_lo; t < t_hi; ++t) {
-    const T* vt = v + t * D;
+    const T* vt = v + t * W;
+    const float scale = row_scale(vt, D);
     float pt[G];
-    for (int g = 0; g < G; ++g) pt[g] = p[g * bs + t];
+    for (int g = 0; g < G; ++g) pt[g] = p[g * bs + t] * scale;
 #pragma omp simd
     for (int64_t d = 0; d < D; ++d) {
       const float vd = to_float(vt[d]);
@@ -100,19 +151,19 @@ inline void block_values(const float* p, const T* v, int64_t t_lo, int64_t t_hi,
 template <int G, typename T>
 void attend_split(const Shape& s, const T* cache, const int32_t* table, int64_t seq_len, const float* q,
                   int64_t h, int64_t blk_lo, int64_t blk_hi, float* m, float* l, float* acc) {
-  const int64_t D = s.head_dim, bs = s.block_size;
+  const int64_t D = s.head_dim, W = s.width, bs = s.block_size;
   int64_t first, end;
   visible_range(s, seq_len, &first, &end);
   std::vector<float> scores(G * bs);
   for (int g = 0; g < G; ++g) m[g] = -std::numeric_limits<float>::infinity(), l[g] = 0.f;
   std::fill(acc, acc + G * D, 0.f);
-  const int64_t plane = s.num_blocks * s.num_kv_heads * bs * D;  // keys, then values
+  const int64_t plane = s.num_blocks * s.num_kv_heads * bs * W;  // keys, then values
   for (int64_t blk = blk_lo; blk < blk_hi; ++blk) {
     const int64_t t_lo = std::max(first, blk * bs) - blk * bs, t_hi = std::min(end, (blk + 1) * bs) - blk * bs;
     if (t_lo >= t_hi) continue;
-    const T* k = cache + (static_cast<int64_t>(table[blk]) * s.num_kv_heads + h) * bs * D;
+    const T* k = cache + (static_cast<int64_t>(table[blk]) * s.num_kv_heads + h) * bs * W;
     const T* v = k + plane;
-    block_scores<G>(q, k, t_lo, t_hi, D, bs, scores.data());
+    block_scores<G>(q, k, t_lo, t_hi, D, W, bs, scores.data());
     for (int g = 0; g < G; ++g) {
       float* sg = scores.data() + g * bs;
       float block_max = -std::numeric_limits<float>::infinity();
@@ -134,7 +185,7 @@ void attend_split(const Shape& s, const T* cache, const int32_t* table, int64_t 
         l[g] += sg[t];
       }
     }
-    block_values<G>(scores.data(), v, t_lo, t_hi, D, bs, acc);
+    block_values<G>(scores.data(), v, t_lo, t_hi, D, W, bs, acc);
   }
 }
 
@@ -155,8 +206,8 @@ void attend_heads(const Shape& s, const T* cache, const int32_t* table, int64_t 
   }
 }
 
-template <typename T>
-void decode(const Shape& s, T* out, const T* q_in, const T* cache, const int32_t* tables, const int32_t* seq_lens,
+template <typename T, typename C>
+void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t* tables, const int32_t* seq_lens,
             int64_t num_reqs, int64_t blocks_per_split) {
   const int64_t D = s.head_dim, G = s.group, H = s.num_kv_heads, bs = s.block_size;
   // Items per request: its visible blocks cut into splits of blocks_per_split.
@@ -215,28 +266,48 @@ void decode(const Shape& s, T* out, const T* q_in, const T* cache, const int32_t
   });
 }
 
+// The cache's element type: the query's (float32, bf16), or a quantized one.
+template <typename T>
+void decode_cache(const Shape& s, T* out, const T* q, const at::Tensor& kv_cache, const int32_t* tables,
+                  const int32_t* lens, int64_t num_reqs, int64_t blocks_per_split) {
+  const void* cache = kv_cache.data_ptr();
+  switch (kv_cache.scalar_type()) {
+    case at::ScalarType::Char:
+      return decode(s, out, q, static_cast<const int8_t*>(cache), tables, lens, num_reqs, blocks_per_split);
+    case at::ScalarType::Float8_e4m3fn:
+      return decode(s, out, q, static_cast<const E4M3*>(cache), tables, lens, num_reqs, blocks_per_split);
+    case at::ScalarType::Float8_e5m2:
+      return decode(s, out, q, static_cast<const E5M2*>(cache), tables, lens, num_reqs, blocks_per_split);
+    default:
+      return decode(s, out, q, static_cast<const T*>(cache), tables, lens, num_reqs, blocks_per_split);
+  }
+}
+
 void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_tables,
                   const at::Tensor& seq_lens, double scale, int64_t window, double softcap, int64_t blocks_per_split) {
   TORCH_CHECK(q.is_contiguous() && kv_cache.is_contiguous() && out.is_contiguous(), "paged_decode: contiguous tensors");
   TORCH_CHECK(block_tables.is_contiguous() && seq_lens.is_contiguous(), "paged_decode: contiguous tables");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt, "paged_decode: int32 tables");
-  TORCH_CHECK(q.scalar_type() == kv_cache.scalar_type() && out.scalar_type() == q.scalar_type(), "paged_decode: one dtype");
+  TORCH_CHECK(out.scalar_type() == q.scalar_type(), "paged_decode: out in q's dtype");
+  const auto cache_type = kv_cache.scalar_type();
+  const bool quantized = cache_type == at::ScalarType::Char || cache_type == at::ScalarType::Float8_e4m3fn ||
+                         cache_type == at::ScalarType::Float8_e5m2;
+  TORCH_CHECK(quantized || cache_type == q.scalar_type(), "paged_decode: cache in q's dtype, int8 or fp8");
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && q.dim() == 3, "paged_decode: shapes");
   TORCH_CHECK(blocks_per_split > 0, "paged_decode: blocks_per_split > 0");
-  const int64_t num_reqs = q.size(0), num_heads = q.size(1), H = kv_cache.size(2);
-  TORCH_CHECK(num_heads % H == 0 && q.size(2) == kv_cache.size(4), "paged_decode: head counts");
-  Shape s{kv_cache.size(1), H, kv_cache.size(3), kv_cache.size(4), num_heads / H, block_tables.size(1),
+  const int64_t num_reqs = q.size(0), num_heads = q.size(1), H = kv_cache.size(2), D = q.size(2);
+  TORCH_CHECK(num_heads % H == 0 && kv_cache.size(4) == D + (quantized ? 4 : 0), "paged_decode: head counts");
+  Shape s{kv_cache.size(1), H, kv_cache.size(3), D, kv_cache.size(4), num_heads / H, block_tables.size(1),
           window, static_cast<float>(scale), static_cast<float>(softcap)};
   if (num_reqs == 0) return;
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   if (q.scalar_type() == at::kFloat) {
-    decode<float>(s, out.data_ptr<float>(), q.data_ptr<float>(), kv_cache.data_ptr<float>(), tables, lens, num_reqs,
-                  blocks_per_split);
+    decode_cache(s, out.data_ptr<float>(), q.data_ptr<float>(), kv_cache, tables, lens, num_reqs, blocks_per_split);
   } else {
     TORCH_CHECK(q.scalar_type() == at::kBFloat16, "paged_decode: float32 or bfloat16");
     auto bits = [](const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); };
-    decode<uint16_t>(s, bits(out), bits(q), bits(kv_cache), tables, lens, num_reqs, blocks_per_split);
+    decode_cache(s, bits(out), bits(q), kv_cache, tables, lens, num_reqs, blocks_per_split);
   }
 }
 

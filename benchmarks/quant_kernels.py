@@ -1,0 +1,109 @@
+"""Weight-quantized linear kernels (jido/layers/quant_kernels.py) on Gemma 3 270M's shapes, against dense bf16.
+
+Times ``quant_linear`` (int8 and int4, groups of 32; its M-dispatch as shipped) and its two paths forced
+(``stream``: the C++ kernel that streams quantized bytes; ``tiles``: tiles of rows dequantized to bf16, then
+oneDNN), the dense bf16 baseline (oneDNN-packed weight, ``_linear_pointwise``, as jido's unquantized CPU
+path runs) and torch's own weight-only ops (``_weight_int8pack_mm``, per-channel int8 with bf16 scales;
+``_weight_int4pack_mm_for_cpu``, groups of 32 with bf16 scales and zeros), for M rows of bf16 x. Every
+figure: min and median in ms of ``--repeats`` timed calls, all variants of a shape interleaved per repeat.
+
+    flock /tmp/jido-bench.lock env PYTHONPATH=. .venv/bin/python benchmarks/quant_kernels.py \\
+        [--repeats 15] [--threads 2] [--rows 1,2,4,8,16,32] [--out benchmarks/results/quant-kernels-<date>.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from jido.bench.machine import describe_machine, machine_info, now_iso
+from jido.layers import quant_kernels as qk
+
+# Gemma 3 270M: [out_features, in_features] of the LM head and of one layer's projections.
+SHAPES = {"lm_head": (262144, 640), "qkv": (1536, 640), "o": (640, 1024), "gate_up": (4096, 640),
+          "down": (640, 2048)}
+
+
+def variants(weight: torch.Tensor, rows: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """Name -> a function of x computing x weight^T some way; weights are prepared once, outside the timing."""
+    ops = qk.load_quant_ops()
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(torch.bfloat16), 1)
+    out: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "dense_bf16": lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")}
+    for bits in (8, 4):
+        w = qk.quantize(weight, bits, 32)
+        out[f"int{bits}"] = lambda x, w=w: qk.quant_linear(x, w)
+        out[f"int{bits}_stream"] = lambda x, w=w: ops.linear(x, w.data, w.scales, w.mins, w.group_size, w.bits,
+                                                             w.shape[1], None)
+        out[f"int{bits}_tiles"] = lambda x, w=w: qk._tiled_linear(x, w, None, ops)
+    out.update(torch_ops(weight, rows))
+    return out
+
+
+def torch_ops(weight: torch.Tensor, rows: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """torch's weight-only int8 (per channel) and int4 (groups of 32) matmuls on the same weight."""
+    w8 = qk.quantize(weight, 8, None)
+    scales8 = w8.scales[:, 0].to(torch.bfloat16)
+    w4 = qk.quantize(weight, 4, 32)
+    q4 = qk.dequantize_reference(qk.QuantizedWeight(w4.data, torch.ones_like(w4.scales), None, 32, 4, w4.shape))
+    packed4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4.to(torch.int32), 1)
+    # torch's int4 format: w = (q - 8) * scale + zero, so zero = min + 8 * scale; [K // 32, N, 2]
+    scale_zeros = torch.stack((w4.scales, w4.mins + 8 * w4.scales), dim=-1).transpose(0, 1).to(torch.bfloat16)
+    return {"torch_int8pack": lambda x: torch.ops.aten._weight_int8pack_mm(x, w8.data, scales8),
+            "torch_int4pack": lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed4, 32,
+                                                                                  scale_zeros.contiguous())}
+
+
+def time_all(fns: dict[str, Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor,
+             repeats: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn(x)  # warm up: page in the weights, build oneDNN primitives
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn(x)
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rows", default="1,2,4,8,16,32")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    machine = machine_info()
+    print(f"# {now_iso()}  {describe_machine(machine)}; {args.threads} threads; "
+          f"MAX_STREAMING_ROWS={qk.MAX_STREAMING_ROWS}")
+    records = []
+    gen = torch.Generator().manual_seed(0)
+    for shape_name in args.shapes.split(","):
+        num_out, num_in = SHAPES[shape_name]
+        weight = torch.randn(num_out, num_in, generator=gen) * 0.02
+        for rows in map(int, args.rows.split(",")):
+            x = torch.randn(rows, num_in, generator=gen).to(torch.bfloat16)
+            times = time_all(variants(weight, rows), x, args.repeats)
+            dense = statistics.median(times["dense_bf16"])
+            for name, ts in times.items():
+                med = statistics.median(ts)
+                records.append({"shape": shape_name, "N": num_out, "K": num_in, "M": rows, "variant": name,
+                                "min_ms": round(min(ts), 3), "median_ms": round(med, 3),
+                                "vs_dense_median": round(med / dense, 2)})
+                print(f"{shape_name:8s} M={rows:<3d} {name:16s} min {min(ts):8.3f}  median {med:8.3f} ms  "
+                      f"x{med / dense:.2f} of dense", flush=True)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump({"date": now_iso(), "machine": machine, "threads": args.threads,
+                       "max_streaming_rows": qk.MAX_STREAMING_ROWS, "records": records}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

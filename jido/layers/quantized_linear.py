@@ -1,0 +1,210 @@
+"""Weight-quantized linear layers, embedding and LM head: GGUF codes kept as stored, or int8/int4 made at load.
+
+Each quantized layer ends up holding one :class:`~jido.layers.quant_kernels.QuantizedWeight` as ``qweight``
+(``w = scale * q + offset`` per group of a row) and no float copy of it; :mod:`jido.layers.quant_kernels`
+runs the matmuls and the embedding gather on it. Two ways in:
+
+- ``gguf``: the loader hands each GGUF tensor over still quantized, as :class:`QuantizedCodes`; a merged
+  projection (q/k/v, gate/up) joins its shards' codes, which may come from different GGML types.
+- ``int8`` / ``int4``: a float checkpoint loads as usual and is quantized once loaded (int8 symmetric per
+  output channel unless a group size is given; int4 asymmetric in groups, 32 by default).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from jido.layers import quant_kernels
+from jido.layers.parameter import WeightLoader
+from jido.layers.quantization import LinearMethod, QuantizationConfig, UnquantizedLinearMethod
+from jido.layers.quant_kernels import QuantizedWeight
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_INT4_GROUP_SIZE = 32  # llama.cpp's Q4_0 group: int4 with larger groups loses visibly more
+
+
+@dataclass(frozen=True)
+class QuantizedCodes:
+    """A checkpoint tensor still quantized: ``w[r, k] = scales[r, k // group_size] * q[r, k] + offsets[...]``."""
+
+    q: torch.Tensor  # int8 [rows, cols]
+    scales: torch.Tensor  # float32 [rows, ceil(cols / group_size)]
+    offsets: torch.Tensor | None  # float32 like scales, or None
+    group_size: int
+    source: str  # the stored type, e.g. "Q5_0" (for logs)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)  # type: ignore[return-value]
+
+    def to_group_size(self, group_size: int) -> QuantizedCodes:
+        """The same values described with smaller groups (``group_size`` divides this one's)."""
+        repeat = self.group_size // group_size
+        if repeat == 1:
+            return self
+        offsets = None if self.offsets is None else self.offsets.repeat_interleave(repeat, dim=1)
+        return QuantizedCodes(self.q, self.scales.repeat_interleave(repeat, dim=1), offsets, group_size, self.source)
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 ``[rows, cols]``."""
+        return quant_kernels.dequantize(self.pack(bits=8))
+
+    def pack(self, bits: int | None = None) -> QuantizedWeight:
+        """The kernel's weight: 4-bit when every code fits 0..15 (or ``bits=4`` is forced), else 8-bit."""
+        if bits is None:
+            bits = 4 if int(self.q.min()) >= 0 and int(self.q.max()) <= 15 else 8
+        return quant_kernels.pack(self.q, self.scales, self.offsets, self.group_size, bits)
+
+
+def merge_codes(parts: list[QuantizedCodes]) -> QuantizedCodes:
+    """Stack shards (rows) of possibly different types into one: common group size, zero offsets where absent."""
+    group_size = math.gcd(*(part.group_size for part in parts))
+    parts = [part.to_group_size(group_size) for part in parts]
+    if any(part.offsets is not None for part in parts):
+        offsets = torch.cat([torch.zeros_like(p.scales) if p.offsets is None else p.offsets for p in parts])
+    else:
+        offsets = None
+    sources = "+".join(dict.fromkeys(part.source for part in parts))
+    return QuantizedCodes(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]), offsets,
+                          group_size, sources)
+
+
+class QuantizedLinearMethod(LinearMethod):
+    """Keeps a layer's weight as ``qweight`` once loaded; layers that got no codes under ``gguf`` stay dense.
+
+    ``bits`` None keeps checkpoint codes as they are (``gguf``); 8 or 4 quantizes a float weight at load.
+    """
+
+    def __init__(self, bits: int | None, group_size: int | None) -> None:
+        self.bits = bits
+        self.group_size = group_size
+        self.dense = UnquantizedLinearMethod()
+
+    def create_weights(
+        self, layer: nn.Module, in_features: int, out_features: int, weight_loader: WeightLoader
+    ) -> None:
+        # The dense weight is never written when codes arrive: its untouched pages cost no memory.
+        self.dense.create_weights(layer, in_features, out_features, _staging_loader(layer, weight_loader))
+        layer.staged_codes = {}
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        qweight = getattr(layer, "qweight", None)
+        if qweight is None:
+            return self.dense.apply(layer, x, bias)
+        return quant_kernels.quant_linear(x, qweight, bias)
+
+    def apply_logits(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        qweight = getattr(layer, "qweight", None)
+        if qweight is None:
+            return self.dense.apply_logits(layer, hidden)
+        return quant_kernels.quant_linear(hidden, qweight)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        qweight = self._quantized(layer)
+        if qweight is None:
+            self.dense.process_weights_after_loading(layer)
+        else:
+            _replace_weight(layer, qweight)
+
+    def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
+        # A tied head is the embedding: its gathers read the same qweight, so no dense table is kept.
+        if getattr(layer, "qweight", None) is not None:
+            return  # an untied head is a Linear, already processed with the other layers
+        qweight = self._quantized(layer)
+        if qweight is None:
+            self.dense.process_logits_weights_after_loading(layer)
+        else:
+            _replace_weight(layer, qweight)
+
+    def _quantized(self, layer: nn.Module) -> QuantizedWeight | None:
+        staged: dict[str | None, QuantizedCodes] = getattr(layer, "staged_codes", {})
+        layer.staged_codes = {}
+        if staged:
+            return _codes_of(layer, staged).pack(self.bits)
+        if self.bits is None:
+            return None  # gguf: a tensor the file stores in float stays a dense float weight
+        return quant_kernels.quantize(layer.weight.detach().float(), self.bits, self.group_size)
+
+
+def _staging_loader(layer: nn.Module, weight_loader: WeightLoader) -> WeightLoader:
+    """The layer's loader, except that quantized codes are kept aside (by shard) to be packed once loaded."""
+
+    def load(param: nn.Parameter, loaded: torch.Tensor | QuantizedCodes, shard_id: str | None = None) -> None:
+        if isinstance(loaded, QuantizedCodes):
+            layer.staged_codes[shard_id] = loaded
+        else:
+            weight_loader(param, loaded, shard_id)
+
+    return load
+
+
+def _codes_of(layer: nn.Module, staged: dict[str | None, QuantizedCodes]) -> QuantizedCodes:
+    """One layer's codes: its shards in row order; a shard loaded in float is quantized to int8 to join them."""
+    shard_rows: dict[str, slice] = getattr(layer, "shard_rows", {None: slice(0, layer.weight.shape[0])})
+    parts = []
+    for shard_id, rows in shard_rows.items():
+        codes = staged.get(shard_id)
+        if codes is None:
+            logger.info("%s: shard %s was stored in float; quantizing it to int8 to join the others",
+                        type(layer).__name__, shard_id)
+            q = quant_kernels.quantize(layer.weight.detach()[rows].float(), 8, 32)
+            codes = QuantizedCodes(q.data, q.scales, None, 32, "int8")
+        if codes.shape != (rows.stop - rows.start, layer.weight.shape[1]):
+            raise ValueError(f"{type(layer).__name__} shard {shard_id}: expected shape "
+                             f"{(rows.stop - rows.start, layer.weight.shape[1])}, got {codes.shape}")
+        parts.append(codes)
+    return merge_codes(parts)
+
+
+def _replace_weight(layer: nn.Module, qweight: QuantizedWeight) -> None:
+    """Drop the dense weight; an embedding keeps gathering in its dtype (``compute_dtype``) from ``qweight``."""
+    del layer.weight
+    layer.qweight = qweight
+
+
+class GGUFConfig(QuantizationConfig):
+    """Serve a GGUF file's quantized tensors as stored (the default for a .gguf model)."""
+
+    name = "gguf"
+
+    def __init__(self, group_size: int | None = None) -> None:
+        if group_size is not None:
+            raise ValueError("gguf keeps the file's own groups; quantization_group_size does not apply")
+
+    def get_linear_method(self, layer: nn.Module) -> LinearMethod:
+        return QuantizedLinearMethod(bits=None, group_size=None)
+
+
+class Int8Config(QuantizationConfig):
+    """int8 weights, symmetric, per output channel (or per group of ``group_size`` inputs); float activations."""
+
+    name = "int8"
+
+    def __init__(self, group_size: int | None = None) -> None:
+        self.group_size = _checked_group_size(group_size)
+
+    def get_linear_method(self, layer: nn.Module) -> LinearMethod:
+        return QuantizedLinearMethod(bits=8, group_size=self.group_size)
+
+
+class Int4Config(QuantizationConfig):
+    """int4 weights, asymmetric, in groups of ``group_size`` inputs (32 by default); float activations."""
+
+    name = "int4"
+
+    def __init__(self, group_size: int | None = None) -> None:
+        self.group_size = _checked_group_size(group_size) or DEFAULT_INT4_GROUP_SIZE
+
+    def get_linear_method(self, layer: nn.Module) -> LinearMethod:
+        return QuantizedLinearMethod(bits=4, group_size=self.group_size)
+
+
+def _checked_group_size(group_size: int | None) -> int | None:
+    if group_size is not None and (isinstance(group_size, bool) or group_size < 2 or group_size % 2):
+        raise ValueError(f"quantization_group_size must be an even integer >= 2, got {group_size!r}")
+    return group_size

@@ -1,0 +1,64 @@
+"""Builds a C++ source of torch ops once per source, torch version and CPU ISA, and loads it into the process.
+
+The build runs at first use with ``torch.utils.cpp_extension.load`` (g++ and ninja) into
+``~/.cache/jido/torch_extensions/<key>``, so a machine compiles each version once. A build that fails (no
+compiler, no ninja, a compile error) logs a warning and reports False, leaving the caller on its PyTorch path.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from jido.utils.cpu import cpu_info
+
+logger = logging.getLogger(__name__)
+
+CACHE_ROOT = Path.home() / ".cache" / "jido" / "torch_extensions"
+# Debugging switch: compile for this ISA instead of the CPU's widest, e.g. `avx2` on an AVX-512 machine to run
+# the AVX2 build's tests where AVX2-only machines are not at hand.
+BUILD_ISA_ENV = "JIDO_BUILD_ISA"
+
+# Vector flags per ISA. Zen 4 runs 512-bit vectors at full rate, but GCC prefers 256-bit unless told.
+ISA_FLAGS = {
+    "amx": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mprefer-vector-width=512"],
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mprefer-vector-width=512"],
+    "avx2": ["-mavx2", "-mfma"],
+    "scalar": [],
+}
+
+
+def build_key(prefix: str, source: Path, isa: str) -> str:
+    """The cache folder name: the source's hash, the torch version and the ISA the code is compiled for."""
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    return f"{prefix}_{digest}_torch{torch.__version__.replace('+', '_').replace('.', '_')}_{isa}"
+
+
+def load_ops_library(prefix: str, source: Path, purpose: str, fallback: str, isa: str | None = None) -> bool:
+    """Compile ``source`` for ``isa`` (default: ``$JIDO_BUILD_ISA``, else this CPU's) and load it, so its
+    ``TORCH_LIBRARY`` ops appear under ``torch.ops``; False if it cannot, with the warning "``purpose``
+    unavailable (why); using ``fallback``".
+
+    NOTE: a process can hold one build of a library only (its ops namespace is registered once), so a build for
+    another ISA than this CPU's must be loaded in a fresh process.
+    """
+    isa = isa or os.environ.get(BUILD_ISA_ENV) or cpu_info().isa
+    if isa not in ISA_FLAGS:
+        raise ValueError(f"unknown ISA {isa!r} (from {BUILD_ISA_ENV} or the caller); choose one of {list(ISA_FLAGS)}")
+    key = build_key(prefix, source, isa)
+    build_dir = CACHE_ROOT / key
+    try:
+        build_dir.mkdir(parents=True, exist_ok=True)
+        from torch.utils.cpp_extension import load
+
+        load(name=key, sources=[str(source)], build_directory=str(build_dir), is_python_module=False,
+             extra_cflags=["-O3", "-fopenmp-simd", *ISA_FLAGS[isa]], verbose=False)
+        return True
+    except Exception as exc:  # noqa: BLE001 - any failure to build or load means: use the PyTorch path
+        message = str(exc).strip()
+        logger.warning("%s unavailable (%s: %s); using %s", purpose, type(exc).__name__,
+                       message.splitlines()[-1] if message else "", fallback)
+        return False

@@ -1,0 +1,55 @@
+"""The integer decoders of GGML blocks reproduce the gguf package's own dequantization exactly."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
+
+from jido.models import gguf_blocks
+
+T = GGMLQuantizationType
+# Byte offsets of the fp16 scales in each block: random bytes there could be NaN or infinity.
+_F16_AT = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q4_K: [0, 2],
+           T.Q5_K: [0, 2], T.Q6_K: [208]}
+
+
+def _random_blocks(tensor_type: GGMLQuantizationType, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random bytes are valid blocks of every type once their fp16 scales are finite."""
+    block_size, type_size = GGML_QUANT_SIZES[tensor_type]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (rows * cols // block_size, type_size), dtype=np.uint8)
+    for at in _F16_AT[tensor_type]:
+        scales = rng.uniform(-0.05, 0.05, blocks.shape[0]).astype(np.float16)
+        blocks[:, at:at + 2] = scales.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("tensor_type", sorted(_F16_AT, key=lambda t: t.name))
+def test_codes_times_scales_plus_offsets_equal_gguf_dequantize(tensor_type):
+    rows, cols = 3, 512
+    data = _random_blocks(tensor_type, rows, cols, seed=tensor_type.value)
+    codes = gguf_blocks.decode(data, tensor_type, (rows, cols))
+    groups = cols // codes.group_size
+    assert codes.q.dtype == np.int8 and codes.q.shape == (rows, cols)
+    assert codes.scales.shape == (rows, groups)
+    expanded = lambda a: np.repeat(a, codes.group_size, axis=1)  # noqa: E731 - one line, used twice
+    values = expanded(codes.scales) * codes.q.astype(np.float32)
+    if codes.offsets is not None:
+        values = values + expanded(codes.offsets)
+    reference = dequantize(data, tensor_type).reshape(rows, cols)
+    np.testing.assert_allclose(values, reference, rtol=1e-6, atol=1e-7)
+
+
+def test_four_bit_types_decode_to_codes_in_0_15_and_signed_types_keep_their_sign():
+    q4 = gguf_blocks.decode(_random_blocks(T.Q4_K, 2, 256, 0), T.Q4_K, (2, 256)).q
+    q6 = gguf_blocks.decode(_random_blocks(T.Q6_K, 2, 256, 0), T.Q6_K, (2, 256)).q
+    assert q4.min() >= 0 and q4.max() <= 15
+    assert q6.min() >= -32 and q6.max() <= 31 and q6.min() < 0
+
+
+def test_unsupported_type_and_wrong_size_are_refused_by_name():
+    with pytest.raises(ValueError, match="Q2_K has no integer decoder"):
+        gguf_blocks.decode(np.zeros((1, 84), np.uint8), T.Q2_K, (1, 256))
+    with pytest.raises(ValueError, match=r"does not hold a \[2, 64\] tensor"):
+        gguf_blocks.decode(np.zeros((1, 34), np.uint8), T.Q8_0, (2, 64))

@@ -1,0 +1,169 @@
+"""Quantized schemes compute with exactly the weights they store: int8/int4 made at load, GGUF codes as stored."""
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+import gguf as gguf_lib
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import quantize
+from tiny_gguf import llama_cpp_permute, write_and_close
+from tiny_hf_models import tiny_models
+from tiny_paged_batch import TinyPagedRunner
+
+from jido.config.model import Quantization
+from jido.engine.llm import LLM
+from jido.core.sampling_params import SamplingParams
+from jido.layers import quant_kernels
+from jido.layers.quantization import QUANTIZATIONS, get_quantization_config, process_weights_after_loading
+from jido.layers.quantized_linear import QuantizedCodes, merge_codes
+from jido.models.loader import CACHE_DIR_ENV, iter_gguf_weights
+from jido.runner.model_runner import resolve_quantization
+
+TOKENS = {"a": [3, 1, 4, 1, 5, 9, 2, 6], "b": [2, 7, 1, 8]}
+
+
+def _quantized_and_reference(arch: str, scheme: str, group_size: int | None):
+    """(our model quantized by ``scheme``, the dense model holding exactly the dequantized weights)."""
+    hf, dense = tiny_models(arch)
+    quantized = type(dense)(dense.config, dense.model.layers[0].self_attn.backend,
+                            quant_config=get_quantization_config(scheme, group_size)).eval()
+    quantized.load_weights(hf.state_dict().items())
+    process_weights_after_loading(quantized)
+    modules = dict(quantized.named_modules())
+    for name, module in dense.named_modules():
+        qweight = getattr(modules[name], "qweight", None)
+        if qweight is not None:
+            module.weight.data = quant_kernels.dequantize(qweight)
+    return quantized, dense
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("scheme, group_size", [("int8", None), ("int8", 16), ("int4", None), ("int4", 16)])
+def test_quantized_model_equals_the_dense_model_on_its_dequantized_weights(arch, scheme, group_size):
+    quantized, reference = _quantized_and_reference(arch, scheme, group_size)
+    ours, expected = TinyPagedRunner(quantized).step(TOKENS), TinyPagedRunner(reference).step(TOKENS)
+    for request in TOKENS:
+        torch.testing.assert_close(ours[request], expected[request], atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_quantized_layers_and_tied_embedding_keep_no_float_weight(scheme):
+    quantized, _ = _quantized_and_reference("gemma3", scheme, None)
+    layer = quantized.model.layers[0]
+    for module in (layer.self_attn.qkv_proj, layer.mlp.down_proj, quantized.model.embed_tokens):
+        assert not hasattr(module, "weight") and module.qweight.bits == (8 if scheme == "int8" else 4)
+    assert quantized.lm_head is quantized.model.embed_tokens
+
+
+def _codes(rows: int, cols: int, group_size: int, offsets: bool, seed: int) -> QuantizedCodes:
+    gen = torch.Generator().manual_seed(seed)
+    groups = cols // group_size
+    q = torch.randint(-32, 32, (rows, cols), generator=gen, dtype=torch.int8)
+    return QuantizedCodes(q, torch.rand(rows, groups, generator=gen),
+                          torch.randn(rows, groups, generator=gen) if offsets else None, group_size, f"g{group_size}")
+
+
+def test_shards_of_different_group_sizes_and_offsets_merge_to_their_stacked_values():
+    parts = [_codes(3, 64, 32, offsets=False, seed=0), _codes(2, 64, 16, offsets=True, seed=1),
+             _codes(4, 64, 32, offsets=True, seed=2)]
+    merged = merge_codes(parts)
+    assert (merged.group_size, merged.source) == (16, "g32+g16")
+    torch.testing.assert_close(merged.dequantize(), torch.cat([p.dequantize() for p in parts]), atol=0, rtol=0)
+
+
+def test_codes_that_fit_four_bits_pack_into_four_bits():
+    codes = _codes(2, 64, 32, offsets=True, seed=3)
+    nibbles = QuantizedCodes(codes.q.abs().clamp(max=15), codes.scales, codes.offsets, 32, "Q4_K")
+    assert (codes.pack().bits, nibbles.pack().bits) == (8, 4)
+    torch.testing.assert_close(quant_kernels.dequantize(nibbles.pack()), nibbles.dequantize(), atol=0, rtol=0)
+
+
+def test_scheme_names_agree_between_the_config_and_the_registry():
+    assert set(typing.get_args(Quantization)) == set(QUANTIZATIONS)
+    with pytest.raises(ValueError, match="gguf keeps the file's own groups"):
+        get_quantization_config("gguf", 32)
+    with pytest.raises(ValueError, match="even integer"):
+        get_quantization_config("int4", 7)
+
+
+def test_gguf_is_the_default_for_a_gguf_model_on_cpu_only():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_quantization(None, cpu, from_gguf=True) == "gguf"
+    assert resolve_quantization(None, cuda, from_gguf=True) == "none"
+    assert resolve_quantization(None, cpu, from_gguf=False) == "none"
+    assert resolve_quantization("int8", cpu, from_gguf=True) == "int8"
+    with pytest.raises(ValueError, match="needs a .gguf model"):
+        resolve_quantization("gguf", cpu, from_gguf=False)
+
+
+# --- a tiny Llama GGUF whose projections use five different GGML types ---
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN = 64, 2, 1, 32, 96
+VOCAB = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["▁", "a", "b", "▁a", "ab"]
+TYPES = {"attn_q": Q.Q5_0, "attn_k": Q.Q4_0, "attn_v": Q.Q8_0, "attn_output": Q.Q4_1, "ffn_gate": Q.Q5_1,
+         "ffn_up": Q.Q4_0, "ffn_down": Q.Q8_0}
+
+
+def _write_mixed_llama(path: Path) -> None:
+    rng = np.random.default_rng(0)
+    writer = gguf_lib.GGUFWriter(str(path), "llama")
+    for add, value in [(writer.add_block_count, 1), (writer.add_context_length, 128),
+                       (writer.add_embedding_length, HIDDEN), (writer.add_feed_forward_length, FFN),
+                       (writer.add_head_count, HEADS), (writer.add_head_count_kv, KV_HEADS),
+                       (writer.add_rope_dimension_count, HEAD_DIM), (writer.add_layer_norm_rms_eps, 1e-5),
+                       (writer.add_rope_freq_base, 10000.0), (writer.add_tokenizer_model, "llama"),
+                       (writer.add_token_list, VOCAB), (writer.add_bos_token_id, 1), (writer.add_eos_token_id, 2),
+                       (writer.add_unk_token_id, 0)]:
+        add(value)
+    writer.add_token_scores([0.0] * 259 + [-1.0, -2.0, -3.0, -4.0, -5.0])
+    writer.add_token_types([2, 3, 3] + [6] * 256 + [1] * 5)
+    shapes = {"attn_q": (HEADS * HEAD_DIM, HIDDEN), "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN),
+              "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN), "attn_output": (HIDDEN, HEADS * HEAD_DIM),
+              "ffn_gate": (FFN, HIDDEN), "ffn_up": (FFN, HIDDEN), "ffn_down": (HIDDEN, FFN)}
+    for name, shape in shapes.items():
+        w = rng.standard_normal(shape).astype(np.float32) * 0.3
+        if name in ("attn_q", "attn_k"):
+            w = llama_cpp_permute(w, HEADS if name == "attn_q" else KV_HEADS)
+        writer.add_tensor(f"blk.0.{name}.weight", quantize(w, TYPES[name]), raw_dtype=TYPES[name])
+    for name in ("attn_norm", "ffn_norm"):
+        writer.add_tensor(f"blk.0.{name}.weight", 1 + 0.1 * rng.standard_normal(HIDDEN).astype(np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(HIDDEN, np.float32))
+    embedding = rng.standard_normal((len(VOCAB), HIDDEN)).astype(np.float32)
+    writer.add_tensor("token_embd.weight", quantize(embedding, Q.Q8_0), raw_dtype=Q.Q8_0)
+    output = rng.standard_normal((len(VOCAB), HIDDEN)).astype(np.float32)
+    writer.add_tensor("output.weight", quantize(output, Q.Q4_0), raw_dtype=Q.Q4_0)
+    write_and_close(writer)
+
+
+def test_gguf_weights_arrive_as_codes_of_their_stored_types(tmp_path):
+    path = tmp_path / "mixed.gguf"
+    _write_mixed_llama(path)
+    weights = dict(iter_gguf_weights(path))
+    sources = {name: w.source for name, w in weights.items() if isinstance(w, QuantizedCodes)}
+    assert sources["model.layers.0.self_attn.q_proj.weight"] == "Q5_0"
+    assert sources["model.layers.0.self_attn.v_proj.weight"] == "Q8_0"
+    assert sources["model.embed_tokens.weight"] == "Q8_0" and sources["lm_head.weight"] == "Q4_0"
+    assert len(sources) == 9 and weights["model.norm.weight"].dtype == torch.float32
+
+
+def test_gguf_codes_as_stored_score_and_generate_like_the_dequantized_checkpoint(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+    path = tmp_path / "mixed.gguf"
+    _write_mixed_llama(path)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, prompt_logprobs=0)
+    prompt = [1, 261, 262, 263, 260, 259, 261, 262]
+    runs = {}
+    for scheme in ("gguf", "none"):
+        with caplog.at_level("INFO", logger="jido"):
+            llm = LLM(model=str(path), quantization=scheme, dtype="float32", kv_cache_memory="4MiB")
+        assert f"quantization {scheme})" in caplog.text
+        runs[scheme] = llm.generate([{"prompt_token_ids": prompt}], params)[0]
+    gguf_run, dense_run = runs["gguf"], runs["none"]
+    assert gguf_run.outputs[0].token_ids == dense_run.outputs[0].token_ids
+    for ours, reference in zip(gguf_run.prompt_logprobs[1:], dense_run.prompt_logprobs[1:]):
+        (token, ours_lp), = ours.items()
+        assert abs(ours_lp.logprob - reference[token].logprob) < 1e-4
