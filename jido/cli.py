@@ -16,7 +16,7 @@ from jido.metrics.stats import IterationStats
 from jido.tools.perplexity import PerplexityConfig, evaluate, format_result, read_text, result_record
 from jido.utils.cli_args import add_dataclass_arguments, dataclass_kwargs, summary
 
-if TYPE_CHECKING:  # the engine loads torch: only `jido generate` and `serve` import it, when they run
+if TYPE_CHECKING:  # the engine loads torch: only `jido generate`, `serve` and `eval` import it, when they run
     from jido.engine.llm_engine import LLMEngine
     from jido.engine.outputs import RequestOutput
 
