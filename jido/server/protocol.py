@@ -30,12 +30,17 @@ _UNSUPPORTED: dict[str, tuple[str, Callable[[Any, dict], bool]]] = {
     "echo": ("echoing the prompt in chat", lambda v, body: v is None or v is False),
     "suffix": ("text after the completion (fill-in-the-middle)", lambda v, body: v is None or v == ""),
     "logit_bias": ("logit biases", lambda v, body: v is None or v == {}),
-    "tools": ("tool calling", lambda v, body: v is None or v == []),
-    "tool_choice": ("tool calling", lambda v, body: v is None or v == "none"),
+    "tool_choice": ("forced or disabled tool calls", lambda v, body: _tool_choice_is_noop(v, body)),
     "functions": ("function calling", lambda v, body: v is None or v == []),
     "function_call": ("function calling", lambda v, body: v is None or v == "none"),
     "response_format": ("structured output", lambda v, body: v is None or v == {"type": "text"}),
 }
+
+
+def _tool_choice_is_noop(value: Any, body: dict) -> bool:
+    # Chat's tools are rendered by the template and the model decides whether to call one: "auto" with tools;
+    # without tools, "none" asks for nothing.
+    return value is None or value == ("auto" if body.get("tools") else "none")
 
 
 def check_supported(data: dict, declared: Collection[str] = ()) -> tuple[str, str] | None:
@@ -167,6 +172,8 @@ class ChatCompletionRequest(_SamplingBody):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    # Rendered into the prompt as the chat template defines; a call comes back as the model's text in content.
+    tools: list[dict[str, Any]] | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -70,6 +70,7 @@ def test_server_config_rejects_incomplete_missing_or_unloadable_tls_files(tmp_pa
 
 def test_served_model_name_defaults_to_the_model_name(tmp_path):
     assert ServerConfig().model_name(None) == "gemma-3-270m"
+    assert ServerConfig().model_name("qwen2.5-coder-1.5b-instruct") == "qwen2.5-coder-1.5b-instruct"
     assert ServerConfig().model_name(str(tmp_path / "qwen3-0.6b-q8_0.gguf")) == "qwen3-0.6b-q8_0"
     assert ServerConfig().model_name(str(tmp_path)) == tmp_path.name
     assert ServerConfig(served_model_name="mine").model_name(None) == "mine"
