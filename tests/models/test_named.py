@@ -11,6 +11,7 @@ import pytest
 
 from jido.cli import main
 from jido.models import gguf, named
+from jido.models.loader import resolve_model
 from jido.models.named import NAMED_MODELS, CorruptModelError, ModelNotInstalledError, NamedModel
 
 CHUNKS = [b"GGUF" + bytes(range(200)), bytes(range(255, 0, -1)) * 3, b"tail"]
@@ -115,3 +116,18 @@ def test_each_installed_named_model_assembles_to_its_recorded_gguf(name, num_ten
     opened = gguf.open_gguf(path)
     assert (len(opened.tensors), opened.arch_value("block_count")) == (num_tensors, num_layers)
     assert json.loads((path.parent / (path.name + ".verified")).read_text())["sha256"] == model.sha256
+
+
+def test_a_named_model_that_is_not_installed_fails_the_command_with_the_install_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(named.CACHE_DIR_ENV, str(tmp_path))
+    monkeypatch.setitem(NAMED_MODELS, "fake", _model())  # its chunk packages are not on sys.path here
+    assert main(["generate", "--model", "fake", "Hi"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "jido: error: model 'fake' is not installed (missing fake_chunk_part1, fake_chunk_part2, fake_chunk_part3); "
+        "install it with: pip install 'jido[fake-extra]'")
+
+
+def test_an_unknown_name_lists_the_known_ones(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"no such file or folder; .* or a model name \(gemma-3-270m, "
+                                                r"qwen2.5-coder-0.5b-instruct, qwen2.5-coder-1.5b-instruct; "):
+        resolve_model("qwen2.5-coder-7b-instruct", cache_dir=tmp_path)
