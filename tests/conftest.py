@@ -23,7 +23,7 @@ if not torch.cuda.is_available():
 FIXTURES = Path(__file__).parent / "fixtures"
 REFERENCE_PATH = FIXTURES / "gemma3_reference.json"
 QWEN_REFERENCE_PATH = FIXTURES / "qwen2_reference.json"
-QWEN = "qwen2.5-coder-0.5b-instruct"
+QWEN, QWEN_1_5B = "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +50,13 @@ def qwen_folder() -> Path:
     """Qwen2.5-Coder-0.5B-Instruct (the `qwen` extra, which `make test` installs) as an HF folder."""
     require_named_model(QWEN)
     return resolve_model(QWEN)
+
+
+@pytest.fixture(scope="session")
+def qwen_1_5b_folder() -> Path:
+    """Qwen2.5-Coder-1.5B-Instruct as an HF folder; optional (`jido[qwen-1-5b]`), so its tests skip without it."""
+    require_named_model(QWEN_1_5B)
+    return resolve_model(QWEN_1_5B)
 
 
 @pytest.fixture(scope="session")

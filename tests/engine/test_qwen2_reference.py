@@ -5,7 +5,9 @@ import pytest
 from near_tie import NEAR_TIE_LOGIT_GAP, assert_same_until_a_near_tie
 
 from jido import SamplingParams
-from jido.models.loader import generation_eos_ids
+from jido.engine.chat_template import load_chat_template
+from jido.models.loader import generation_eos_ids, load_config
+from jido.models.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -43,3 +45,20 @@ def test_batched_greedy_tokens_match_transformers(qwen_llm, qwen_reference):
     for gen, out in zip(gens, outputs):
         assert_same_until_a_near_tie(gen["name"], out.outputs[0].token_ids[: len(gen["output_ids"])], gen,
                                      NEAR_TIE_LOGIT_GAP)
+
+
+def test_the_1_5b_target_shares_the_tokenizer_template_and_eos_and_has_2_kv_heads(qwen_1_5b_folder, qwen_reference):
+    # The draft/target pair for speculative decoding must agree on every token id.
+    config = load_config(qwen_1_5b_folder)
+    assert [config[k] for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads")] == [
+        28, 1536, 12, 2]
+    tokenizer = Tokenizer.from_folder(qwen_1_5b_folder)
+    for case in qwen_reference["tokenizer_cases"]:
+        assert tokenizer.encode(case["text"]) == case["ids"], case["text"]
+    template = load_chat_template(tokenizer)
+    # Its GGUF's template differs from the 0.5B's only inside the tools block (it prints the call format's
+    # braces doubled), so the renders without tools must be the 0.5B's, which transformers made.
+    for case in qwen_reference["chat_cases"]:
+        if "tools" not in case:
+            assert template.render(case["messages"]) == case["text"], case["name"]
+    assert generation_eos_ids(qwen_1_5b_folder) == [IM_END, ENDOFTEXT]
