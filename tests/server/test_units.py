@@ -1,6 +1,8 @@
 """The server's pieces without a model: stream holdback, config validation (metrics: test_metrics.py)."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 from server_harness import self_signed_cert
 
@@ -70,6 +72,18 @@ def test_server_config_rejects_incomplete_missing_or_unloadable_tls_files(tmp_pa
 
 def test_served_model_name_defaults_to_the_model_name(tmp_path):
     assert ServerConfig().model_name(None) == "gemma-3-270m"
+    assert ServerConfig().model_name("qwen2.5-coder-1.5b-instruct") == "qwen2.5-coder-1.5b-instruct"
     assert ServerConfig().model_name(str(tmp_path / "qwen3-0.6b-q8_0.gguf")) == "qwen3-0.6b-q8_0"
     assert ServerConfig().model_name(str(tmp_path)) == tmp_path.name
     assert ServerConfig(served_model_name="mine").model_name(None) == "mine"
+
+
+@pytest.mark.parametrize("chat, path, field", [(True, "/v1/chat/completions", '"messages"'),
+                                               (False, "/v1/completions", '"prompt"')])
+def test_the_curl_line_chats_only_with_a_model_that_has_a_chat_template(caplog, chat, path, field):
+    from jido.server.launcher import _log_usage
+
+    with caplog.at_level(logging.INFO, logger="jido"):
+        _log_usage(ServerConfig(), "127.0.0.1", 8000, "gemma-3-270m", chat=chat)
+    curl = caplog.messages[-1]
+    assert curl.startswith(f"try: curl http://127.0.0.1:8000{path} ") and field in curl
