@@ -145,6 +145,7 @@ def _run_perplexity(args: argparse.Namespace) -> int:
     llm = LLM(**_engine_kwargs(args))
     result = evaluate(llm, text, config)
     print(json.dumps(result_record(result, llm)) if config.json else format_result(result))
+    return 0
 
 
 def _models_parser(sub: argparse._SubParsersAction) -> None:
