@@ -37,11 +37,11 @@ inline f32x16 load_f32(const float* p) {
   return v;
 }
 
-inline f32x16 broadcast(float s) { return f32x16{s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }
+__attribute__((always_inline)) inline f32x16 broadcast(float s) { return f32x16{s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }
 
 // 16 bytes widened to 16 floats, read as signed (int8 weights) or unsigned (nibbles already masked).
 template <bool Signed>
-inline f32x16 bytes_to_f32(u8x16 b) {
+__attribute__((always_inline)) inline f32x16 bytes_to_f32(u8x16 b) {
 #if defined(__AVX512F__)
   const __m512i w = Signed ? _mm512_cvtepi8_epi32((__m128i)b) : _mm512_cvtepu8_epi32((__m128i)b);
   return (f32x16)_mm512_cvtepi32_ps(w);
@@ -61,6 +61,7 @@ inline f32x16 bytes_to_f32(u8x16 b) {
 }
 
 constexpr int64_t kChunk = 32;  // columns one step dequantizes: two 16-lane vectors
+constexpr int64_t kPrefetchRows = 4;  // how far ahead rows are prefetched
 
 // One quantized weight and how its rows are walked: columns [0, fast_len) by 32-column chunks, the rest
 // (and every column, for group sizes chunks do not fit) one at a time by weight_at.
@@ -92,7 +93,7 @@ struct Chunk {
   f32x16 lo, hi;
 };
 
-inline f32x16 halves(float first, float second) {
+__attribute__((always_inline)) inline f32x16 halves(float first, float second) {
   const i32x16 low_half = {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
   return low_half ? broadcast(first) : broadcast(second);
 }
@@ -101,7 +102,7 @@ inline f32x16 halves(float first, float second) {
 // chunk is). For int8 that is one group per vector; for int4 the low 8 lanes of each vector (columns
 // k..k+15) are group g and the high 8 lanes group g + 1.
 template <int Bits, bool Groups16>
-inline Chunk dequant_chunk(const Layout& l, const uint8_t* row, const float* rs, const float* rm, int64_t k) {
+__attribute__((always_inline)) inline Chunk dequant_chunk(const Layout& l, const uint8_t* row, const float* rs, const float* rm, int64_t k) {
   const int64_t g = l.group_shift >= 0 ? k >> l.group_shift : k / l.group_size;
   f32x16 s0, s1, m0 = {}, m1 = {};
   if (Groups16 && Bits == 8) {
@@ -134,6 +135,20 @@ inline float weight_at(const Layout& l, int64_t n, int64_t k) {
 }
 
 // The sum of the 16 lanes by halving (a tree: 4 dependent adds where a serial sum takes 15).
+// Asks for the bytes, scales and mins of row n ahead of use: one core's hardware prefetcher alone keeps too
+// few cache-line reads in flight to stream at the memory's bandwidth.
+inline void prefetch_row(const Layout& l, int64_t n) {
+  if (n >= l.N) return;
+  const char* bytes = reinterpret_cast<const char*>(l.data + n * l.row_bytes);
+  for (int64_t i = 0; i < l.row_bytes; i += 64) __builtin_prefetch(bytes + i);
+  const int64_t group_bytes = l.num_groups * static_cast<int64_t>(sizeof(float));
+  const char* scales = reinterpret_cast<const char*>(l.scales + n * l.num_groups);
+  for (int64_t i = 0; i < group_bytes; i += 64) __builtin_prefetch(scales + i);
+  if (!l.mins) return;
+  const char* mins = reinterpret_cast<const char*>(l.mins + n * l.num_groups);
+  for (int64_t i = 0; i < group_bytes; i += 64) __builtin_prefetch(mins + i);
+}
+
 inline float lane_sum(f32x16 v) {
   typedef float f32x8 __attribute__((vector_size(32)));
   typedef float f32x4 __attribute__((vector_size(16)));
@@ -192,9 +207,10 @@ constexpr int kMaxRows = 4;  // AVX2 has 16 registers and a 16-lane vector takes
 // Output rows [n0, n1) for all M rows of x, in blocks of kMaxRows, 4, 2, 1 rows of x; each block reads
 // the weight row again (from L1).
 template <int Bits, bool Groups16>
-void rows_dot(const Layout& l, int64_t n0, int64_t n1, const float* x, int64_t M, float* out) {
+void rows_dot(const Layout& l, int64_t n0, int64_t n1, const float* x, const uint16_t*, int64_t M, float* out) {
   float part[kMaxRows];
   for (int64_t n = n0; n < n1; ++n) {
+    prefetch_row(l, n + kPrefetchRows);
     for (int64_t m = 0; m < M;) {
       const int64_t left = M - m;
       const int R = left >= kMaxRows ? kMaxRows : left >= 4 ? 4 : left >= 2 ? 2 : 1;
@@ -209,12 +225,77 @@ void rows_dot(const Layout& l, int64_t n0, int64_t n1, const float* x, int64_t M
   }
 }
 
-using RowsFn = void (*)(const Layout&, int64_t, int64_t, const float*, int64_t, float*);
+// Output rows [n0, n1) for M rows of x, given as float32 and (for the bf16 kernel) as bf16 bits.
+using RowsFn = void (*)(const Layout&, int64_t, int64_t, const float*, const uint16_t*, int64_t, float*);
 
 RowsFn pick_rows_dot(const Layout& l) {
   if (l.bits == 8) return l.groups16 ? &rows_dot<8, true> : &rows_dot<8, false>;
   return l.groups16 ? &rows_dot<4, true> : &rows_dot<4, false>;
 }
+
+#if defined(__AVX512F__)
+// The bf16 kernel, for more rows of bf16 x, where the fp32 FMAs above are compute-bound: each chunk is
+// dequantized once, rounded to bf16 (as a dense bf16 weight is) and multiplied into up to 16 rows of x
+// by vdpbf16ps, 32 products per instruction (twice the FMA's 16). The lanes pair columns in Chunk's
+// order, and x is stored in the same order, so sums over all lanes are the dot products. Compiled for
+// AVX512_BF16 whatever the build flags; called only where the CPU has it (bf16_dots_supported).
+#define JIDO_BF16_TARGET __attribute__((target("avx512bf16")))
+
+template <int R, int Bits, bool Groups16>
+JIDO_BF16_TARGET void row_dot_bf16(const Layout& l, int64_t n, const float* xf, const uint16_t* xb, float* out) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const uint8_t* row = l.data + n * l.row_bytes;
+  const float* rs = l.scales + n * l.num_groups;
+  const float* rm = l.mins ? l.mins + n * l.num_groups : nullptr;
+  for (int64_t k = 0; k < l.fast_len; k += kChunk) {
+    const Chunk c = dequant_chunk<Bits, Groups16>(l, row, rs, rm, k);
+    const __m512bh w = _mm512_cvtne2ps_pbh((__m512)c.hi, (__m512)c.lo);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xr = (__m512bh)_mm512_loadu_si512(xb + r * l.K + k);
+      acc[r] = _mm512_dpbf16_ps(acc[r], w, xr);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float sum = _mm512_reduce_add_ps(acc[r]);
+    for (int64_t j = l.fast_len; j < l.K; ++j) sum += weight_at(l, n, j) * xf[r * l.K + j];
+    out[r] = sum;
+  }
+}
+
+template <int Bits, bool Groups16>
+JIDO_BF16_TARGET void rows_dot_bf16(const Layout& l, int64_t n0, int64_t n1, const float* xf, const uint16_t* xb,
+                                    int64_t M, float* out) {
+  float part[16];
+  for (int64_t n = n0; n < n1; ++n) {
+    prefetch_row(l, n + kPrefetchRows);
+    for (int64_t m = 0; m < M;) {
+      const int64_t left = M - m;
+      const int R = left >= 16 ? 16 : left >= 8 ? 8 : left >= 4 ? 4 : 1;
+      const float* xfm = xf + m * l.K;
+      const uint16_t* xbm = xb + m * l.K;
+      if (R == 16) row_dot_bf16<16, Bits, Groups16>(l, n, xfm, xbm, part);
+      else if (R == 8) row_dot_bf16<8, Bits, Groups16>(l, n, xfm, xbm, part);
+      else if (R == 4) row_dot_bf16<4, Bits, Groups16>(l, n, xfm, xbm, part);
+      else row_dot_bf16<1, Bits, Groups16>(l, n, xfm, xbm, part);
+      for (int r = 0; r < R; ++r) out[(m + r) * l.N + n] = part[r];
+      m += R;
+    }
+  }
+}
+
+bool bf16_dots_supported() { return __builtin_cpu_supports("avx512bf16"); }
+
+RowsFn pick_rows_dot_bf16(const Layout& l) {
+  if (l.bits == 8) return l.groups16 ? &rows_dot_bf16<8, true> : &rows_dot_bf16<8, false>;
+  return l.groups16 ? &rows_dot_bf16<4, true> : &rows_dot_bf16<4, false>;
+}
+#else
+bool bf16_dots_supported() { return false; }
+
+RowsFn pick_rows_dot_bf16(const Layout&) { return nullptr; }
+#endif
 
 // Reorders each full 32-column chunk of every row of x to its even columns, then its odd ones: the order
 // in which an int4 chunk's low and high nibbles come out of dequant_i4.
@@ -247,20 +328,27 @@ void check_weight(const at::Tensor& data, const at::Tensor& scales, const c10::o
               "mins must be contiguous float32 shaped like scales");
 }
 
+// y = x w^T (+ bias) in x's dtype, by the fp32 kernel, or with bf16_dots (bf16 x, a CPU with AVX512_BF16)
+// by the bf16 one.
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scales,
                         const c10::optional<at::Tensor>& mins, int64_t group_size, int64_t bits, int64_t K,
-                        const c10::optional<at::Tensor>& bias) {
+                        const c10::optional<at::Tensor>& bias, bool bf16_dots) {
   check_weight(data, scales, mins, group_size, bits, K);
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "]");
+  TORCH_CHECK(!bf16_dots || (x.scalar_type() == at::kBFloat16 && bf16_dots_supported()),
+              "bf16_dots needs bfloat16 x and a CPU with AVX512_BF16 (see bf16_dots_supported)");
   const Layout l = make_layout(data, scales, mins, group_size, bits, K);
   at::Tensor xf = x.to(at::kFloat).contiguous().clone();  // [M, K], a copy the int4 reorder may write
   const int64_t M = xf.size(0);
   if (bits == 4) permute_for_int4(xf.data_ptr<float>(), M, K, l.fast_len);
+  // the same values as x (bf16 to float and back is exact), in the reordered columns
+  const at::Tensor xb = bf16_dots ? xf.to(at::kBFloat16) : at::Tensor();
+  const uint16_t* xbp = bf16_dots ? reinterpret_cast<const uint16_t*>(xb.data_ptr()) : nullptr;
   at::Tensor out = at::empty({M, l.N}, xf.options());
   const float* xp = xf.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const RowsFn rows = pick_rows_dot(l);
-  at::parallel_for(0, l.N, 16, [&](int64_t n0, int64_t n1) { rows(l, n0, n1, xp, M, op); });
+  const RowsFn rows = bf16_dots ? pick_rows_dot_bf16(l) : pick_rows_dot(l);
+  at::parallel_for(0, l.N, 16, [&](int64_t n0, int64_t n1) { rows(l, n0, n1, xp, xbp, M, op); });
   if (bias.has_value()) out.add_(bias->to(at::kFloat));
   return out.to(x.scalar_type());
 }
@@ -322,8 +410,9 @@ at::Tensor quant_dequantize(const at::Tensor& data, const at::Tensor& scales, co
 }  // namespace
 
 TORCH_LIBRARY(jido_quant, m) {
-  m.def("linear(Tensor x, Tensor data, Tensor scales, Tensor? mins, int group_size, int bits, int K, Tensor? bias) "
-        "-> Tensor");
+  m.def("linear(Tensor x, Tensor data, Tensor scales, Tensor? mins, int group_size, int bits, int K, Tensor? bias, "
+        "bool bf16_dots=False) -> Tensor");
+  m.def("bf16_dots_supported() -> bool", &bf16_dots_supported);
   m.def("dequantize(Tensor data, Tensor scales, Tensor? mins, int group_size, int bits, int K, ScalarType dtype) "
         "-> Tensor");
 }
