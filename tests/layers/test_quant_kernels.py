@@ -38,7 +38,7 @@ def reference(x: torch.Tensor, w: qk.QuantizedWeight, bias: torch.Tensor | None)
 def assert_matches_reference(y: torch.Tensor, x: torch.Tensor, w: qk.QuantizedWeight,
                              bias: torch.Tensor | None) -> None:
     """fp32 x: float32 sums, within 2^-20 of sum |x w|. bf16 x: the result is rounded to bf16 (2^-8 of it)
-    and the matmul path rounds w to bf16 as a dense bf16 layer does (2^-8 of sum |x w|)."""
+    and the bf16-dot kernel rounds w to bf16 as a dense bf16 layer does (2^-8 of sum |x w|)."""
     ref = reference(x, w, bias)
     magnitude = x.double().abs() @ qk.dequantize_reference(w).double().abs().T
     if x.dtype == torch.float32:
@@ -64,7 +64,7 @@ def test_quant_linear_matches_float64_reference(path, bits, dtype) -> None:
     for i, (num_rows, num_cols, group_size) in enumerate(SHAPES):
         w = random_weight(num_rows, num_cols, group_size, bits, with_mins=i % 2 == 0, gen=gen)
         bias = torch.randn(num_rows, generator=gen) if i % 3 else None
-        for rows in (1, 3, 17, 64):  # fp32: the fp32 kernel up to 31 rows, tiles above; bf16: bf16 dots from 4
+        for rows in (1, 3, 17, 64):  # fp32: the fp32 kernel up to 16 rows, tiles above; bf16: bf16 dots from 4
             x = torch.randn(rows, num_cols, generator=gen).to(dtype)
             assert_matches_reference(qk.quant_linear(x, w, bias), x, w, bias)
 

@@ -2,12 +2,13 @@
 //   w[n, k] = scales[n, k / group_size] * q[n, k] + mins[n, k / group_size]   (mins optional),
 // q int8 [N, K] (bits 8) or two 4-bit values per byte [N, ceil(K / 2)], q[2j] in the low nibble (bits 4).
 //
-// linear: the batch-1 decode kernel. It is memory-bound, so the weight bytes stream once: threads split the
-// output rows, each row's groups are dequantized to fp32 in registers and multiplied into up to kMaxRows
+// linear: decode at batch 1 is memory-bound, so the weight bytes stream once: threads split the output
+// rows, each row's 32-column chunks are dequantized to fp32 in registers and multiplied into up to kMaxRows
 // rows of x at once (x converted to fp32 once, before the loop). The scale (and min) is folded into the
 // dequantized weight, so the dot products accumulate in lane vectors over the whole row and are summed
-// across lanes once per output.
-// dequantize: w in fp32 or bf16 for a tile of rows, for the caller's matmul at larger batches.
+// across lanes once per output. With bf16_dots (more rows of bf16 x, AVX512_BF16) the dequantized chunk is
+// rounded to bf16 and multiplied by vdpbf16ps instead, twice the products per instruction.
+// dequantize: w in fp32 or bf16 for some rows: the caller's tiled matmul and embedding lookups.
 //
 // The vectors are GCC's vector extensions, so one source compiles to AVX-512, to AVX2 (two registers per
 // vector) or to scalar code, whatever the -m flags allow. Only the widening of bytes to floats uses
@@ -37,11 +38,15 @@ inline f32x16 load_f32(const float* p) {
   return v;
 }
 
-__attribute__((always_inline)) inline f32x16 broadcast(float s) { return f32x16{s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }
+// NOTE: always_inline on the helpers of dequant_chunk: the bf16 kernel has another target attribute, and GCC
+// does not otherwise inline them there (a call per chunk spills every accumulator).
+#define JIDO_INLINE __attribute__((always_inline)) inline
+
+JIDO_INLINE f32x16 broadcast(float s) { return f32x16{s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }
 
 // 16 bytes widened to 16 floats, read as signed (int8 weights) or unsigned (nibbles already masked).
 template <bool Signed>
-__attribute__((always_inline)) inline f32x16 bytes_to_f32(u8x16 b) {
+JIDO_INLINE f32x16 bytes_to_f32(u8x16 b) {
 #if defined(__AVX512F__)
   const __m512i w = Signed ? _mm512_cvtepi8_epi32((__m128i)b) : _mm512_cvtepu8_epi32((__m128i)b);
   return (f32x16)_mm512_cvtepi32_ps(w);
@@ -93,7 +98,7 @@ struct Chunk {
   f32x16 lo, hi;
 };
 
-__attribute__((always_inline)) inline f32x16 halves(float first, float second) {
+JIDO_INLINE f32x16 halves(float first, float second) {
   const i32x16 low_half = {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
   return low_half ? broadcast(first) : broadcast(second);
 }
@@ -102,7 +107,7 @@ __attribute__((always_inline)) inline f32x16 halves(float first, float second) {
 // chunk is). For int8 that is one group per vector; for int4 the low 8 lanes of each vector (columns
 // k..k+15) are group g and the high 8 lanes group g + 1.
 template <int Bits, bool Groups16>
-__attribute__((always_inline)) inline Chunk dequant_chunk(const Layout& l, const uint8_t* row, const float* rs, const float* rm, int64_t k) {
+JIDO_INLINE Chunk dequant_chunk(const Layout& l, const uint8_t* row, const float* rs, const float* rm, int64_t k) {
   const int64_t g = l.group_shift >= 0 ? k >> l.group_shift : k / l.group_size;
   f32x16 s0, s1, m0 = {}, m1 = {};
   if (Groups16 && Bits == 8) {
@@ -241,48 +246,68 @@ RowsFn pick_rows_dot(const Layout& l) {
 // AVX512_BF16 whatever the build flags; called only where the CPU has it (bf16_dots_supported).
 #define JIDO_BF16_TARGET __attribute__((target("avx512bf16")))
 
-template <int R, int Bits, bool Groups16>
-JIDO_BF16_TARGET void row_dot_bf16(const Layout& l, int64_t n, const float* xf, const uint16_t* xb, float* out) {
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  const uint8_t* row = l.data + n * l.row_bytes;
-  const float* rs = l.scales + n * l.num_groups;
-  const float* rm = l.mins ? l.mins + n * l.num_groups : nullptr;
+// out[nb * R + r] = sum_k x[r, k] w[n + nb, k] for NB weight rows and R rows of x: each x load feeds NB
+// dot products, so x (tens of KB at K = 2048) is read from L2 once per NB weight rows, not per row.
+template <int NB, int R, int Bits, bool Groups16>
+JIDO_BF16_TARGET void rows_block_bf16(const Layout& l, int64_t n, const float* xf, const uint16_t* xb, float* out) {
+  __m512 acc[NB][R];
+  for (int b = 0; b < NB; ++b)
+    for (int r = 0; r < R; ++r) acc[b][r] = _mm512_setzero_ps();
   for (int64_t k = 0; k < l.fast_len; k += kChunk) {
-    const Chunk c = dequant_chunk<Bits, Groups16>(l, row, rs, rm, k);
-    const __m512bh w = _mm512_cvtne2ps_pbh((__m512)c.hi, (__m512)c.lo);
+    __m512bh w[NB];
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; ++b) {
+      const int64_t g = (n + b) * l.num_groups;
+      const Chunk c = dequant_chunk<Bits, Groups16>(l, l.data + (n + b) * l.row_bytes, l.scales + g,
+                                                    l.mins ? l.mins + g : nullptr, k);
+      w[b] = _mm512_cvtne2ps_pbh((__m512)c.hi, (__m512)c.lo);
+    }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512bh xr = (__m512bh)_mm512_loadu_si512(xb + r * l.K + k);
-      acc[r] = _mm512_dpbf16_ps(acc[r], w, xr);
+#pragma GCC unroll 4
+      for (int b = 0; b < NB; ++b) acc[b][r] = _mm512_dpbf16_ps(acc[b][r], w[b], xr);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    float sum = _mm512_reduce_add_ps(acc[r]);
-    for (int64_t j = l.fast_len; j < l.K; ++j) sum += weight_at(l, n, j) * xf[r * l.K + j];
-    out[r] = sum;
+  for (int b = 0; b < NB; ++b) {
+    for (int r = 0; r < R; ++r) {
+      float sum = _mm512_reduce_add_ps(acc[b][r]);
+      for (int64_t j = l.fast_len; j < l.K; ++j) sum += weight_at(l, n + b, j) * xf[r * l.K + j];
+      out[b * R + r] = sum;
+    }
+  }
+}
+
+// Weight rows in blocks of 4 (the last few of a thread's range one by one), x rows in blocks of 4 or 1 for
+// 4 weight rows (16 accumulators) and of 16, 8, 4 or 1 for one.
+template <int NB, int Bits, bool Groups16>
+JIDO_BF16_TARGET void rows_bf16(const Layout& l, int64_t n, const float* xf, const uint16_t* xb, int64_t M,
+                                float* out) {
+  float part[NB * 16];
+  for (int64_t m = 0; m < M;) {
+    const int64_t left = M - m;
+    const int R = NB > 1 ? (left >= 4 ? 4 : 1) : (left >= 16 ? 16 : left >= 8 ? 8 : left >= 4 ? 4 : 1);
+    const float* xfm = xf + m * l.K;
+    const uint16_t* xbm = xb + m * l.K;
+    if (R == 16) rows_block_bf16<1, 16, Bits, Groups16>(l, n, xfm, xbm, part);
+    else if (R == 8) rows_block_bf16<1, 8, Bits, Groups16>(l, n, xfm, xbm, part);
+    else if (R == 4) rows_block_bf16<NB, 4, Bits, Groups16>(l, n, xfm, xbm, part);
+    else rows_block_bf16<NB, 1, Bits, Groups16>(l, n, xfm, xbm, part);
+    for (int b = 0; b < NB; ++b)
+      for (int r = 0; r < R; ++r) out[(m + r) * l.N + n + b] = part[b * R + r];
+    m += R;
   }
 }
 
 template <int Bits, bool Groups16>
 JIDO_BF16_TARGET void rows_dot_bf16(const Layout& l, int64_t n0, int64_t n1, const float* xf, const uint16_t* xb,
                                     int64_t M, float* out) {
-  float part[16];
-  for (int64_t n = n0; n < n1; ++n) {
-    prefetch_row(l, n + kPrefetchRows);
-    for (int64_t m = 0; m < M;) {
-      const int64_t left = M - m;
-      const int R = left >= 16 ? 16 : left >= 8 ? 8 : left >= 4 ? 4 : 1;
-      const float* xfm = xf + m * l.K;
-      const uint16_t* xbm = xb + m * l.K;
-      if (R == 16) row_dot_bf16<16, Bits, Groups16>(l, n, xfm, xbm, part);
-      else if (R == 8) row_dot_bf16<8, Bits, Groups16>(l, n, xfm, xbm, part);
-      else if (R == 4) row_dot_bf16<4, Bits, Groups16>(l, n, xfm, xbm, part);
-      else row_dot_bf16<1, Bits, Groups16>(l, n, xfm, xbm, part);
-      for (int r = 0; r < R; ++r) out[(m + r) * l.N + n] = part[r];
-      m += R;
-    }
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    for (int b = 0; b < 4; ++b) prefetch_row(l, n + kPrefetchRows + b);
+    rows_bf16<4, Bits, Groups16>(l, n, xf, xb, M, out);
   }
+  for (; n < n1; ++n) rows_bf16<1, Bits, Groups16>(l, n, xf, xb, M, out);
 }
 
 bool bf16_dots_supported() { return __builtin_cpu_supports("avx512bf16"); }
