@@ -1,8 +1,8 @@
 """Weight-quantized linear kernels (jido/layers/quant_kernels.py) on Gemma 3 270M's shapes, against dense bf16.
 
-Times ``quant_linear`` (int8 and int4, groups of 32; its M-dispatch as shipped) and its two paths forced
-(``stream``: the C++ kernel that streams quantized bytes; ``tiles``: tiles of rows dequantized to bf16, then
-oneDNN), the dense bf16 baseline (oneDNN-packed weight, ``_linear_pointwise``, as jido's unquantized CPU
+Times ``quant_linear`` (int8 and int4, groups of 32; its M-dispatch as shipped) and its paths forced
+(``fp32``: the C++ kernel with fp32 FMAs; ``bf16dots``: the C++ kernel with AVX512_BF16 dot products; ``tiles``:
+tiles of rows dequantized to x's dtype, then ``F.linear``), the dense bf16 baseline (oneDNN-packed weight, ``_linear_pointwise``, as jido's unquantized CPU
 path runs) and torch's own weight-only ops (``_weight_int8pack_mm``, per-channel int8 with bf16 scales;
 ``_weight_int4pack_mm_for_cpu``, groups of 32 with bf16 scales and zeros), for M rows of bf16 x. Every
 figure: min and median in ms of ``--repeats`` timed calls, all variants of a shape interleaved per repeat.
@@ -37,8 +37,11 @@ def variants(weight: torch.Tensor, rows: int) -> dict[str, Callable[[torch.Tenso
     for bits in (8, 4):
         w = qk.quantize(weight, bits, 32)
         out[f"int{bits}"] = lambda x, w=w: qk.quant_linear(x, w)
-        out[f"int{bits}_stream"] = lambda x, w=w: ops.linear(x, w.data, w.scales, w.mins, w.group_size, w.bits,
-                                                             w.shape[1], None)
+        out[f"int{bits}_fp32"] = lambda x, w=w: ops.linear(x, w.data, w.scales, w.mins, w.group_size, w.bits,
+                                                           w.shape[1], None)
+        if qk.has_bf16_dots():
+            out[f"int{bits}_bf16dots"] = lambda x, w=w: ops.linear(x, w.data, w.scales, w.mins, w.group_size,
+                                                                   w.bits, w.shape[1], None, True)
         out[f"int{bits}_tiles"] = lambda x, w=w: qk._tiled_linear(x, w, None, ops)
     out.update(torch_ops(weight, rows))
     return out
@@ -82,7 +85,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     machine = machine_info()
     print(f"# {now_iso()}  {describe_machine(machine)}; {args.threads} threads; "
-          f"MAX_STREAMING_ROWS={qk.MAX_STREAMING_ROWS}")
+          f"BF16_DOTS_MIN_ROWS={qk.BF16_DOTS_MIN_ROWS}")
     records = []
     gen = torch.Generator().manual_seed(0)
     for shape_name in args.shapes.split(","):
@@ -102,7 +105,7 @@ def main() -> None:
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump({"date": now_iso(), "machine": machine, "threads": args.threads,
-                       "max_streaming_rows": qk.MAX_STREAMING_ROWS, "records": records}, f, indent=1)
+                       "bf16_dots_min_rows": qk.BF16_DOTS_MIN_ROWS, "records": records}, f, indent=1)
 
 
 if __name__ == "__main__":

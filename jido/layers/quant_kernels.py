@@ -2,9 +2,9 @@
 
 A :class:`QuantizedWeight` holds ``w[n, k] = scales[n, k // group_size] * q[n, k] (+ mins[n, k // group_size])``.
 :func:`quant_linear` runs ``x w^T`` on it with the C++ kernels of ``csrc/quant_linear.cpp`` (built at first use by
-:mod:`jido.utils.cpp_build`): for a few rows of ``x`` one pass that streams the quantized bytes and dequantizes in
-registers (decode is memory-bound, so fewer bytes is faster), for more rows tiles of ``w`` dequantized to
-``x.dtype`` and multiplied by oneDNN (compute-bound there, where bf16 matmuls beat fp32 FMAs). Without a
+:mod:`jido.utils.cpp_build`), which stream the quantized bytes once and dequantize in registers (decode is
+memory-bound, so fewer bytes is faster): fp32 FMAs for a few rows, bf16 dot products (AVX512_BF16) for more rows
+of bf16 x, and for many rows otherwise tiles of ``w`` dequantized and multiplied by ``F.linear``. Without a
 compiler the same results come from the PyTorch reference: :func:`dequantize_reference` and ``F.linear``.
 """
 from __future__ import annotations
@@ -19,10 +19,13 @@ import torch.nn.functional as F
 from jido.utils.cpp_build import load_ops_library
 
 SOURCE = Path(__file__).parent / "csrc" / "quant_linear.cpp"
-# Up to this many rows of x the streaming kernel wins; above it dequantized tiles and oneDNN do (measured on
-# Gemma 3 270M's shapes, benchmarks/results/quant-kernels-2026-12-01.md).
-MAX_STREAMING_ROWS = 8
-# Rows of w dequantized per tile on the matmul path: a few MB in bf16, so a tile is still in L3 when used.
+# Crossovers measured on Gemma 3 270M's shapes (benchmarks/results/quant-kernels-2026-12-01.md): bf16 x on a
+# CPU with AVX512_BF16 takes the bf16-dot kernel from this many rows (below it the fp32 kernel is as fast and
+# keeps w exact) ...
+BF16_DOTS_MIN_ROWS = 4
+# ... and otherwise the fp32 kernel runs up to this many rows, dequantized tiles and a matmul above.
+MAX_STREAMING_ROWS = 16
+# Rows of w dequantized per tile on the matmul path: a few MB, so a tile is still in cache when multiplied.
 TILE_ROWS = 4096
 
 
@@ -44,6 +47,13 @@ def load_quant_ops(source: Path = SOURCE) -> object | None:
     if not load_ops_library("jido_quant", source, "C++ quantized linear kernels", "dequantize + F.linear"):
         return None
     return torch.ops.jido_quant
+
+
+@functools.cache
+def has_bf16_dots() -> bool:
+    """The C++ kernels are built and this CPU runs their bf16-dot kernel (AVX512_BF16)."""
+    ops = load_quant_ops()
+    return ops is not None and ops.bf16_dots_supported()
 
 
 def pack(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, group_size: int,
@@ -149,28 +159,35 @@ def dequantize_reference(w: QuantizedWeight) -> torch.Tensor:
 def quant_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x w^T (+ bias)``: ``x`` ``[M, K]`` float32 or bfloat16 -> ``[M, N]`` in ``x.dtype``.
 
-    Sums run in float32; a bf16 result is that sum rounded once. On the matmul path (more than
-    :data:`MAX_STREAMING_ROWS` rows, or without the C++ kernels) ``w`` is first rounded to ``x.dtype``, as a
-    dense bf16 layer's weight is.
+    Sums run in float32 and a bf16 result is rounded once. The fp32 kernel (up to :data:`MAX_STREAMING_ROWS`
+    rows) and the tiled matmul (more rows, or no C++ kernels) multiply by ``w`` exactly; the bf16-dot kernel
+    (bf16 x, :data:`BF16_DOTS_MIN_ROWS` rows or more, AVX512_BF16) first rounds ``w`` to bf16, as a dense bf16
+    layer's weight is.
     """
     if x.dim() != 2 or x.shape[1] != w.shape[1] or x.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"x must be float32 or bfloat16 [M, {w.shape[1]}], got {x.dtype} {tuple(x.shape)}")
     ops = load_quant_ops()
-    if ops is not None and x.shape[0] <= MAX_STREAMING_ROWS:
-        return ops.linear(x, w.data, w.scales, w.mins, w.group_size, w.bits, w.shape[1], bias)
+    num_rows = x.shape[0]
+    if ops is None:
+        return _tiled_linear(x, w, bias, None)
+    bf16_dots = x.dtype == torch.bfloat16 and num_rows >= BF16_DOTS_MIN_ROWS and has_bf16_dots()
+    if bf16_dots or num_rows <= MAX_STREAMING_ROWS:
+        return ops.linear(x, w.data, w.scales, w.mins, w.group_size, w.bits, w.shape[1], bias, bf16_dots)
     return _tiled_linear(x, w, bias, ops)
 
 
 def _tiled_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, ops: object | None) -> torch.Tensor:
-    """``x w^T`` over tiles of :data:`TILE_ROWS` rows of ``w``, each dequantized to ``x.dtype`` and multiplied by
-    ``F.linear``, so no more than one tile of dense weight exists at a time."""
+    """``x w^T`` over tiles of :data:`TILE_ROWS` rows of ``w``, each dequantized and multiplied by ``F.linear``,
+    so no more than one tile of dense weight exists at a time. In float32 whatever x's dtype: oneDNN reorders a
+    plain bf16 weight on every call, which made bf16 tiles ~10x slower (Gemma 3's head: ~0.5 s)."""
     num_rows = w.shape[0]
-    out = torch.empty(x.shape[0], num_rows, dtype=x.dtype)
+    x32 = x.to(torch.float32)
+    out = torch.empty(x.shape[0], num_rows, dtype=torch.float32)
     for start in range(0, num_rows, TILE_ROWS):
         rows = slice(start, min(start + TILE_ROWS, num_rows))
-        tile = _dequantize_rows(_rows(w, rows), x.dtype, ops)
-        out[:, rows] = F.linear(x, tile, None if bias is None else bias[rows].to(x.dtype))
-    return out
+        tile = _dequantize_rows(_rows(w, rows), torch.float32, ops)
+        out[:, rows] = F.linear(x32, tile, None if bias is None else bias[rows].to(torch.float32))
+    return out.to(x.dtype)
 
 
 def _rows(w: QuantizedWeight, rows: slice | torch.Tensor) -> QuantizedWeight:

@@ -38,7 +38,7 @@ def reference(x: torch.Tensor, w: qk.QuantizedWeight, bias: torch.Tensor | None)
 def assert_matches_reference(y: torch.Tensor, x: torch.Tensor, w: qk.QuantizedWeight,
                              bias: torch.Tensor | None) -> None:
     """fp32 x: float32 sums, within 2^-20 of sum |x w|. bf16 x: the result is rounded to bf16 (2^-8 of it)
-    and the matmul path rounds w to bf16 as a dense bf16 layer does (2^-8 of sum |x w|)."""
+    and the bf16-dot kernel rounds w to bf16 as a dense bf16 layer does (2^-8 of sum |x w|)."""
     ref = reference(x, w, bias)
     magnitude = x.double().abs() @ qk.dequantize_reference(w).double().abs().T
     if x.dtype == torch.float32:
@@ -64,21 +64,25 @@ def test_quant_linear_matches_float64_reference(path, bits, dtype) -> None:
     for i, (num_rows, num_cols, group_size) in enumerate(SHAPES):
         w = random_weight(num_rows, num_cols, group_size, bits, with_mins=i % 2 == 0, gen=gen)
         bias = torch.randn(num_rows, generator=gen) if i % 3 else None
-        for rows in (1, 3, 17, 64):
+        for rows in (1, 3, 17, 64):  # fp32: the fp32 kernel up to 16 rows, tiles above; bf16: bf16 dots from 4
             x = torch.randn(rows, num_cols, generator=gen).to(dtype)
             assert_matches_reference(qk.quant_linear(x, w, bias), x, w, bias)
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-def test_streaming_kernel_matches_reference_for_every_row_block(bits) -> None:
-    # quant_linear sends only a few rows to this kernel; the row blocks (8, 4, 2, 1 rows) are checked here.
+@pytest.mark.parametrize("bf16_dots", [False, True])
+def test_each_kernel_matches_reference_for_every_row_block(bits, bf16_dots) -> None:
+    # quant_linear picks a kernel by the number of rows; here each kernel runs every row block (fp32: 8, 4,
+    # 2, 1 rows; bf16 dots: 16, 8, 4, 1) whatever quant_linear would pick.
+    if bf16_dots and not qk.has_bf16_dots():
+        pytest.skip("this CPU has no AVX512_BF16")
     ops = qk.load_quant_ops()
     gen = torch.Generator().manual_seed(10 + bits)
     for i, (num_rows, num_cols, group_size) in enumerate(SHAPES):
         w = random_weight(num_rows, num_cols, group_size, bits, with_mins=i % 2 == 1, gen=gen)
         for rows in (1, 3, 17, 64):
-            x = torch.randn(rows, num_cols, generator=gen)
-            y = ops.linear(x, w.data, w.scales, w.mins, w.group_size, w.bits, num_cols, None)
+            x = torch.randn(rows, num_cols, generator=gen).to(torch.bfloat16 if bf16_dots else torch.float32)
+            y = ops.linear(x, w.data, w.scales, w.mins, w.group_size, w.bits, num_cols, None, bf16_dots)
             assert_matches_reference(y, x, w, None)
 
 

@@ -2,12 +2,13 @@
 //   w[n, k] = scales[n, k / group_size] * q[n, k] + mins[n, k / group_size]   (mins optional),
 // q int8 [N, K] (bits 8) or two 4-bit values per byte [N, ceil(K / 2)], q[2j] in the low nibble (bits 4).
 //
-// linear: the batch-1 decode kernel. It is memory-bound, so the weight bytes stream once: threads split the
-// output rows, each row's groups are dequantized to fp32 in registers and multiplied into up to kMaxRows
+// linear: decode at batch 1 is memory-bound, so the weight bytes stream once: threads split the output
+// rows, each row's 32-column chunks are dequantized to fp32 in registers and multiplied into up to kMaxRows
 // rows of x at once (x converted to fp32 once, before the loop). The scale (and min) is folded into the
 // dequantized weight, so the dot products accumulate in lane vectors over the whole row and are summed
-// across lanes once per output.
-// dequantize: w in fp32 or bf16 for a tile of rows, for the caller's matmul at larger batches.
+// across lanes once per output. With bf16_dots (more rows of bf16 x, AVX512_BF16) the dequantized chunk is
+// rounded to bf16 and multiplied by vdpbf16ps instead, twice the products per instruction.
+// dequantize: w in fp32 or bf16 for some rows: the caller's tiled matmul and embedding lookups.
 //
 // The vectors are GCC's vector extensions, so one source compiles to AVX-512, to AVX2 (two registers per
 // vector) or to scalar code, whatever the -m flags allow. Only the widening of bytes to floats uses
@@ -37,11 +38,15 @@ inline f32x16 load_f32(const float* p) {
   return v;
 }
 
-inline f32x16 broadcast(float s) { return f32x16{s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }
+// NOTE: always_inline on the helpers of dequant_chunk: the bf16 kernel has another target attribute, and GCC
+// does not otherwise inline them there (a call per chunk spills every accumulator).
+#define JIDO_INLINE __attribute__((always_inline)) inline
+
+JIDO_INLINE f32x16 broadcast(float s) { return f32x16{s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }
 
 // 16 bytes widened to 16 floats, read as signed (int8 weights) or unsigned (nibbles already masked).
 template <bool Signed>
-inline f32x16 bytes_to_f32(u8x16 b) {
+JIDO_INLINE f32x16 bytes_to_f32(u8x16 b) {
 #if defined(__AVX512F__)
   const __m512i w = Signed ? _mm512_cvtepi8_epi32((__m128i)b) : _mm512_cvtepu8_epi32((__m128i)b);
   return (f32x16)_mm512_cvtepi32_ps(w);
@@ -61,6 +66,7 @@ inline f32x16 bytes_to_f32(u8x16 b) {
 }
 
 constexpr int64_t kChunk = 32;  // columns one step dequantizes: two 16-lane vectors
+constexpr int64_t kPrefetchRows = 4;  // how far ahead rows are prefetched
 
 // One quantized weight and how its rows are walked: columns [0, fast_len) by 32-column chunks, the rest
 // (and every column, for group sizes chunks do not fit) one at a time by weight_at.
@@ -92,7 +98,7 @@ struct Chunk {
   f32x16 lo, hi;
 };
 
-inline f32x16 halves(float first, float second) {
+JIDO_INLINE f32x16 halves(float first, float second) {
   const i32x16 low_half = {1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0};
   return low_half ? broadcast(first) : broadcast(second);
 }
@@ -101,7 +107,7 @@ inline f32x16 halves(float first, float second) {
 // chunk is). For int8 that is one group per vector; for int4 the low 8 lanes of each vector (columns
 // k..k+15) are group g and the high 8 lanes group g + 1.
 template <int Bits, bool Groups16>
-inline Chunk dequant_chunk(const Layout& l, const uint8_t* row, const float* rs, const float* rm, int64_t k) {
+JIDO_INLINE Chunk dequant_chunk(const Layout& l, const uint8_t* row, const float* rs, const float* rm, int64_t k) {
   const int64_t g = l.group_shift >= 0 ? k >> l.group_shift : k / l.group_size;
   f32x16 s0, s1, m0 = {}, m1 = {};
   if (Groups16 && Bits == 8) {
@@ -134,6 +140,20 @@ inline float weight_at(const Layout& l, int64_t n, int64_t k) {
 }
 
 // The sum of the 16 lanes by halving (a tree: 4 dependent adds where a serial sum takes 15).
+// Asks for the bytes, scales and mins of row n ahead of use: one core's hardware prefetcher alone keeps too
+// few cache-line reads in flight to stream at the memory's bandwidth.
+inline void prefetch_row(const Layout& l, int64_t n) {
+  if (n >= l.N) return;
+  const char* bytes = reinterpret_cast<const char*>(l.data + n * l.row_bytes);
+  for (int64_t i = 0; i < l.row_bytes; i += 64) __builtin_prefetch(bytes + i);
+  const int64_t group_bytes = l.num_groups * static_cast<int64_t>(sizeof(float));
+  const char* scales = reinterpret_cast<const char*>(l.scales + n * l.num_groups);
+  for (int64_t i = 0; i < group_bytes; i += 64) __builtin_prefetch(scales + i);
+  if (!l.mins) return;
+  const char* mins = reinterpret_cast<const char*>(l.mins + n * l.num_groups);
+  for (int64_t i = 0; i < group_bytes; i += 64) __builtin_prefetch(mins + i);
+}
+
 inline float lane_sum(f32x16 v) {
   typedef float f32x8 __attribute__((vector_size(32)));
   typedef float f32x4 __attribute__((vector_size(16)));
@@ -192,9 +212,10 @@ constexpr int kMaxRows = 4;  // AVX2 has 16 registers and a 16-lane vector takes
 // Output rows [n0, n1) for all M rows of x, in blocks of kMaxRows, 4, 2, 1 rows of x; each block reads
 // the weight row again (from L1).
 template <int Bits, bool Groups16>
-void rows_dot(const Layout& l, int64_t n0, int64_t n1, const float* x, int64_t M, float* out) {
+void rows_dot(const Layout& l, int64_t n0, int64_t n1, const float* x, const uint16_t*, int64_t M, float* out) {
   float part[kMaxRows];
   for (int64_t n = n0; n < n1; ++n) {
+    prefetch_row(l, n + kPrefetchRows);
     for (int64_t m = 0; m < M;) {
       const int64_t left = M - m;
       const int R = left >= kMaxRows ? kMaxRows : left >= 4 ? 4 : left >= 2 ? 2 : 1;
@@ -209,12 +230,97 @@ void rows_dot(const Layout& l, int64_t n0, int64_t n1, const float* x, int64_t M
   }
 }
 
-using RowsFn = void (*)(const Layout&, int64_t, int64_t, const float*, int64_t, float*);
+// Output rows [n0, n1) for M rows of x, given as float32 and (for the bf16 kernel) as bf16 bits.
+using RowsFn = void (*)(const Layout&, int64_t, int64_t, const float*, const uint16_t*, int64_t, float*);
 
 RowsFn pick_rows_dot(const Layout& l) {
   if (l.bits == 8) return l.groups16 ? &rows_dot<8, true> : &rows_dot<8, false>;
   return l.groups16 ? &rows_dot<4, true> : &rows_dot<4, false>;
 }
+
+#if defined(__AVX512F__)
+// The bf16 kernel, for more rows of bf16 x, where the fp32 FMAs above are compute-bound: each chunk is
+// dequantized once, rounded to bf16 (as a dense bf16 weight is) and multiplied into up to 16 rows of x
+// by vdpbf16ps, 32 products per instruction (twice the FMA's 16). The lanes pair columns in Chunk's
+// order, and x is stored in the same order, so sums over all lanes are the dot products. Compiled for
+// AVX512_BF16 whatever the build flags; called only where the CPU has it (bf16_dots_supported).
+#define JIDO_BF16_TARGET __attribute__((target("avx512bf16")))
+
+// out[nb * R + r] = sum_k x[r, k] w[n + nb, k] for NB weight rows and R rows of x: each x load feeds NB
+// dot products, so x (tens of KB at K = 2048) is read from L2 once per NB weight rows, not per row.
+template <int NB, int R, int Bits, bool Groups16>
+JIDO_BF16_TARGET void rows_block_bf16(const Layout& l, int64_t n, const float* xf, const uint16_t* xb, float* out) {
+  __m512 acc[NB][R];
+  for (int b = 0; b < NB; ++b)
+    for (int r = 0; r < R; ++r) acc[b][r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < l.fast_len; k += kChunk) {
+    __m512bh w[NB];
+#pragma GCC unroll 4
+    for (int b = 0; b < NB; ++b) {
+      const int64_t g = (n + b) * l.num_groups;
+      const Chunk c = dequant_chunk<Bits, Groups16>(l, l.data + (n + b) * l.row_bytes, l.scales + g,
+                                                    l.mins ? l.mins + g : nullptr, k);
+      w[b] = _mm512_cvtne2ps_pbh((__m512)c.hi, (__m512)c.lo);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xr = (__m512bh)_mm512_loadu_si512(xb + r * l.K + k);
+#pragma GCC unroll 4
+      for (int b = 0; b < NB; ++b) acc[b][r] = _mm512_dpbf16_ps(acc[b][r], w[b], xr);
+    }
+  }
+  for (int b = 0; b < NB; ++b) {
+    for (int r = 0; r < R; ++r) {
+      float sum = _mm512_reduce_add_ps(acc[b][r]);
+      for (int64_t j = l.fast_len; j < l.K; ++j) sum += weight_at(l, n + b, j) * xf[r * l.K + j];
+      out[b * R + r] = sum;
+    }
+  }
+}
+
+// Weight rows in blocks of 4 (the last few of a thread's range one by one), x rows in blocks of 4 or 1 for
+// 4 weight rows (16 accumulators) and of 16, 8, 4 or 1 for one.
+template <int NB, int Bits, bool Groups16>
+JIDO_BF16_TARGET void rows_bf16(const Layout& l, int64_t n, const float* xf, const uint16_t* xb, int64_t M,
+                                float* out) {
+  float part[NB * 16];
+  for (int64_t m = 0; m < M;) {
+    const int64_t left = M - m;
+    const int R = NB > 1 ? (left >= 4 ? 4 : 1) : (left >= 16 ? 16 : left >= 8 ? 8 : left >= 4 ? 4 : 1);
+    const float* xfm = xf + m * l.K;
+    const uint16_t* xbm = xb + m * l.K;
+    if (R == 16) rows_block_bf16<1, 16, Bits, Groups16>(l, n, xfm, xbm, part);
+    else if (R == 8) rows_block_bf16<1, 8, Bits, Groups16>(l, n, xfm, xbm, part);
+    else if (R == 4) rows_block_bf16<NB, 4, Bits, Groups16>(l, n, xfm, xbm, part);
+    else rows_block_bf16<NB, 1, Bits, Groups16>(l, n, xfm, xbm, part);
+    for (int b = 0; b < NB; ++b)
+      for (int r = 0; r < R; ++r) out[(m + r) * l.N + n + b] = part[b * R + r];
+    m += R;
+  }
+}
+
+template <int Bits, bool Groups16>
+JIDO_BF16_TARGET void rows_dot_bf16(const Layout& l, int64_t n0, int64_t n1, const float* xf, const uint16_t* xb,
+                                    int64_t M, float* out) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    for (int b = 0; b < 4; ++b) prefetch_row(l, n + kPrefetchRows + b);
+    rows_bf16<4, Bits, Groups16>(l, n, xf, xb, M, out);
+  }
+  for (; n < n1; ++n) rows_bf16<1, Bits, Groups16>(l, n, xf, xb, M, out);
+}
+
+bool bf16_dots_supported() { return __builtin_cpu_supports("avx512bf16"); }
+
+RowsFn pick_rows_dot_bf16(const Layout& l) {
+  if (l.bits == 8) return l.groups16 ? &rows_dot_bf16<8, true> : &rows_dot_bf16<8, false>;
+  return l.groups16 ? &rows_dot_bf16<4, true> : &rows_dot_bf16<4, false>;
+}
+#else
+bool bf16_dots_supported() { return false; }
+
+RowsFn pick_rows_dot_bf16(const Layout&) { return nullptr; }
+#endif
 
 // Reorders each full 32-column chunk of every row of x to its even columns, then its odd ones: the order
 // in which an int4 chunk's low and high nibbles come out of dequant_i4.
@@ -247,20 +353,27 @@ void check_weight(const at::Tensor& data, const at::Tensor& scales, const c10::o
               "mins must be contiguous float32 shaped like scales");
 }
 
+// y = x w^T (+ bias) in x's dtype, by the fp32 kernel, or with bf16_dots (bf16 x, a CPU with AVX512_BF16)
+// by the bf16 one.
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scales,
                         const c10::optional<at::Tensor>& mins, int64_t group_size, int64_t bits, int64_t K,
-                        const c10::optional<at::Tensor>& bias) {
+                        const c10::optional<at::Tensor>& bias, bool bf16_dots) {
   check_weight(data, scales, mins, group_size, bits, K);
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "]");
+  TORCH_CHECK(!bf16_dots || (x.scalar_type() == at::kBFloat16 && bf16_dots_supported()),
+              "bf16_dots needs bfloat16 x and a CPU with AVX512_BF16 (see bf16_dots_supported)");
   const Layout l = make_layout(data, scales, mins, group_size, bits, K);
   at::Tensor xf = x.to(at::kFloat).contiguous().clone();  // [M, K], a copy the int4 reorder may write
   const int64_t M = xf.size(0);
   if (bits == 4) permute_for_int4(xf.data_ptr<float>(), M, K, l.fast_len);
+  // the same values as x (bf16 to float and back is exact), in the reordered columns
+  const at::Tensor xb = bf16_dots ? xf.to(at::kBFloat16) : at::Tensor();
+  const uint16_t* xbp = bf16_dots ? reinterpret_cast<const uint16_t*>(xb.data_ptr()) : nullptr;
   at::Tensor out = at::empty({M, l.N}, xf.options());
   const float* xp = xf.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const RowsFn rows = pick_rows_dot(l);
-  at::parallel_for(0, l.N, 16, [&](int64_t n0, int64_t n1) { rows(l, n0, n1, xp, M, op); });
+  const RowsFn rows = bf16_dots ? pick_rows_dot_bf16(l) : pick_rows_dot(l);
+  at::parallel_for(0, l.N, 16, [&](int64_t n0, int64_t n1) { rows(l, n0, n1, xp, xbp, M, op); });
   if (bias.has_value()) out.add_(bias->to(at::kFloat));
   return out.to(x.scalar_type());
 }
@@ -322,8 +435,9 @@ at::Tensor quant_dequantize(const at::Tensor& data, const at::Tensor& scales, co
 }  // namespace
 
 TORCH_LIBRARY(jido_quant, m) {
-  m.def("linear(Tensor x, Tensor data, Tensor scales, Tensor? mins, int group_size, int bits, int K, Tensor? bias) "
-        "-> Tensor");
+  m.def("linear(Tensor x, Tensor data, Tensor scales, Tensor? mins, int group_size, int bits, int K, Tensor? bias, "
+        "bool bf16_dots=False) -> Tensor");
+  m.def("bf16_dots_supported() -> bool", &bf16_dots_supported);
   m.def("dequantize(Tensor data, Tensor scales, Tensor? mins, int group_size, int bits, int K, ScalarType dtype) "
         "-> Tensor");
 }
