@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,8 @@ from jido.bench.machine import machine_info, now_iso
 
 RESULTS = Path(__file__).parent / "results"
 FIXTURE = Path(__file__).parent.parent / "tests" / "fixtures" / "gemma3_reference.json"
-DEFAULT_VARIANTS = ["bf16:quantization=none,dtype=auto", "fp32:quantization=none,dtype=float32",
-                    "gguf:quantization=gguf,dtype=auto", "int8:quantization=int8,dtype=auto",
-                    "int4:quantization=int4,dtype=auto"]
+DEFAULT_VARIANTS = ["bf16:quantization=none,dtype=auto", "gguf:quantization=gguf,dtype=auto",
+                    "int8:quantization=int8,dtype=auto", "int4:quantization=int4,dtype=auto"]
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
@@ -95,9 +95,9 @@ def main() -> None:
     args = parser.parse_args()
     variants = dict(parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS))
     fixture = json.loads(FIXTURE.read_text(encoding="utf-8"))
-    text_path = RESULTS / ".pydoc_topics.txt"
     from pydoc_data.topics import topics
 
+    text_path = Path(tempfile.mkdtemp(prefix="jido-quant-")) / "pydoc_topics.txt"
     text_path.write_text("\n\n".join(topics[k] for k in sorted(topics)), encoding="utf-8")
     llms, rows = {}, {}
     for name, kwargs in variants.items():

@@ -69,22 +69,22 @@ class UnquantizedLinearMethod(LinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if layer.weight.is_mkldnn:
-            return _packed_linear(x, layer.weight, bias)
+            return packed_linear(x, layer.weight, bias)
         return F.linear(x, layer.weight, bias)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        if _packable(layer.weight):
-            layer.weight = nn.Parameter(_pack(layer.weight), requires_grad=False)
+        if packable(layer.weight):
+            layer.weight = nn.Parameter(pack_dense(layer.weight), requires_grad=False)
 
     def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
         # A tied head is the embedding, whose lookups need the dense table: the packed copy sits beside it.
-        if _packable(layer.weight):
-            layer.packed_logits_weight = _pack(layer.weight)
+        if packable(layer.weight):
+            layer.packed_logits_weight = pack_dense(layer.weight)
 
     def apply_logits(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         packed = getattr(layer, "packed_logits_weight", None)
         if packed is not None or layer.weight.is_mkldnn:
-            return _packed_linear(hidden, layer.weight if packed is None else packed)
+            return packed_linear(hidden, layer.weight if packed is None else packed)
         if hidden.shape[0] <= _FEW_ROWS:
             # [vocab, hidden] @ [hidden, N]: with a huge vocab and a few rows, BLAS runs this orientation
             # ~2x faster than hidden @ weight.T on CPU (measured: 36 vs 79 ms for 8 rows of Gemma 3's head).
@@ -92,12 +92,12 @@ class UnquantizedLinearMethod(LinearMethod):
         return F.linear(hidden, layer.weight)
 
 
-def _packable(weight: torch.Tensor) -> bool:
+def packable(weight: torch.Tensor) -> bool:
     return (weight.device.type == "cpu" and not weight.is_mkldnn and weight.dtype in (torch.float32, torch.bfloat16)
             and torch.backends.mkldnn.is_available())
 
 
-def _pack(weight: torch.Tensor) -> torch.Tensor:
+def pack_dense(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` reordered into oneDNN's blocked layout for small batches (an opaque ``torch._mkldnn`` tensor).
 
     The hint of one row is the decode case, where the layout matters most (memory-bound); larger batches
@@ -106,7 +106,7 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
 
 
-def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 

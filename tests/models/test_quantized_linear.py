@@ -168,3 +168,23 @@ def test_gguf_codes_as_stored_score_and_generate_like_the_dequantized_checkpoint
     for ours, reference in zip(gguf_run.prompt_logprobs[1:], dense_run.prompt_logprobs[1:]):
         (token, ours_lp), = ours.items()
         assert abs(ours_lp.logprob - reference[token].logprob) < 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gguf_layer_multiplies_few_rows_by_its_codes_and_many_by_its_dense_copy(dtype):
+    from jido.layers.linear import Linear
+    from jido.layers.parameter import default_device_and_dtype
+    from jido.layers.quantized_linear import dense_from_rows
+
+    codes = _codes(48, 64, 32, offsets=True, seed=4)
+    with default_device_and_dtype(torch.device("cpu"), dtype):
+        layer = Linear(64, 48, quant_config=get_quantization_config("gguf"))
+    layer.weight.weight_loader(layer.weight, codes, None)
+    layer.linear_method.process_weights_after_loading(layer)
+    assert not hasattr(layer, "weight") and layer.qweight.bits == 8 and layer.dense_weight.shape == (48, 64)
+    reference = codes.dequantize().double()
+    for rows in (1, dense_from_rows(dtype) - 1, dense_from_rows(dtype), 40):
+        x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows)).to(dtype)
+        expected = (x.double() @ reference.t())
+        tolerance = 1e-4 if dtype == torch.float32 else 0.05 * expected.abs().max().item()
+        torch.testing.assert_close(layer(x).double(), expected, atol=tolerance, rtol=0.02 if tolerance > 1e-4 else 1e-5)
