@@ -43,15 +43,16 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
 
 
 def weight_bytes(worker) -> int:
-    """Bytes of every parameter, buffer and quantized weight the model holds."""
+    """Bytes of every weight the model holds: parameters, buffers, quantized weights and packed dense copies."""
     model = worker.runner.model
-    total = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    tensors = [*model.parameters(), *model.buffers()]
     for module in model.modules():
         qweight = getattr(module, "qweight", None)
         if qweight is not None:
-            parts = [qweight.data, qweight.scales] + ([qweight.mins] if qweight.mins is not None else [])
-            total += sum(t.numel() * t.element_size() for t in parts)
-    return total
+            tensors += [qweight.data, qweight.scales] + ([qweight.mins] if qweight.mins is not None else [])
+        # gguf's dense copy for many-row steps, and a dense tied head's packed copy for logits
+        tensors += [t for name in ("dense_weight", "packed_logits_weight") if (t := getattr(module, name, None)) is not None]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def time_prefill(llm: LLM, tokens: int) -> float:
