@@ -133,7 +133,11 @@ class QuantizationConfig(ABC):
 
     @abstractmethod
     def get_linear_method(self, layer: nn.Module) -> LinearMethod:
-        """The method for ``layer`` (a linear layer, or the embedding that a tied LM head reuses)."""
+        """The method for ``layer`` (a linear layer)."""
+
+    def get_logits_method(self, head: nn.Module) -> LinearMethod:
+        """The LM head's method (``head`` is the embedding when tied): the same as a linear layer's by default."""
+        return self.get_linear_method(head)
 
 
 class UnquantizedConfig(QuantizationConfig):

@@ -34,6 +34,7 @@ from jido.layers.quant_kernels import QuantizedWeight
 logger = logging.getLogger(__name__)
 
 DEFAULT_INT4_GROUP_SIZE = 32  # llama.cpp's Q4_0 group: int4 with larger groups loses visibly more
+TABLE_GROUP_SIZE = 32  # int4's embedding table in int8: Q8_0's groups
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,11 @@ class Int8Config(QuantizationConfig):
 
 
 class Int4Config(QuantizationConfig):
-    """int4 weights, asymmetric, in groups of ``group_size`` inputs (32 by default); float activations."""
+    """int4 weights, asymmetric, in groups of ``group_size`` inputs (32 by default); float activations.
+
+    The LM head (with the embedding, when tied) gets int8 in groups of 32 instead, as llama.cpp's Q4_K_M keeps its output
+    table at 6-8 bits: in int4 it alone took Gemma 3 270M's perplexity from +0.6% (int8) to +34% over bf16.
+    """
 
     name = "int4"
 
@@ -228,6 +233,9 @@ class Int4Config(QuantizationConfig):
 
     def get_linear_method(self, layer: nn.Module) -> LinearMethod:
         return QuantizedLinearMethod(bits=4, group_size=self.group_size)
+
+    def get_logits_method(self, head: nn.Module) -> LinearMethod:
+        return QuantizedLinearMethod(bits=8, group_size=TABLE_GROUP_SIZE)
 
 
 def _checked_group_size(group_size: int | None) -> int | None:

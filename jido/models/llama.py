@@ -168,7 +168,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head: nn.Module = self.model.embed_tokens
         else:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, quant_config=quant_config)
-        self.logits_method = quant_config.get_linear_method(self.lm_head)
+        self.logits_method = quant_config.get_logits_method(self.lm_head)
 
     @property
     def num_layers(self) -> int:

@@ -55,9 +55,11 @@ def test_quantized_model_equals_the_dense_model_on_its_dequantized_weights(arch,
 def test_quantized_layers_and_tied_embedding_keep_no_float_weight(scheme):
     quantized, _ = _quantized_and_reference("gemma3", scheme, None)
     layer = quantized.model.layers[0]
-    for module in (layer.self_attn.qkv_proj, layer.mlp.down_proj, quantized.model.embed_tokens):
+    for module in (layer.self_attn.qkv_proj, layer.mlp.down_proj):
         assert not hasattr(module, "weight") and module.qweight.bits == (8 if scheme == "int8" else 4)
-    assert quantized.lm_head is quantized.model.embed_tokens
+    # The tied table stays at 8 bits under int4 too: in 4 bits it cost far more accuracy than the layers.
+    table = quantized.model.embed_tokens
+    assert not hasattr(table, "weight") and table.qweight.bits == 8 and quantized.lm_head is table
 
 
 def _codes(rows: int, cols: int, group_size: int, offsets: bool, seed: int) -> QuantizedCodes:
