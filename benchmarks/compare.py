@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import fcntl
 import json
 import os
 import signal
@@ -89,17 +90,25 @@ DEFAULT_WORKLOADS = ("batch1", "random-c16")
 # -- shell, lock and logs -----------------------------------------------------------------------------
 @contextlib.contextmanager
 def machine_lock(owner: str) -> Iterator[None]:
-    """Wait for other benchmarks to finish, then hold /tmp/jido-bench.lock (removed however we exit)."""
-    while LOCK.exists():
-        print(f"waiting for {LOCK} ({LOCK.read_text(errors='replace').strip()[:60]})", flush=True)
-        time.sleep(10)
-    LOCK.write_text(f"{owner} (benchmarks/compare.py, pid {os.getpid()})\n")
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        yield
-    finally:
-        LOCK.unlink(missing_ok=True)
-        signal.signal(signal.SIGTERM, previous)
+    """Wait for other benchmarks to finish, then hold /tmp/jido-bench.lock.
+
+    An flock, the lock `flock /tmp/jido-bench.lock CMD` takes: the file's existence means nothing (flock leaves
+    it behind), so waiting on existence, as this did before, waited forever after any flock user.
+    """
+    with LOCK.open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for {LOCK}", flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.truncate(0)
+        handle.write(f"{owner} (benchmarks/compare.py, pid {os.getpid()})\n")
+        handle.flush()
+        previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def log_path(name: str) -> Path:
