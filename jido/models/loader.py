@@ -23,6 +23,7 @@ from jido.models.named import DEFAULT_MODEL
 
 logger = logging.getLogger(__name__)
 
+CODES_FILE = "gguf_codes.safetensors"  # in a converted folder: its GGUF's quantized tensors, decoded once
 SOURCE_MARKER = "jido_gguf_source.json"  # in a converted folder: the GGUF it came from, for quantized loading
 CONVERSION_VERSION = 2  # bumped when converted folders change (2: they name their source GGUF)
 _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
@@ -100,6 +101,53 @@ def iter_gguf_weights(gguf_path: Path) -> Iterator[tuple[str, torch.Tensor | Qua
                     gguf_path.name, ", ".join(sorted(dequantized)))
 
 
+def iter_quantized_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor | QuantizedCodes]]:
+    """:func:`iter_gguf_weights` of a converted folder's GGUF, decoded once into ``CODES_FILE`` in the folder.
+
+    Parsing a GGUF's metadata (a 262k-token vocabulary) and decoding its blocks took ~10 s per load; the
+    decoded codes read back from safetensors in about a second.
+
+    Raises:
+        ValueError: the folder was not converted from a GGUF file that still exists.
+    """
+    path = Path(folder) / CODES_FILE
+    if not path.is_file():
+        _write_codes(Path(folder), path)
+    with safe_open(path, framework="pt") as f:
+        quantized = json.loads(f.metadata()["codes"])
+        for name in json.loads(f.metadata()["order"]):
+            if name not in quantized:
+                yield name, f.get_tensor(name)
+                continue
+            source, group_size = quantized[name]
+            offsets = f.get_tensor(f"{name}:offsets") if f"{name}:offsets" in f.keys() else None
+            yield name, QuantizedCodes(f.get_tensor(f"{name}:q"), f.get_tensor(f"{name}:scales"), offsets,
+                                       group_size, source)
+
+
+def _write_codes(folder: Path, path: Path) -> None:
+    source = gguf_source(folder)
+    if source is None:
+        raise ValueError(f"{folder} was not converted from a GGUF file that still exists; quantization 'gguf' "
+                         "needs one")
+    tensors: dict[str, torch.Tensor] = {}
+    quantized: dict[str, tuple[str, int]] = {}
+    order: list[str] = []  # the GGUF's order, which loading keeps
+    for name, weight in iter_gguf_weights(source):
+        order.append(name)
+        if isinstance(weight, QuantizedCodes):
+            tensors.update({f"{name}:q": weight.q, f"{name}:scales": weight.scales})
+            if weight.offsets is not None:
+                tensors[f"{name}:offsets"] = weight.offsets
+            quantized[name] = (weight.source, weight.group_size)
+        else:
+            tensors[name] = weight
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    # NOTE: written aside and renamed, so a reader never sees half a file.
+    save_file(tensors, tmp, metadata={"codes": json.dumps(quantized), "order": json.dumps(order)})
+    os.replace(tmp, path)
+
+
 def generation_eos_ids(folder: Path) -> list[int]:
     """The ids that end generation: generation_config.json's eos_token_id, else config.json's."""
     folder = Path(folder)
@@ -124,7 +172,7 @@ def _weight_files(folder: Path) -> list[Path]:
     if index.is_file():
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
         return [folder / name for name in sorted(set(weight_map.values()))]
-    files = sorted(folder.glob("*.safetensors"))
+    files = sorted(f for f in folder.glob("*.safetensors") if f.name != CODES_FILE)
     if not files:
         raise ValueError(f"{folder}: no *.safetensors weights")
     return files

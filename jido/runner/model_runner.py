@@ -16,7 +16,7 @@ from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
 from jido.layers.parameter import default_device_and_dtype
 from jido.layers.quantization import get_quantization_config, process_weights_after_loading
 from jido.models.config import ModelArchConfig
-from jido.models.loader import gguf_source, iter_gguf_weights, iter_weights, load_config
+from jido.models.loader import gguf_source, iter_quantized_weights, iter_weights, load_config
 from jido.models.registry import get_model_class
 from jido.runner.input_batch import InputBatch
 from jido.runner.prompt_logprobs import PromptLogprobsCollector
@@ -96,8 +96,8 @@ class ModelRunner:
         # Built on its device in its dtype: no float32 (or CPU) copy of the whole model is ever made.
         with default_device_and_dtype(self.device, self.dtype):
             model = model_class(self.model_arch, self.attn_backend, quant_config)
-        source = gguf_source(self.model_folder)
-        model.load_weights(iter_gguf_weights(source) if self.quantization == "gguf" else iter_weights(self.model_folder))
+        gguf_native = self.quantization == "gguf"
+        model.load_weights(iter_quantized_weights(self.model_folder) if gguf_native else iter_weights(self.model_folder))
         process_weights_after_loading(model)
         model.eval()
         logger.info("loaded %s (%s, %s, quantization %s) in %.1f s", self.model_folder.name, self.device, self.dtype,

@@ -190,3 +190,33 @@ def test_gguf_layer_multiplies_few_rows_by_its_codes_and_many_by_its_dense_copy(
         expected = (x.double() @ reference.t())
         tolerance = 1e-4 if dtype == torch.float32 else 0.05 * expected.abs().max().item()
         torch.testing.assert_close(layer(x).double(), expected, atol=tolerance, rtol=0.02 if tolerance > 1e-4 else 1e-5)
+
+
+def test_gguf_codes_are_decoded_once_into_the_converted_folder_and_read_back_equal(tmp_path):
+    from jido.models.loader import CODES_FILE, iter_quantized_weights, resolve_model
+
+    path = tmp_path / "mixed.gguf"
+    _write_mixed_llama(path)
+    folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
+    expected = list(iter_gguf_weights(path))
+    first = list(iter_quantized_weights(folder))
+    written = (folder / CODES_FILE).stat().st_mtime_ns
+    second = list(iter_quantized_weights(folder))
+    assert (folder / CODES_FILE).stat().st_mtime_ns == written
+    for run in (first, second):
+        assert [name for name, _ in run] == [name for name, _ in expected]
+        for (name, ours), (_, reference) in zip(run, expected):
+            if isinstance(reference, QuantizedCodes):
+                assert (ours.source, ours.group_size) == (reference.source, reference.group_size), name
+                assert torch.equal(ours.q, reference.q) and torch.equal(ours.scales, reference.scales), name
+                assert (ours.offsets is None) == (reference.offsets is None), name
+                assert ours.offsets is None or torch.equal(ours.offsets, reference.offsets), name
+            else:
+                assert torch.equal(ours, reference), name
+
+
+def test_gguf_codes_need_the_source_gguf(tmp_path):
+    from jido.models.loader import iter_quantized_weights
+
+    with pytest.raises(ValueError, match="not converted from a GGUF file that still exists"):
+        list(iter_quantized_weights(tmp_path))
