@@ -2,14 +2,12 @@
 as median and spread, derived lines tied to their run, and a failed peer's exact error kept."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 CPU = {"cpu_model": "AMD EPYC", "num_cpus": 2, "isa": "avx512", "cpu_flags": ["avx2", "fma", "avx512f", "avx512_bf16"],
        "native_bf16": True}
 AVX2_CPU = {**CPU, "isa": "avx2", "cpu_flags": ["avx2", "fma"], "native_bf16": False}
@@ -17,13 +15,7 @@ AVX2_CPU = {**CPU, "isa": "avx2", "cpu_flags": ["avx2", "fma"], "native_bf16": F
 
 @pytest.fixture(scope="module")
 def compare():
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.insert(0, str(BENCHMARKS))  # as when run as a script: compare.py imports compare_report beside it
-    spec = importlib.util.spec_from_file_location("compare", BENCHMARKS / "compare.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["compare"] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("compare")
 
 
 def jido(dtype: str, tpot_ms: float, throughput: float = 150.0, date: str = "2026-12-01T02:00:00+00:00",

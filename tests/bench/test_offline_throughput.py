@@ -1,24 +1,17 @@
 """benchmarks/offline_throughput.py: every ratio is jido ÷ transformers, and batch 1 or the batched run can run alone."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 pytest.importorskip("torch")
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "offline_throughput.py"
 
 
 @pytest.fixture(scope="module")
 def offline():
-    spec = importlib.util.spec_from_file_location("offline_throughput", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["offline_throughput"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("offline_throughput")
 
 
 def test_every_ratio_is_jido_over_transformers_ttft_included(offline):

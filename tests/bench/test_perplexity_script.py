@@ -1,22 +1,15 @@
 """benchmarks/perplexity.py: variants become flags, a setting jido lacks fails its row alone, ratios to the first."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "perplexity.py"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("perplexity_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["perplexity_script"] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("perplexity")
 
 
 def test_a_variant_is_comma_separated_settings_passed_as_flags(script):

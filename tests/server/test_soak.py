@@ -2,26 +2,19 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 from server_harness import GEMMA_CHAT_TEMPLATE, running_server
 from tiny_gemma import make_tiny_model
 
 from jido.server.config import ServerConfig
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
 
 
 @pytest.fixture(scope="module")
 def soak():
-    spec = importlib.util.spec_from_file_location("soak", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["soak"] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("soak")
 
 
 def test_a_short_soak_loses_nothing_and_leaves_the_server_idle(soak, tmp_path):
