@@ -115,12 +115,13 @@ def iter_quantized_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor | Q
         _write_codes(Path(folder), path)
     with safe_open(path, framework="pt") as f:
         quantized = json.loads(f.metadata()["codes"])
+        keys = set(f.keys())
         for name in json.loads(f.metadata()["order"]):
             if name not in quantized:
                 yield name, f.get_tensor(name)
                 continue
             source, group_size = quantized[name]
-            offsets = f.get_tensor(f"{name}:offsets") if f"{name}:offsets" in f.keys() else None
+            offsets = f.get_tensor(f"{name}:offsets") if f"{name}:offsets" in keys else None
             yield name, QuantizedCodes(f.get_tensor(f"{name}:q"), f.get_tensor(f"{name}:scales"), offsets,
                                        group_size, source)
 
