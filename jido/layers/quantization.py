@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from jido.layers.parameter import WeightLoader, empty_parameter
+from jido.utils.cpu import cpu_info
 
 _FEW_ROWS = 16  # up to this many rows, the LM head multiplies in the weight-major orientation
 
@@ -93,8 +94,11 @@ class UnquantizedLinearMethod(LinearMethod):
 
 
 def packable(weight: torch.Tensor) -> bool:
-    return (weight.device.type == "cpu" and not weight.is_mkldnn and weight.dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available())
+    """Whether oneDNN takes this weight packed: a dense CPU float32 tensor, or bf16 where the CPU lets oneDNN
+    reorder bf16 (on AVX2 + FMA it raises; the plain tensor still multiplies there, emulated)."""
+    if weight.device.type != "cpu" or weight.is_mkldnn or not torch.backends.mkldnn.is_available():
+        return False
+    return weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and cpu_info().has_onednn_bf16)
 
 
 def pack_dense(weight: torch.Tensor) -> torch.Tensor:

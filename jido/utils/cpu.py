@@ -33,6 +33,11 @@ class CpuInfo:
         return "avx512_bf16" in self.flags or "amx_bf16" in self.flags
 
     @property
+    def has_onednn_bf16(self) -> bool:
+        """oneDNN can reorder and multiply bf16 weights (it refuses without AVX-512 BW/VL/DQ or AVX-NE-CONVERT)."""
+        return {"avx512bw", "avx512vl", "avx512dq"} <= self.flags or "avx_ne_convert" in self.flags
+
+    @property
     def isa(self) -> str:
         """The widest vector ISA, the name kernels dispatch on: ``amx``, ``avx512``, ``avx2`` or ``scalar``."""
         if "amx_tile" in self.flags:

@@ -13,7 +13,9 @@ def test_bandwidth_and_onednn_come_from_a_roofline_cache_measured_on_this_cpu(tm
     cache = tmp_path / "roofline.json"
     cache.write_text(json.dumps({"cpu": cpu_info().as_dict(), "bandwidth_bytes_s": 41.23e9, "onednn": "v3.12.0"}))
     assert roofline_figures(cache) == {"memory_bandwidth_gb_s": 41.2, "onednn": "v3.12.0"}
-    other_day = {**cpu_info().as_dict(), "cpu_flags": ["avx2", "fma"], "native_bf16": False}
+    # The same machine kind on another day, with other vector flags than this CPU's.
+    flags = ["avx2", "fma"] if "avx512f" in cpu_info().flags else ["avx2", "fma", "avx512f", "avx512_bf16"]
+    other_day = {**cpu_info().as_dict(), "cpu_flags": flags, "native_bf16": not cpu_info().has_native_bf16}
     cache.write_text(json.dumps({"cpu": other_day, "bandwidth_bytes_s": 41.23e9, "onednn": "v3.12.0"}))
     assert roofline_figures(cache) == {"memory_bandwidth_gb_s": None, "onednn": None}
     assert roofline_figures(tmp_path / "missing.json") == {"memory_bandwidth_gb_s": None, "onednn": None}
