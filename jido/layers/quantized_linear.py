@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from jido.layers import quant_kernels
+from jido.layers import int8_dot, quant_kernels
 from jido.layers.parameter import WeightLoader
 from jido.layers.quantization import (
     LinearMethod,
@@ -113,6 +113,8 @@ class QuantizedLinearMethod(LinearMethod):
         dense = getattr(layer, "dense_weight", None)
         if dense is not None and x.shape[0] >= dense_from_rows(x.dtype):
             return packed_linear(x, dense, bias) if dense.is_mkldnn else F.linear(x, dense, bias)
+        if x.shape[0] <= int8_dot.MAX_ROWS and int8_dot.runs(qweight):
+            return int8_dot.int8_dot_linear(x, qweight, bias)
         return quant_kernels.quant_linear(x, qweight, bias)
 
     def apply_logits(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:

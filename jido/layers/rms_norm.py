@@ -1,21 +1,37 @@
 """RMSNorm in the two flavours our model families use: ``w * x`` (Llama) and ``(1 + w) * x`` (Gemma)."""
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from jido.layers.parameter import copy_weight, empty_parameter
+from jido.utils.cpp_build import load_ops_library
+
+SOURCE = Path(__file__).parent / "csrc" / "rms_norm.cpp"
+
+
+@functools.cache
+def load_norm_ops(source: Path = SOURCE) -> object | None:
+    """``torch.ops.jido_norm`` (``rms_norm``) built from ``source``, or None (with a warning)."""
+    if not load_ops_library("jido_norm", source, "C++ RMSNorm kernel", "F.rms_norm"):
+        return None
+    return torch.ops.jido_norm
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm over the last dimension, one fused kernel (``F.rms_norm``, float32 inside).
+    """Root-mean-square norm over the last dimension, float32 inside, one rounding to the dtype.
 
     ``unit_offset=True`` gives Gemma's ``x * (1 + w)``: the checkpoint's ``w`` is loaded as ``1 + w``
     (added in float32), so both flavours run the same kernel. In float32 this is exactly HF's arithmetic;
     in bf16 the stored ``1 + w`` and the product are rounded once more than HF's order (measured with the
-    rest of bf16's error by ``benchmarks/bf16_accuracy.py``). The fused kernel saves ~10 us per norm on
-    CPU against the six-op version (Gemma 3 270M runs 108 norms per step).
+    rest of bf16's error by ``benchmarks/bf16_accuracy.py``). On CPU one C++ kernel per call
+    (``csrc/rms_norm.cpp``): ``F.rms_norm`` runs there as ~10 ATen ops, ~40 us a call, and Gemma 3 270M
+    runs 109 norms per step. ``forward(x, residual)`` returns ``residual + norm(x)`` (Gemma's norms after
+    attention and MLP) from the same pass, rounded as the two ops would round.
     """
 
     def __init__(self, dim: int, eps: float, unit_offset: bool = False) -> None:
@@ -28,5 +44,10 @@ class RMSNorm(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | None = None) -> None:
         copy_weight(param.data, loaded.float() + 1.0 if self.unit_offset else loaded)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (self.dim,), self.weight, self.eps)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        ops = load_norm_ops() if x.device.type == "cpu" else None
+        if ops is not None:
+            return ops.rms_norm(x.contiguous(), self.weight, self.eps,
+                                None if residual is None else residual.contiguous())
+        out = F.rms_norm(x, (self.dim,), self.weight, self.eps)
+        return out if residual is None else residual + out

@@ -41,8 +41,8 @@ class Gemma3DecoderLayer(nn.Module):
         self.post_feedforward_layernorm = RMSNorm(hidden, eps, unit_offset=True)
 
     def forward(self, x: torch.Tensor, rope: RopeCosSin, kv_cache: torch.Tensor, metadata: Any) -> torch.Tensor:
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope, kv_cache, metadata))
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        x = self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope, kv_cache, metadata), x)
+        return self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)), x)  # x + norm(mlp)
 
 
 class Gemma3Model(LlamaModel):

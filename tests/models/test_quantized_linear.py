@@ -17,14 +17,16 @@ from tiny_paged_batch import TinyPagedRunner
 from jido.config.model import Quantization
 from jido.engine.llm import LLM
 from jido.core.sampling_params import SamplingParams
-from jido.layers import quant_kernels
+from jido.layers import int8_dot, quant_kernels
 from jido.layers.quantization import QUANTIZATIONS, get_quantization_config, process_weights_after_loading
+from jido.layers.quant_kernels import QuantizedWeight
 from jido.layers.quantized_linear import QuantizedCodes, merge_codes
 from jido.models.loader import iter_gguf_weights
 from jido.models.named import CACHE_DIR_ENV
 from jido.runner.model_runner import resolve_quantization
 
-TOKENS = {"a": [3, 1, 4, 1, 5, 9, 2, 6], "b": [2, 7, 1, 8]}
+# A step of 20 rows: more than int8_dot.MAX_ROWS, so every layer multiplies x as it is by its weights.
+TOKENS = {"a": [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], "b": [2, 7, 1, 8, 2, 8, 1, 8]}
 
 
 def _quantized_and_reference(arch: str, scheme: str, group_size: int | None):
@@ -49,6 +51,41 @@ def test_quantized_model_equals_the_dense_model_on_its_dequantized_weights(arch,
     ours, expected = TinyPagedRunner(quantized).step(TOKENS), TinyPagedRunner(reference).step(TOKENS)
     for request in TOKENS:
         torch.testing.assert_close(ours[request], expected[request], atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("scheme, group_size", [("int8", None), ("int8", 16), ("int4", None), ("int4", 64)])
+def test_quantized_decode_rows_run_the_int8_dot_kernels_and_stay_near_the_dense_model(arch, scheme, group_size,
+                                                                                       monkeypatch):
+    # Few rows run the int8 dot kernels, which round x to int8 per block of 32 (about 0.4% of a block's max).
+    # Every such call in the decode steps must equal the kernels' float64 reference on its own input (a
+    # whole-model comparison cannot be tight: a last-bit change upstream moves a code across a rounding
+    # boundary), and the logits stay near the dense model's (a random tiny model compounds the rounding to
+    # a few percent of its logits; a wrong group, nibble or sign would be far off).
+    steps = (TOKENS, {"a": [7], "b": [4]}, {"a": [1], "b": [9]})  # a prefill, then two decode steps
+    quantized, dense = _quantized_and_reference(arch, scheme, group_size)
+    kernel, calls = int8_dot.int8_dot_linear, []
+
+    def checked(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        out = kernel(x, w, bias)
+        calls.append(float((out.double() - int8_dot.int8_dot_linear_reference(x, w, bias)).abs().max()))
+        return out
+
+    monkeypatch.setattr(int8_dot, "int8_dot_linear", checked)
+    ours, expected = _run_steps(quantized, steps), _run_steps(dense, steps)
+    layers_and_head = quantized.config.num_layers * 4 + 1
+    assert len(calls) == 2 * layers_and_head and max(calls) < 1e-4, calls
+    for request in TOKENS:
+        error = (ours[request] - expected[request]).abs().max()
+        assert error <= 0.06 * expected[request].abs().max(), (request, error)
+
+
+def _run_steps(model, steps: tuple[dict[str, list[int]], ...]) -> dict[str, torch.Tensor]:
+    """The logits of the last of ``steps`` run one after another on a fresh paged cache."""
+    runner = TinyPagedRunner(model)
+    for tokens in steps:
+        logits = runner.step(tokens)
+    return logits
 
 
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
@@ -158,7 +195,8 @@ def test_gguf_codes_as_stored_score_and_generate_like_the_dequantized_checkpoint
     path = tmp_path / "mixed.gguf"
     _write_mixed_llama(path)
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, prompt_logprobs=0)
-    prompt = [1, 261, 262, 263, 260, 259, 261, 262]
+    # 24 prompt rows: the prefill multiplies x as it is (beyond int8_dot.MAX_ROWS), so its logprobs are exact
+    prompt = [1, 261, 262, 263, 260, 259, 261, 262] * 3
     runs = {}
     for scheme in ("gguf", "none"):
         with caplog.at_level("INFO", logger="jido"):
@@ -187,7 +225,9 @@ def test_gguf_layer_multiplies_few_rows_by_its_codes_and_many_by_its_dense_copy(
     reference = codes.dequantize().double()
     for rows in (1, dense_from_rows(dtype) - 1, dense_from_rows(dtype), 40):
         x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows)).to(dtype)
-        expected = (x.double() @ reference.t())
+        # few rows: the int8 dot kernels, which round x per block of 32; many: the dense copy, x as it is
+        few = rows < dense_from_rows(dtype) and int8_dot.runs(layer.qweight)
+        expected = int8_dot.int8_dot_linear_reference(x, layer.qweight) if few else x.double() @ reference.t()
         tolerance = 1e-4 if dtype == torch.float32 else 0.05 * expected.abs().max().item()
         torch.testing.assert_close(layer(x).double(), expected, atol=tolerance, rtol=0.02 if tolerance > 1e-4 else 1e-5)
 
