@@ -67,14 +67,17 @@ def qwen_reference() -> dict:
 
 @pytest.fixture(scope="session")
 def qwen_llm(qwen_folder: Path) -> LLM:
-    """Qwen2.5-Coder-0.5B-Instruct on CPU in float32, as ``llm`` holds the default model."""
-    return LLM(model=QWEN, kv_cache_memory="160MiB", dtype="float32")
+    """Qwen2.5-Coder-0.5B-Instruct on CPU in float32 on float weights, as ``llm`` holds the default model."""
+    return LLM(model=QWEN, kv_cache_memory="160MiB", dtype="float32", quantization="none")
 
 
 @pytest.fixture(scope="session")
 def llm() -> LLM:
-    """The default model on CPU in float32 (explicitly: ``auto`` is bf16 on CPUs with native bf16), with a KV cache large enough for every test."""
-    return LLM(kv_cache_memory="160MiB", dtype="float32")
+    """The default model on CPU in float32 (explicitly: ``auto`` is bf16 on CPUs with native bf16) on its GGUF's
+    dequantized weights (``quantization="none"``: nothing rounded, so it computes what transformers computes;
+    the default ``gguf`` kernels round activations and are checked against their own measured error), with a
+    KV cache large enough for every test."""
+    return LLM(kv_cache_memory="160MiB", dtype="float32", quantization="none")
 
 
 @pytest.fixture(scope="session", autouse=True)

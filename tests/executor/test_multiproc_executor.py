@@ -20,7 +20,7 @@ def worker_pid(worker: object) -> int:
 
 @pytest.fixture(scope="module")
 def mp_llm() -> LLM:
-    llm = LLM(kv_cache_memory="64MiB", distributed_executor_backend="mp", dtype="float32")
+    llm = LLM(kv_cache_memory="64MiB", distributed_executor_backend="mp", dtype="float32", quantization="none")
     yield llm
     llm.shutdown()
 
