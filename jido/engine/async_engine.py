@@ -100,6 +100,10 @@ class RequestStream:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Let go of the request: aborted in the engine unless it finished (what leaving ``with`` does)."""
         self._engine.release(self.request_id, abort=not self.finished)
 
 

@@ -9,12 +9,13 @@ from jido.engine.outputs import CompletionOutput, RequestOutput
 from jido.models.tokenizer import Tokenizer
 
 
-def usage(output: RequestOutput) -> dict:
-    num_prompt = len(output.prompt_token_ids)
-    num_completion = sum(len(c.token_ids) for c in output.outputs)
+def usage(*outputs: RequestOutput) -> dict:
+    """Token counts of one request, or summed over the requests of a batched completions request."""
+    num_prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    num_completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
     return {"prompt_tokens": num_prompt, "completion_tokens": num_completion,
             "total_tokens": num_prompt + num_completion,
-            "prompt_tokens_details": {"cached_tokens": output.num_cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in outputs)}}
 
 
 @dataclass

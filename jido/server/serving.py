@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import TypeVar
 
@@ -22,7 +22,7 @@ from jido.server.errors import APIError, bad_request, from_validation_error, par
 from jido.server.metrics import RequestTimer, ServerMetrics
 from jido.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                                   check_supported)
-from jido.server.responses import ChatFormat, CompletionFormat, ResponseFormat, StreamCursor
+from jido.server.responses import ChatFormat, CompletionFormat, ResponseFormat, StreamCursor, usage
 
 _RETRY_AFTER_S = "1"
 # Prompts with more UTF-8 bytes than max_model_len times this are refused before tokenizing: real text
@@ -51,17 +51,19 @@ class OpenAIServing:
         timer = RequestTimer()
         body = _validate(CompletionRequest, parse_json(await http_request.body()))
         self._check_model(body.model)
-        prompt = body.prompt
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]  # a batch of one, as the openai client may send it
-        elif isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            raise bad_request("batched prompts are not supported: send one prompt per request", "prompt")
+        prompts = _batch_of_prompts(body.prompt)
         # Tokenized on a worker thread: a long prompt must not stall the event loop (every stream, /health).
-        prompt_ids = await asyncio.to_thread(self._completion_prompt_ids, prompt)
-        params = self._params(body, prompt_ids, body.max_tokens, body.logprobs, body.num_prompt_logprobs)
-        fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer,
-                               echo_text=self._echo_text(prompt, prompt_ids) if body.echo else None)
-        return await self._respond(http_request, fmt, prompt_ids, params, body.stream, body.include_usage, timer)
+        prompt_ids = await asyncio.to_thread(self._batch_prompt_ids, prompts)
+        params = [_in_batch(i, len(prompts), self._params, body, ids, body.max_tokens, body.logprobs,
+                            body.num_prompt_logprobs) for i, ids in enumerate(prompt_ids)]
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        fmts = [CompletionFormat(request_id, self.model_name, self.llm.tokenizer,
+                                 echo_text=self._echo_text(p, ids) if body.echo else None)
+                for p, ids in zip(prompts, prompt_ids)]
+        if len(prompts) == 1:
+            return await self._respond(http_request, fmts[0], prompt_ids[0], params[0], body.stream,
+                                       body.include_usage, timer)
+        return await self._respond_batch(http_request, fmts, prompt_ids, params, body, timer)
 
     async def chat(self, http_request: Request) -> Response:
         timer = RequestTimer()
@@ -106,6 +108,9 @@ class OpenAIServing:
         if model is not None and model != self.model_name:
             raise APIError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
+
+    def _batch_prompt_ids(self, prompts: list[object]) -> list[list[int]]:
+        return [_in_batch(i, len(prompts), self._completion_prompt_ids, p) for i, p in enumerate(prompts)]
 
     def _completion_prompt_ids(self, prompt: object) -> list[int]:
         if isinstance(prompt, str):
@@ -163,11 +168,37 @@ class OpenAIServing:
                        params: SamplingParams, stream: bool, include_usage: bool, timer: RequestTimer) -> Response:
         outputs = self._submit(fmt.request_id, prompt_ids, params, timer)
         if stream:
-            holdback = stop_string_holdback(params)
-            return StreamingResponse(self._sse(outputs, fmt, params.n, holdback, include_usage, timer),
-                                     media_type="text/event-stream")
-        final = await self._collect(http_request, outputs, timer)
+            chunks = _numbered(self._chunks(outputs, fmt, params, timer), 0)
+            return StreamingResponse(self._sse(chunks, include_usage), media_type="text/event-stream")
+        final = await self._collect(http_request, self._last(outputs, timer))
         return JSONResponse(fmt.response(final))
+
+    async def _respond_batch(self, http_request: Request, fmts: list[CompletionFormat], prompt_ids: list[list[int]],
+                             params: list[SamplingParams], body: CompletionRequest, timer: RequestTimer) -> Response:
+        """Several prompts in one completions request, as vLLM serves them: one engine request each, and
+        choice ``index`` ``i * n + j`` for completion ``j`` of prompt ``i``; usage sums them all."""
+        timers = [timer] + [RequestTimer(timer.arrival) for _ in fmts[1:]]
+        streams: list[RequestStream] = []
+        try:
+            for i, (ids, p, t) in enumerate(zip(prompt_ids, params, timers)):
+                streams.append(self._submit(f"{fmts[i].request_id}-{i}", ids, p, t))
+        except APIError:
+            for submitted in streams:
+                submitted.close()  # aborts the prompts already queued
+            raise
+        n = params[0].n
+        if body.stream:
+            chunks = [_offset_choices(self._chunks(s, f, p, t), i * n)
+                      for i, (s, f, p, t) in enumerate(zip(streams, fmts, params, timers))]
+            return StreamingResponse(self._sse(_merged(chunks), body.include_usage), media_type="text/event-stream")
+        finals = await self._collect(http_request, asyncio.gather(*(self._last(s, t) for s, t in zip(streams, timers))))
+        bodies = [f.response(out) for f, out in zip(fmts, finals)]
+        for i, response in enumerate(bodies):
+            for choice in response["choices"]:
+                choice["index"] += i * n
+        merged = fmts[0].envelope(fmts[0].object_name, [c for b in bodies for c in b["choices"]])
+        merged["usage"] = usage(*finals)
+        return JSONResponse(merged)
 
     def _submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                 timer: RequestTimer) -> RequestStream:
@@ -194,9 +225,9 @@ class OpenAIServing:
                 if not outputs.finished:
                     self.metrics.on_aborted()
 
-    async def _collect(self, http_request: Request, outputs: RequestStream, timer: RequestTimer) -> RequestOutput:
-        """The final output; abandons the request if the client hangs up first."""
-        collect = asyncio.ensure_future(self._last(outputs, timer))
+    async def _collect(self, http_request: Request, results: Awaitable[_Result]) -> _Result:
+        """What ``results`` gives (the final outputs); abandons the requests if the client hangs up first."""
+        collect = asyncio.ensure_future(results)
         hang_up = asyncio.ensure_future(_disconnected(http_request))
         try:
             await asyncio.wait((collect, hang_up), return_when=asyncio.FIRST_COMPLETED)
@@ -215,27 +246,107 @@ class OpenAIServing:
                 pass
         return final
 
-    async def _sse(self, outputs: RequestStream, fmt: ResponseFormat, n: int, holdback: int,
-                   include_usage: bool, timer: RequestTimer) -> AsyncIterator[str]:
-        cursors = [StreamCursor(holdback) for _ in range(n)]
+    async def _chunks(self, outputs: RequestStream, fmt: ResponseFormat, params: SamplingParams,
+                      timer: RequestTimer) -> AsyncIterator[tuple[dict, RequestOutput | None]]:
+        """One request's stream chunks, each with the request's latest output (None before the first)."""
+        cursors = [StreamCursor(stop_string_holdback(params)) for _ in range(params.n)]
         if isinstance(fmt, ChatFormat):
-            yield _event(fmt.chunk([fmt.role_choice(i) for i in range(n)]))
-        output, output_is_first = None, True
+            yield fmt.chunk([fmt.role_choice(i) for i in range(params.n)]), None
+        output_is_first = True
+        async with aclosing(self._outputs(outputs, timer)) as stream:
+            async for output in stream:
+                if output_is_first and (prompt_choices := fmt.prompt_choices(output)):
+                    yield fmt.chunk(prompt_choices), output  # echo: the prompt, before the first delta
+                output_is_first = False
+                choices = [fmt.delta_choice(c, *step) for c, cursor in zip(output.outputs, cursors)
+                           if (step := cursor.advance(c)) is not None]
+                yield (fmt.chunk(choices) if choices else None), output
+
+    async def _sse(self, chunks: AsyncIterator[_NumberedChunk], include_usage: bool) -> AsyncIterator[str]:
+        """Server-sent events of the chunks of one or more requests (numbered); an engine error ends the
+        stream with an error event, then [DONE]."""
+        last: dict[int, RequestOutput] = {}  # each request's latest output, for the usage chunk
+        envelope = None
         try:
-            async with aclosing(self._outputs(outputs, timer)) as stream:
-                async for output in stream:
-                    if output_is_first and (prompt_choices := fmt.prompt_choices(output)):
-                        yield _event(fmt.chunk(prompt_choices))  # echo: the prompt, before the first delta
-                    output_is_first = False
-                    choices = [fmt.delta_choice(c, *step) for c, cursor in zip(output.outputs, cursors)
-                               if (step := cursor.advance(c)) is not None]
-                    if choices:
-                        yield _event(fmt.chunk(choices))
+            async with aclosing(chunks) as stream:
+                async for chunk, output, number in stream:
+                    if output is not None:
+                        last[number] = output
+                    if chunk is not None:
+                        envelope = envelope or chunk
+                        yield _event(chunk)
         except (ValueError, EngineStoppedError) as exc:
             yield _event(_engine_error(exc).body())
-        if include_usage and output is not None:
-            yield _event(fmt.chunk([], output))
+        if include_usage and last and envelope is not None:
+            yield _event({**envelope, "choices": [], "usage": usage(*last.values())})
         yield "data: [DONE]\n\n"
+
+
+_Result = TypeVar("_Result")
+_Chunk = tuple[dict | None, RequestOutput | None]  # a stream chunk (None: nothing to send), the latest output
+_NumberedChunk = tuple[dict | None, RequestOutput | None, int]  # ... and which request of a batch it is from
+
+
+def _batch_of_prompts(prompt: object) -> list[object]:
+    """The prompts of a completions request: a list of texts or of token-id lists is a batch, else one prompt."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        return list(prompt)
+    return [prompt]
+
+
+def _in_batch(index: int, batch_size: int, check: Callable[..., _Result], *args: object) -> _Result:
+    """``check(*args)`` for prompt ``index`` of a batch; its 400 then says which prompt (``prompt[1]: ...``)."""
+    try:
+        return check(*args)
+    except APIError as exc:
+        if batch_size > 1 and exc.status == 400:
+            exc.message = f"prompt[{index}]: {exc.message}"
+        raise
+
+
+async def _offset_choices(chunks: AsyncIterator[_Chunk], offset: int) -> AsyncIterator[_Chunk]:
+    """A batch member's chunks with its choices numbered after the earlier prompts' (``i * n + j``)."""
+    async with aclosing(chunks) as stream:
+        async for chunk, output in stream:
+            if chunk is not None:
+                chunk = {**chunk, "choices": [{**c, "index": c["index"] + offset} for c in chunk["choices"]]}
+            yield chunk, output
+
+
+async def _numbered(chunks: AsyncIterator[_Chunk], number: int) -> AsyncIterator[_NumberedChunk]:
+    async with aclosing(chunks) as stream:
+        async for chunk, output in stream:
+            yield chunk, output, number
+
+
+async def _merged(streams: list[AsyncIterator[_Chunk]]) -> AsyncIterator[_NumberedChunk]:
+    """Chunks of every stream as they come, each numbered by its stream; the first error ends them all."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(number: int, stream: AsyncIterator[_Chunk]) -> None:
+        try:
+            async for item in _numbered(stream, number):
+                await queue.put(item)
+            await queue.put(done)
+        except Exception as exc:  # handed to the consumer, which raises it
+            await queue.put(exc)
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()  # a stream left early aborts its request (RequestStream's context)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _validate(model: type[_Body], data: dict) -> _Body:

@@ -115,3 +115,48 @@ def test_streamed_echo_sends_the_prompt_first_then_the_same_tokens_as_the_whole_
     for key in ("tokens", "token_logprobs", "top_logprobs"):
         assert [x for c in chunks for x in c["logprobs"][key]] == whole["logprobs"][key]
     assert chunks[-1]["finish_reason"] == "length"
+
+
+def test_harness_batch_of_requests_in_one_body_scores_each_as_it_would_alone(server, tiny_model_folder):
+    # lm-eval's local-completions with batch_size > 1 sends its contexts as one list and sorts choices by index.
+    contexts = [[BOS_ID, *_words(seed, 6 + seed)] for seed in (3, 4, 5)]
+    continuations = [_words(10 + seed, 3) for seed in (3, 4, 5)]
+    payload = {**_harness_payload(server.serving.model_name, []), "prompt": [c + x for c, x in
+                                                                             zip(contexts, continuations)]}
+    batched = _post(server, payload)
+    assert sorted(c["index"] for c in batched["choices"]) == [0, 1, 2]
+    for i, (context, continuation) in enumerate(zip(contexts, continuations)):
+        alone = _post(server, _harness_payload(server.serving.model_name, context + continuation))
+        choice = next(c for c in batched["choices"] if c["index"] == i)
+        assert choice["text"] == alone["choices"][0]["text"]
+        ours, single = choice["logprobs"], alone["choices"][0]["logprobs"]
+        assert ours["tokens"] == single["tokens"] and ours["text_offset"] == single["text_offset"]
+        # Batched rows may round differently from a lone one: the same within float32 noise.
+        assert ours["token_logprobs"][0] is None
+        assert ours["token_logprobs"][1:] == pytest.approx(single["token_logprobs"][1:], abs=ATOL)
+        tokens = context + continuation
+        reference = reference_logprobs(tiny_model_folder, tokens)
+        expected = sum(reference[j - 1, tokens[j]].item() for j in range(len(context), len(tokens)))
+        assert abs(_harness_parse({"choices": [choice]}, len(context))[0] - expected) < ATOL
+    assert batched["usage"]["prompt_tokens"] == sum(len(c) + len(x) for c, x in zip(contexts, continuations))
+    assert batched["usage"]["completion_tokens"] == 3
+
+
+def test_batched_prompts_number_choices_prompt_major_and_stream_the_same_text(server):
+    prompts = ["w7 w8", "w20 w21 w22 w23"]
+    body = {"prompt": prompts, "max_tokens": 5, "n": 2, "temperature": 0, "ignore_eos": True}
+    whole = _post(server, body)
+    assert [c["index"] for c in whole["choices"]] == [0, 1, 2, 3]
+    for i, prompt in enumerate(prompts):
+        alone = _post(server, {**body, "prompt": prompt})["choices"]
+        assert [c["text"] for c in whole["choices"][2 * i:2 * i + 2]] == [c["text"] for c in alone]
+    assert whole["usage"]["completion_tokens"] == 4 * 5
+    status, _, raw = server.request("POST", COMPLETIONS, {**body, "stream": True,
+                                                          "stream_options": {"include_usage": True}})
+    assert status == 200
+    events = [json.loads(line[len("data: "):]) for line in raw.decode().split("\n")
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    texts = {i: "".join(c["text"] for e in events for c in e["choices"] if c["index"] == i) for i in range(4)}
+    assert texts == {c["index"]: c["text"] for c in whole["choices"]}
+    assert events[-1]["choices"] == [] and events[-1]["usage"] == whole["usage"]
+    assert raw.decode().rstrip().endswith("data: [DONE]")
