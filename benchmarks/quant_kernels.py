@@ -1,9 +1,9 @@
 """Weight-quantized linear kernels on Gemma 3 270M's shapes, against the dense matmul in the same dtype.
 
 Times the layer's dispatch as shipped (``int8`` / ``int4``: groups of 32, what ``QuantizedLinearMethod.apply``
-runs for a weight without a dense copy: the int8 dot-product kernel up to ``int8_dot.MAX_ROWS`` rows, else
-``quant_linear``) and each path forced: ``*_int8dot`` (jido/layers/int8_dot.py: x rounded to int8 per block,
-integer dot products), ``*_fp32`` (quant_kernels' C++ kernel with fp32 FMAs), ``*_bf16dots`` (its AVX512_BF16
+runs: the int8 dot-product kernels where they run, else ``quant_linear``) and each path forced: ``*_rows`` and
+``*_panels`` (jido/layers/int8_dot.py: x rounded to int8 per block, integer dot products by the rows kernel or
+the panel kernel), ``*_fp32`` (quant_kernels' C++ kernel with fp32 FMAs), ``*_bf16dots`` (its AVX512_BF16
 kernel, where the CPU has it), ``*_tiles`` (tiles of rows dequantized, then ``F.linear``); the dense baseline
 (oneDNN-packed weight, ``_linear_pointwise``, as jido's unquantized CPU path runs; bf16 only where oneDNN
 packs bf16) and torch's own weight-only ops (``_weight_int8pack_mm``, per-channel int8 with bf16 scales;
@@ -47,7 +47,8 @@ def variants(weight: torch.Tensor, dtype: torch.dtype) -> dict[str, Callable[[to
         w = qk.quantize(weight, bits, 32)
         out[f"int{bits}"] = lambda x, w=w: _dispatched(x, w)
         if int8_dot.runs(w):
-            out[f"int{bits}_int8dot"] = lambda x, w=w: int8_dot.int8_dot_linear(x, w)
+            out[f"int{bits}_rows"] = lambda x, w=w: int8_dot.int8_dot_linear(x, w, panels=False)
+            out[f"int{bits}_panels"] = lambda x, w=w: int8_dot.int8_dot_linear(x, w, panels=True)
         out[f"int{bits}_fp32"] = lambda x, w=w: ops.linear(x, w.data, w.scales, w.mins, w.group_size, w.bits,
                                                            w.shape[1], None)
         if qk.has_bf16_dots() and dtype == torch.bfloat16:
@@ -59,8 +60,8 @@ def variants(weight: torch.Tensor, dtype: torch.dtype) -> dict[str, Callable[[to
 
 
 def _dispatched(x: torch.Tensor, w: qk.QuantizedWeight) -> torch.Tensor:
-    """What QuantizedLinearMethod.apply runs for a layer holding only ``w`` (int8 / int4 schemes)."""
-    if x.shape[0] <= int8_dot.MAX_ROWS and int8_dot.runs(w):
+    """What QuantizedLinearMethod.apply runs for a layer holding ``w`` (int8 / int4 schemes)."""
+    if int8_dot.runs(w):
         return int8_dot.int8_dot_linear(x, w)
     return qk.quant_linear(x, w)
 
@@ -105,7 +106,7 @@ def main() -> None:
     dtype = resolve_dtype(args.dtype, torch.device("cpu"))
     machine = machine_info()
     print(f"# {now_iso()}  {describe_machine(machine)}; {args.threads} threads; "
-          f"x in {dtype}; BF16_DOTS_MIN_ROWS={qk.BF16_DOTS_MIN_ROWS}, int8_dot.MAX_ROWS={int8_dot.MAX_ROWS}")
+          f"x in {dtype}; BF16_DOTS_MIN_ROWS={qk.BF16_DOTS_MIN_ROWS}, int8_dot.PANEL_MIN_ROWS={int8_dot.PANEL_MIN_ROWS}")
     records = []
     gen = torch.Generator().manual_seed(0)
     for shape_name in args.shapes.split(","):
@@ -125,7 +126,7 @@ def main() -> None:
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump({"date": now_iso(), "machine": machine, "threads": args.threads, "dtype": str(dtype),
-                       "bf16_dots_min_rows": qk.BF16_DOTS_MIN_ROWS, "int8_dot_max_rows": int8_dot.MAX_ROWS,
+                       "bf16_dots_min_rows": qk.BF16_DOTS_MIN_ROWS, "int8_dot_panel_min_rows": int8_dot.PANEL_MIN_ROWS,
                        "records": records}, f, indent=1)
 
 

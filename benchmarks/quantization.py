@@ -28,8 +28,10 @@ from jido.bench.machine import machine_info, now_iso
 
 RESULTS = Path(__file__).parent / "results"
 FIXTURE = Path(__file__).parent.parent / "tests" / "fixtures" / "gemma3_reference.json"
-DEFAULT_VARIANTS = ["bf16:quantization=none,dtype=auto", "gguf:quantization=gguf,dtype=auto",
-                    "int8:quantization=int8,dtype=auto", "int4:quantization=int4,dtype=auto"]
+# The first is the baseline of every ratio: float weights in the dtype auto picks (bf16 or float32 by the CPU).
+DEFAULT_VARIANTS = ["dense:quantization=none,dtype=auto", "gguf:quantization=gguf,dtype=auto",
+                    "int8:quantization=int8,dtype=auto", "int4:quantization=int4,dtype=auto",
+                    "w8a8:quantization=w8a8,dtype=auto"]
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
@@ -50,8 +52,9 @@ def weight_bytes(worker) -> int:
         qweight = getattr(module, "qweight", None)
         if qweight is not None:
             tensors += [qweight.data, qweight.scales] + ([qweight.mins] if qweight.mins is not None else [])
-        # gguf's dense copy for many-row steps, and a dense tied head's packed copy for logits
-        tensors += [t for name in ("dense_weight", "packed_logits_weight") if (t := getattr(module, name, None)) is not None]
+        # a dense tied head's packed copy for logits
+        packed = getattr(module, "packed_logits_weight", None)
+        tensors += [packed] if packed is not None else []
     return sum(t.numel() * t.element_size() for t in tensors)
 
 

@@ -1,12 +1,20 @@
-"""Linear layers by integer dot products: x quantized to int8 per block of 32 columns, times a QuantizedWeight's codes.
+"""Linear layers by integer dot products: x rounded to int8 per block of 32 columns (or per token), times a
+QuantizedWeight's codes.
 
 Decode reads every weight once per step, so its speed is the weight bytes over the memory's bandwidth, if the
 arithmetic keeps up. Widening each int8 / int4 code to float for an FMA (``quant_kernels``' streaming kernel)
 costs ~12 instructions per 32 weights and left the bandwidth half used; multiplying the codes by int8
 activations takes 3-5 (AVX2 ``maddubs`` + ``madd``, or AVX-512 VNNI ``vpdpbusd``), as llama.cpp and vLLM's GGUF
-kernels do. The price is rounding x: each block of 32 is scaled by ``max |x| / 127`` (llama.cpp's Q8_0
-activations); the mins' term of asymmetric weights uses x's exact sums. The C++ kernels (``csrc/int8_dot.cpp``)
-hold an AVX2 and an AVX-512 VNNI kernel; :func:`dot_isa` picks one by the CPU's flags.
+kernels do. Prefill is compute-bound, and there the same products run 2-4x more of them per instruction than
+float32 FMAs. The price is rounding x: each block of 32 is scaled by ``max |x| / 127`` (llama.cpp's Q8_0
+activations; ``per_token``: one scale per row, vLLM's w8a8), and the mins' term of asymmetric weights sums the
+rounded x too. Every row is rounded alone, the same way at any number of rows, so a request's result does not
+depend on what else is in its step.
+
+Two C++ kernels (``csrc/int8_dot.cpp``) share that rounding: the rows kernel streams the weight in place for a
+few rows of x, the panel kernel repacks 8 weight rows at a time into a scratch panel that serves every row of
+x (from :data:`PANEL_MIN_ROWS` rows). Each holds an AVX2 and an AVX-512 VNNI version; :func:`dot_isa` picks one
+by the CPU's flags.
 """
 from __future__ import annotations
 
@@ -24,8 +32,8 @@ SOURCE = Path(__file__).parent / "csrc" / "int8_dot.cpp"
 BLOCK = 32  # columns of x per scale
 # The kernels' ISAs, in the order of the C++ `isa` argument.
 ISAS = ("avx2", "avx512_vnni")
-# Up to this many rows of x the layers multiply by their codes here; more rows go to the float kernels.
-MAX_ROWS = 16
+# From this many rows of x on, the panel kernel (below it, the rows kernel).
+PANEL_MIN_ROWS = 8
 
 
 def dot_isa(cpu: CpuInfo) -> str | None:
@@ -58,37 +66,43 @@ def runs(w: QuantizedWeight) -> bool:
     return supports(w) and load_int8_dot_ops() is not None
 
 
-def int8_dot_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x w^T (+ bias)`` with x rounded to int8 per block (see the module docstring), in ``x.dtype``.
+def int8_dot_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None, per_token: bool = False,
+                    panels: bool | None = None) -> torch.Tensor:
+    """``x w^T (+ bias)`` with x rounded to int8 per block, or per row with ``per_token`` (see the module
+    docstring), in ``x.dtype``; by the panel kernel from :data:`PANEL_MIN_ROWS` rows unless ``panels`` says.
 
     Needs :func:`load_int8_dot_ops` to have built and :func:`supports` to accept ``w``.
     """
     ops = load_int8_dot_ops()
+    if panels is None:
+        panels = x.shape[0] >= PANEL_MIN_ROWS
     return ops.linear(x, w.data, w.scales, w.mins, w.group_size, w.bits, w.shape[1], bias,
-                      ISAS.index(dot_isa(cpu_info())))
+                      ISAS.index(dot_isa(cpu_info())), 0 if per_token else BLOCK, panels)
 
 
-def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernels' rounding of x ``[M, K]``: int8 codes ``[M, K]`` and float32 block scales ``[M, ceil(K / 32)]``,
-    ``x ~= codes * scales`` per block, bit for bit what the C++ kernels compute."""
+def quantize_activations(x: torch.Tensor, per_token: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels' rounding of x ``[M, K]``: int8 codes ``[M, K]`` and float32 scales ``[M, ceil(K / 32)]`` (with
+    ``per_token``, every block of a row holds the row's scale), ``x ~= codes * scales`` per block, bit for bit
+    what the C++ kernels compute."""
     x = x.to(torch.float32)
     num_cols = x.shape[1]
     blocks = F.pad(x, (0, -num_cols % BLOCK)).reshape(x.shape[0], -1, BLOCK)  # [M, nb, 32]
     scales = blocks.abs().amax(dim=-1) / 127
+    if per_token:
+        scales = scales.amax(dim=-1, keepdim=True).expand_as(scales).contiguous()
     inverse = torch.where(scales != 0, 1 / scales, torch.zeros_like(scales))
     codes = torch.round(blocks * inverse[..., None]).to(torch.int8).flatten(1)[:, :num_cols]
     return codes, scales
 
 
-def int8_dot_linear_reference(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """What :func:`int8_dot_linear` computes, in float64: rounded x times the scaled codes, plus mins times x's
-    exact group sums."""
-    codes, scales = quantize_activations(x)
-    num_cols = w.shape[1]
-    x_rounded = codes.double() * scales.double().repeat_interleave(BLOCK, dim=1)[:, :num_cols]
-    scaled_codes = dequantize_reference(QuantizedWeight(w.data, w.scales, None, w.group_size, w.bits, w.shape))
-    out = x_rounded @ scaled_codes.double().T
-    if w.mins is not None:
-        mins = w.mins.double().repeat_interleave(w.group_size, dim=1)[:, :num_cols]
-        out += x.double() @ mins.T
+def rounded_activations(x: torch.Tensor, per_token: bool = False) -> torch.Tensor:
+    """x as the kernels see it, in float64: ``codes * scales`` of :func:`quantize_activations`."""
+    codes, scales = quantize_activations(x, per_token)
+    return codes.double() * scales.double().repeat_interleave(BLOCK, dim=1)[:, :x.shape[1]]
+
+
+def int8_dot_linear_reference(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None,
+                              per_token: bool = False) -> torch.Tensor:
+    """What :func:`int8_dot_linear` computes, in float64: the rounded x times the dequantized weight."""
+    out = rounded_activations(x, per_token) @ dequantize_reference(w).double().T
     return out if bias is None else out + bias.double()

@@ -163,6 +163,7 @@ _CONFIGS: dict[str, str] = {
     "gguf": "jido.layers.quantized_linear:GGUFConfig",
     "int8": "jido.layers.quantized_linear:Int8Config",
     "int4": "jido.layers.quantized_linear:Int4Config",
+    "w8a8": "jido.layers.quantized_linear:W8A8Config",
 }
 QUANTIZATIONS: tuple[str, ...] = tuple(_CONFIGS)
 

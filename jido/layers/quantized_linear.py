@@ -1,13 +1,17 @@
 """Weight-quantized linear layers, embedding and LM head: GGUF codes kept as stored, or int8/int4 made at load.
 
 Each quantized layer ends up holding one :class:`~jido.layers.quant_kernels.QuantizedWeight` as ``qweight``
-(``w = scale * q + offset`` per group of a row) and no float copy of it; :mod:`jido.layers.quant_kernels`
-runs the matmuls and the embedding gather on it. Two ways in:
+(``w = scale * q + offset`` per group of a row) and no float copy of it. The matmuls run on it by integer dot
+products (:mod:`jido.layers.int8_dot`: x rounded to int8 per block of 32, or per token under ``w8a8``) at
+every number of rows, so a request's result does not depend on the rest of its step; where those kernels do
+not run (no AVX2, no compiler), by :mod:`jido.layers.quant_kernels` on x as it is (``w8a8``: x rounded per
+token first). The embedding gathers from the same codes. Two ways in:
 
 - ``gguf``: the loader hands each GGUF tensor over still quantized, as :class:`QuantizedCodes`; a merged
   projection (q/k/v, gate/up) joins its shards' codes, which may come from different GGML types.
-- ``int8`` / ``int4``: a float checkpoint loads as usual and is quantized once loaded (int8 symmetric per
-  output channel unless a group size is given; int4 asymmetric in groups, 32 by default).
+- ``int8`` / ``int4`` / ``w8a8``: a float checkpoint loads as usual and is quantized once loaded (int8
+  symmetric per output channel unless a group size is given; int4 asymmetric in groups, 32 by default; w8a8
+  int8 per output channel, vLLM's scheme).
 """
 from __future__ import annotations
 
@@ -16,19 +20,11 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from jido.layers import int8_dot, quant_kernels
 from jido.layers.parameter import WeightLoader
-from jido.layers.quantization import (
-    LinearMethod,
-    QuantizationConfig,
-    UnquantizedLinearMethod,
-    pack_dense,
-    packable,
-    packed_linear,
-)
+from jido.layers.quantization import LinearMethod, QuantizationConfig, UnquantizedLinearMethod
 from jido.layers.quant_kernels import QuantizedWeight
 
 logger = logging.getLogger(__name__)
@@ -87,16 +83,13 @@ class QuantizedLinearMethod(LinearMethod):
     """Keeps a layer's weight as ``qweight`` once loaded; layers that got no codes under ``gguf`` stay dense.
 
     ``bits`` None keeps checkpoint codes as they are (``gguf``); 8 or 4 quantizes a float weight at load.
-    With ``keep_dense`` the layer also keeps its dequantized weight, packed for oneDNN, for steps of many rows:
-    the quantized kernels win while a step reads the weights once for a few rows (decode), and oneDNN's
-    dense matmul wins from :func:`dense_from_rows` rows up (prefill, large batches; measured on Gemma 3 270M,
-    bf16, AVX-512 BF16: batch-32 decode step 123 ms dense against 290 ms on the quantized kernels alone).
+    ``per_token`` rounds x once per row (``w8a8``) instead of per block of 32.
     """
 
-    def __init__(self, bits: int | None, group_size: int | None, keep_dense: bool = False) -> None:
+    def __init__(self, bits: int | None, group_size: int | None, per_token: bool = False) -> None:
         self.bits = bits
         self.group_size = group_size
-        self.keep_dense = keep_dense
+        self.per_token = per_token
         self.dense = UnquantizedLinearMethod()
 
     def create_weights(
@@ -110,11 +103,10 @@ class QuantizedLinearMethod(LinearMethod):
         qweight = getattr(layer, "qweight", None)
         if qweight is None:
             return self.dense.apply(layer, x, bias)
-        dense = getattr(layer, "dense_weight", None)
-        if dense is not None and x.shape[0] >= dense_from_rows(x.dtype):
-            return packed_linear(x, dense, bias) if dense.is_mkldnn else F.linear(x, dense, bias)
-        if x.shape[0] <= int8_dot.MAX_ROWS and int8_dot.runs(qweight):
-            return int8_dot.int8_dot_linear(x, qweight, bias)
+        if int8_dot.runs(qweight):
+            return int8_dot.int8_dot_linear(x, qweight, bias, self.per_token)
+        if self.per_token:
+            x = int8_dot.rounded_activations(x, per_token=True).to(x.dtype)
         return quant_kernels.quant_linear(x, qweight, bias)
 
     def apply_logits(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -127,7 +119,7 @@ class QuantizedLinearMethod(LinearMethod):
         if qweight is None:
             self.dense.process_weights_after_loading(layer)
         else:
-            _replace_weight(layer, qweight, self.keep_dense)
+            _replace_weight(layer, qweight)
 
     def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
         # A tied head is the embedding: its gathers read the same qweight, so no dense table is kept.
@@ -137,7 +129,7 @@ class QuantizedLinearMethod(LinearMethod):
         if qweight is None:
             self.dense.process_logits_weights_after_loading(layer)
         else:
-            _replace_weight(layer, qweight, self.keep_dense)
+            _replace_weight(layer, qweight)
 
     def _quantized(self, layer: nn.Module) -> QuantizedWeight | None:
         staged: dict[str | None, QuantizedCodes] = getattr(layer, "staged_codes", {})
@@ -179,21 +171,10 @@ def _codes_of(layer: nn.Module, staged: dict[str | None, QuantizedCodes]) -> Qua
     return merge_codes(parts)
 
 
-def dense_from_rows(dtype: torch.dtype) -> int:
-    """Rows from which a kept dense weight beats the quantized kernels: their bf16-dot kernel's start for bf16
-    (slower than oneDNN's from there), the end of their fp32 streaming kernel for float32."""
-    return quant_kernels.BF16_DOTS_MIN_ROWS if dtype == torch.bfloat16 else quant_kernels.MAX_STREAMING_ROWS + 1
-
-
-def _replace_weight(layer: nn.Module, qweight: QuantizedWeight, keep_dense: bool) -> None:
-    """Drop the checkpoint's float weight (keeping the dequantized one if asked); an embedding keeps gathering
-    in its dtype (``compute_dtype``) from ``qweight``."""
-    dtype = layer.weight.dtype
+def _replace_weight(layer: nn.Module, qweight: QuantizedWeight) -> None:
+    """Drop the checkpoint's float weight; an embedding keeps gathering in its dtype from ``qweight``."""
     del layer.weight
     layer.qweight = qweight
-    if keep_dense:
-        dense = quant_kernels.dequantize(qweight).to(dtype)
-        layer.dense_weight = pack_dense(dense) if packable(dense) else dense
 
 
 class GGUFConfig(QuantizationConfig):
@@ -206,7 +187,7 @@ class GGUFConfig(QuantizationConfig):
             raise ValueError("gguf keeps the file's own groups; quantization_group_size does not apply")
 
     def get_linear_method(self, layer: nn.Module) -> LinearMethod:
-        return QuantizedLinearMethod(bits=None, group_size=None, keep_dense=True)
+        return QuantizedLinearMethod(bits=None, group_size=None)
 
 
 class Int8Config(QuantizationConfig):
@@ -238,6 +219,21 @@ class Int4Config(QuantizationConfig):
 
     def get_logits_method(self, head: nn.Module) -> LinearMethod:
         return QuantizedLinearMethod(bits=8, group_size=TABLE_GROUP_SIZE)
+
+
+class W8A8Config(QuantizationConfig):
+    """int8 weights per output channel and int8 activations rounded per token at run time (vLLM's w8a8, dynamic):
+    integer matmuls for prefill and large batches as much as for decode. The LM head (the embedding, when tied)
+    too, so no float table is kept."""
+
+    name = "w8a8"
+
+    def __init__(self, group_size: int | None = None) -> None:
+        if group_size is not None:
+            raise ValueError("w8a8 scales weights per output channel; quantization_group_size does not apply")
+
+    def get_linear_method(self, layer: nn.Module) -> LinearMethod:
+        return QuantizedLinearMethod(bits=8, group_size=None, per_token=True)
 
 
 def _checked_group_size(group_size: int | None) -> int | None:

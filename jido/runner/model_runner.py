@@ -55,10 +55,12 @@ def resolve_quantization(quantization: str | None, device: torch.device, from_gg
     The GGUF kernels are CPU kernels; on CUDA a GGUF model is dequantized to dtype unless asked otherwise.
 
     Raises:
-        ValueError: ``gguf`` asked for a model that is not a GGUF file.
+        ValueError: ``gguf`` asked for a model that is not a GGUF file, or a quantized scheme (CPU kernels) off the CPU.
     """
     if quantization == "gguf" and not from_gguf:
-        raise ValueError("quantization 'gguf' needs a .gguf model; for other checkpoints use int8, int4 or none")
+        raise ValueError("quantization 'gguf' needs a .gguf model; for other checkpoints use int8, int4, w8a8 or none")
+    if quantization not in (None, "none") and device.type != "cpu":
+        raise ValueError(f"quantization {quantization!r} runs on CPU kernels; on {device.type} use quantization none")
     if quantization is not None:
         return quantization
     return "gguf" if from_gguf and device.type == "cpu" else "none"

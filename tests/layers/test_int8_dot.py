@@ -1,4 +1,5 @@
-"""Integer dot-product kernels: x rounded to int8 per block, against float64 math on the same rounding and on x itself."""
+"""Integer dot-product kernels (rows and panels): x rounded to int8 per block or per token, against float64 math on
+the same rounding and on x itself."""
 from __future__ import annotations
 
 import pytest
@@ -10,16 +11,19 @@ from jido.utils.cpu import CpuInfo
 pytestmark = pytest.mark.skipif(int8_dot.load_int8_dot_ops() is None, reason="no int8 dot kernel for this CPU")
 
 # (N, K, group_size): groups of 16, 32, 64 and one per row; K a multiple of 32, with a partial last block
-# (odd, below one block, a group of 16 cut short) and the head's width.
+# (odd, below one block, a group of 16 cut short) and the head's width; N below, at and past one panel of 8
+# rows, and past a set of 8 panels with a short last panel (70).
 SHAPES = [(5, 64, 16), (7, 96, 32), (4, 80, 32), (6, 67, 16), (3, 33, 32), (5, 50, None), (9, 128, 64),
-          (3, 40, 16), (2, 20, 16), (8, 640, 32), (4, 70, None)]
+          (3, 40, 16), (2, 20, 16), (8, 640, 32), (4, 70, None), (70, 96, 32)]
+KERNELS = {"rows": False, "panels": True}
 
 
 def random_weight(num_rows: int, num_cols: int, group_size: int | None, bits: int, with_mins: bool,
-                  gen: torch.Generator) -> qk.QuantizedWeight:
-    """Every code the format allows (int8 -128..127, int4 0..15), random positive scales, optional mins."""
+                  gen: torch.Generator, codes: tuple[int, int] | None = None) -> qk.QuantizedWeight:
+    """Codes drawn from ``codes`` (low, high + 1; default every code the format allows: int8 -128..127, int4
+    0..15), random positive scales, optional mins."""
     group_size = group_size or num_cols
-    low, high = (-128, 128) if bits == 8 else (0, 16)
+    low, high = codes or ((-128, 128) if bits == 8 else (0, 16))
     q = torch.randint(low, high, (num_rows, num_cols), generator=gen)
     groups = (num_rows, -(-num_cols // group_size))
     mins = torch.randn(groups, generator=gen) if with_mins else None
@@ -34,33 +38,67 @@ def random_x(rows: int, num_cols: int, dtype: torch.dtype, gen: torch.Generator)
     return x.to(dtype)
 
 
+def assert_equals_reference(x: torch.Tensor, w: qk.QuantizedWeight, bias: torch.Tensor | None, per_token: bool,
+                            panels: bool, context: object) -> None:
+    y = int8_dot.int8_dot_linear(x, w, bias, per_token, panels)
+    ref = int8_dot.int8_dot_linear_reference(x, w, bias, per_token)
+    # float32 sums of exact integer products: within 2^-18 of the sum of the terms' magnitudes
+    magnitude = int8_dot.int8_dot_linear_reference(x.abs(), _magnitudes(w), None, per_token)
+    bound = 2.0**-18 * magnitude if x.dtype == torch.float32 else 2.0**-8 * (ref.abs() + magnitude)
+    assert y.dtype == x.dtype and y.shape == (x.shape[0], w.shape[0])
+    assert ((y.double() - ref).abs() <= bound + 1e-5).all(), (context, (y.double() - ref).abs().max())
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int8_dot_linear_equals_float64_math_on_the_rounded_activations(bits, dtype) -> None:
+def test_int8_dot_linear_equals_float64_math_on_the_rounded_activations(kernel, bits, dtype) -> None:
     gen = torch.Generator().manual_seed(bits)
     for i, (num_rows, num_cols, group_size) in enumerate(SHAPES):
         w = random_weight(num_rows, num_cols, group_size, bits, with_mins=i % 2 == 0, gen=gen)
         bias = torch.randn(num_rows, generator=gen) if i % 3 else None
-        for rows in (1, 2, 3, 4, 7, 16):  # every row block of the kernel: 4, 2, 1
+        for rows in (1, 2, 3, 4, 7, 16):  # every row block of the kernels: 4, 2, 1
             x = random_x(rows, num_cols, dtype, gen)
-            y = int8_dot.int8_dot_linear(x, w, bias)
-            ref = int8_dot.int8_dot_linear_reference(x, w, bias)
-            # float32 sums of exact integer products: within 2^-20 of the sum of the terms' magnitudes
-            magnitude = int8_dot.int8_dot_linear_reference(x.abs(), _magnitudes(w), None)
-            bound = 2.0**-20 * magnitude if dtype == torch.float32 else 2.0**-8 * (ref.abs() + magnitude)
-            assert y.dtype == dtype and y.shape == (rows, num_rows)
-            assert ((y.double() - ref).abs() <= bound + 1e-5).all(), (i, rows, (y.double() - ref).abs().max())
+            assert_equals_reference(x, w, bias, i % 4 == 1, KERNELS[kernel], (i, rows))
+
+
+@pytest.mark.parametrize("codes", [(0, 16), (-16, 16), (-32, 32), (40, 104), (-64, 64), (-128, 128)])
+def test_panel_kernel_takes_codes_of_every_span_with_and_without_an_offset(codes) -> None:
+    # Spans of 15, 31, 63 and 127 codes run unsigned (minus their lowest code), their int16 pair sums widened
+    # every 8, 4, 2 and 1 quads; 255 multiplies by sign. The largest |x| and codes meet in every row.
+    gen = torch.Generator().manual_seed(codes[0] + 200)
+    for num_rows, num_cols, group_size in ((70, 96, 32), (9, 64, 16), (16, 160, None)):
+        for with_mins in (False, True):
+            w = random_weight(num_rows, num_cols, group_size, 8, with_mins, gen, codes)
+            x = random_x(9, num_cols, torch.float32, gen)
+            x[:, :2] = x.abs().amax() * torch.tensor([1.0, -1.0])
+            for per_token in (False, True):
+                assert_equals_reference(x, w, None, per_token, True, (num_rows, num_cols, with_mins, per_token))
+
+
+def test_every_row_gets_the_same_result_alone_and_in_any_step() -> None:
+    # x is rounded row by row, so a row's output is the same in a step of one row (rows kernel) and of
+    # forty (panel kernel) up to float32 sums in another order.
+    gen = torch.Generator().manual_seed(5)
+    for bits in (8, 4):
+        w = random_weight(70, 640, 32, bits, with_mins=True, gen=gen)
+        x = random_x(40, 640, torch.float32, gen)
+        together = int8_dot.int8_dot_linear(x, w)
+        alone = torch.cat([int8_dot.int8_dot_linear(x[i:i + 1], w) for i in range(40)])
+        torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5 * float(alone.abs().max()))
 
 
 def _magnitudes(w: qk.QuantizedWeight) -> qk.QuantizedWeight:
-    """|codes|, |scales| and |mins| of int8 ``w`` as a weight (int4 codes and scales are already >= 0)."""
-    data = w.data.abs().clamp(max=127) if w.bits == 8 else w.data
+    """|codes| (-128 as 127, within a bound's rounding), |scales| and |mins| of int8 ``w`` as a weight (int4 codes
+    and scales are already >= 0)."""
+    data = w.data.to(torch.int16).abs().clamp(max=127).to(torch.int8) if w.bits == 8 else w.data
     mins = None if w.mins is None else w.mins.abs()
     return qk.QuantizedWeight(data, w.scales.abs(), mins, w.group_size, w.bits, w.shape)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("bits", [8, 4])
-def test_int8_dot_linear_is_within_the_activation_rounding_of_the_exact_product(bits) -> None:
+def test_int8_dot_linear_is_within_the_activation_rounding_of_the_exact_product(kernel, bits) -> None:
     # Each rounded x is off by at most half its block's step, so the result is off by at most
     # sum over blocks of step / 2 * sum |w| there (plus float32 sums).
     gen = torch.Generator().manual_seed(30 + bits)
@@ -69,12 +107,12 @@ def test_int8_dot_linear_is_within_the_activation_rounding_of_the_exact_product(
         x = random_x(5, num_cols, torch.float32, gen)
         dense = qk.dequantize_reference(w).double()
         exact = x.double() @ dense.T
-        _, scales = int8_dot.quantize_activations(x)
-        step = scales.double().repeat_interleave(int8_dot.BLOCK, dim=1)[:, :num_cols]
-        scaled_codes = qk.dequantize_reference(qk.QuantizedWeight(w.data, w.scales, None, w.group_size, w.bits,
-                                                                   w.shape)).double()
-        bound = (step / 2) @ scaled_codes.abs().T + 1e-5 * (x.double().abs() @ dense.abs().T) + 1e-5
-        assert ((int8_dot.int8_dot_linear(x, w).double() - exact).abs() <= bound).all()
+        for per_token in (False, True):
+            _, scales = int8_dot.quantize_activations(x, per_token)
+            step = scales.double().repeat_interleave(int8_dot.BLOCK, dim=1)[:, :num_cols]
+            bound = (step / 2) @ dense.abs().T + 1e-5 * (x.double().abs() @ dense.abs().T) + 1e-5
+            y = int8_dot.int8_dot_linear(x, w, None, per_token, KERNELS[kernel])
+            assert ((y.double() - exact).abs() <= bound).all()
 
 
 def test_quantize_activations_rounds_each_block_to_127_steps_of_its_max() -> None:
@@ -87,6 +125,13 @@ def test_quantize_activations_rounds_each_block_to_127_steps_of_its_max() -> Non
     assert codes[0, 96:].tolist() == [32, -64, 127]  # 0.25 * 127 = 31.75 rounds to 32
     step = scales.repeat_interleave(32, dim=1)[:, :99]
     assert ((codes * step - x).abs() <= step / 2 + 1e-7).all()
+
+
+def test_quantize_activations_per_token_rounds_a_row_to_127_steps_of_its_max() -> None:
+    x = torch.cat([torch.linspace(-1, 0.5, 32)[None], torch.full((1, 8), 4.0)], dim=1)
+    codes, scales = int8_dot.quantize_activations(x, per_token=True)
+    assert scales.shape == (1, 2) and scales[0].tolist() == pytest.approx([4 / 127, 4 / 127])
+    assert codes[0, 32:].eq(127).all() and codes[0, 0] == -32  # -1 * 127 / 4 = -31.75
 
 
 def test_dot_isa_picks_vnni_where_the_cpu_has_it_and_avx2_otherwise() -> None:
@@ -105,8 +150,9 @@ def test_kernel_refuses_an_isa_this_cpu_lacks() -> None:
     if ops.supported(vnni):
         pytest.skip("this CPU runs the VNNI kernel")
     w = qk.quantize(torch.randn(4, 64), 8, 32)
-    with pytest.raises(RuntimeError, match="this CPU does not run the int8 dot kernel for isa 1"):
-        ops.linear(torch.randn(1, 64), w.data, w.scales, w.mins, 32, 8, 64, None, vnni)
+    for panels in (False, True):
+        with pytest.raises(RuntimeError, match="this CPU does not run the int8 dot kernel for isa 1"):
+            ops.linear(torch.randn(1, 64), w.data, w.scales, w.mins, 32, 8, 64, None, vnni, 32, panels)
 
 
 def test_groups_the_kernels_do_not_take_are_refused_by_supports_and_by_the_kernel() -> None:

@@ -25,8 +25,16 @@ from jido.models.loader import iter_gguf_weights
 from jido.models.named import CACHE_DIR_ENV
 from jido.runner.model_runner import resolve_quantization
 
-# A step of 20 rows: more than int8_dot.MAX_ROWS, so every layer multiplies x as it is by its weights.
+# A step of 20 rows: at least int8_dot.PANEL_MIN_ROWS, so the layers run the panel kernel; a decode step of
+# two rows runs the rows kernel.
 TOKENS = {"a": [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], "b": [2, 7, 1, 8, 2, 8, 1, 8]}
+SCHEMES = [("int8", None), ("int8", 16), ("int4", None), ("int4", 64), ("w8a8", None)]
+
+
+@pytest.fixture
+def exact_x(monkeypatch):
+    """The quantized layers multiply x as it is (quant_kernels), as where the int8 dot kernels do not run."""
+    monkeypatch.setattr(int8_dot, "runs", lambda w: False)
 
 
 def _quantized_and_reference(arch: str, scheme: str, group_size: int | None):
@@ -46,7 +54,8 @@ def _quantized_and_reference(arch: str, scheme: str, group_size: int | None):
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 @pytest.mark.parametrize("scheme, group_size", [("int8", None), ("int8", 16), ("int4", None), ("int4", 16)])
-def test_quantized_model_equals_the_dense_model_on_its_dequantized_weights(arch, scheme, group_size):
+def test_quantized_model_on_exact_x_equals_the_dense_model_on_its_dequantized_weights(arch, scheme, group_size,
+                                                                                     exact_x):
     quantized, reference = _quantized_and_reference(arch, scheme, group_size)
     ours, expected = TinyPagedRunner(quantized).step(TOKENS), TinyPagedRunner(reference).step(TOKENS)
     for request in TOKENS:
@@ -54,27 +63,31 @@ def test_quantized_model_equals_the_dense_model_on_its_dequantized_weights(arch,
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-@pytest.mark.parametrize("scheme, group_size", [("int8", None), ("int8", 16), ("int4", None), ("int4", 64)])
-def test_quantized_decode_rows_run_the_int8_dot_kernels_and_stay_near_the_dense_model(arch, scheme, group_size,
-                                                                                       monkeypatch):
-    # Few rows run the int8 dot kernels, which round x to int8 per block of 32 (about 0.4% of a block's max).
-    # Every such call in the decode steps must equal the kernels' float64 reference on its own input (a
-    # whole-model comparison cannot be tight: a last-bit change upstream moves a code across a rounding
-    # boundary), and the logits stay near the dense model's (a random tiny model compounds the rounding to
-    # a few percent of its logits; a wrong group, nibble or sign would be far off).
+@pytest.mark.parametrize("scheme, group_size", SCHEMES)
+def test_quantized_steps_run_the_int8_dot_kernels_and_stay_near_the_dense_model(arch, scheme, group_size,
+                                                                                 monkeypatch):
+    # Every step runs the int8 dot kernels, which round x to int8 per block of 32 (per token under w8a8): the
+    # prefill (every row's logits) the panel kernel, the decode steps the rows kernel. Every call must
+    # equal the kernels' float64 reference on its own input (a whole-model comparison cannot be tight: a
+    # last-bit change upstream moves a code across a rounding boundary), and the logits stay near the dense
+    # model's (a random tiny model compounds the rounding to a few percent of its logits; a wrong group,
+    # nibble or sign would be far off).
     steps = (TOKENS, {"a": [7], "b": [4]}, {"a": [1], "b": [9]})  # a prefill, then two decode steps
     quantized, dense = _quantized_and_reference(arch, scheme, group_size)
     kernel, calls = int8_dot.int8_dot_linear, []
 
-    def checked(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-        out = kernel(x, w, bias)
-        calls.append(float((out.double() - int8_dot.int8_dot_linear_reference(x, w, bias)).abs().max()))
+    def checked(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None,
+                per_token: bool = False) -> torch.Tensor:
+        out = kernel(x, w, bias, per_token)
+        reference = int8_dot.int8_dot_linear_reference(x, w, bias, per_token)
+        calls.append((x.shape[0], float((out.double() - reference).abs().max())))
         return out
 
     monkeypatch.setattr(int8_dot, "int8_dot_linear", checked)
     ours, expected = _run_steps(quantized, steps), _run_steps(dense, steps)
-    layers_and_head = quantized.config.num_layers * 4 + 1
-    assert len(calls) == 2 * layers_and_head and max(calls) < 1e-4, calls
+    layers, head = quantized.config.num_layers * 4, 1
+    assert [rows for rows, _ in calls] == [20] * (layers + head) + [2] * (2 * (layers + head))
+    assert max(error for _, error in calls) < 1e-4, calls
     for request in TOKENS:
         error = (ours[request] - expected[request]).abs().max()
         assert error <= 0.06 * expected[request].abs().max(), (request, error)
@@ -88,12 +101,12 @@ def _run_steps(model, steps: tuple[dict[str, list[int]], ...]) -> dict[str, torc
     return logits
 
 
-@pytest.mark.parametrize("scheme", ["int8", "int4"])
+@pytest.mark.parametrize("scheme", ["int8", "int4", "w8a8"])
 def test_quantized_layers_and_tied_embedding_keep_no_float_weight(scheme):
     quantized, _ = _quantized_and_reference("gemma3", scheme, None)
     layer = quantized.model.layers[0]
     for module in (layer.self_attn.qkv_proj, layer.mlp.down_proj):
-        assert not hasattr(module, "weight") and module.qweight.bits == (8 if scheme == "int8" else 4)
+        assert not hasattr(module, "weight") and module.qweight.bits == (4 if scheme == "int4" else 8)
     # The tied table stays at 8 bits under int4 too: in 4 bits it cost far more accuracy than the layers.
     table = quantized.model.embed_tokens
     assert not hasattr(table, "weight") and table.qweight.bits == 8 and quantized.lm_head is table
@@ -138,6 +151,8 @@ def test_gguf_is_the_default_for_a_gguf_model_on_cpu_only():
     assert resolve_quantization("int8", cpu, from_gguf=True) == "int8"
     with pytest.raises(ValueError, match="needs a .gguf model"):
         resolve_quantization("gguf", cpu, from_gguf=False)
+    with pytest.raises(ValueError, match="quantization 'w8a8' runs on CPU kernels; on cuda use quantization none"):
+        resolve_quantization("w8a8", cuda, from_gguf=False)
 
 
 # --- a tiny Llama GGUF whose projections use five different GGML types ---
@@ -190,12 +205,12 @@ def test_gguf_weights_arrive_as_codes_of_their_stored_types(tmp_path):
     assert len(sources) == 9 and weights["model.norm.weight"].dtype == torch.float32
 
 
-def test_gguf_codes_as_stored_score_and_generate_like_the_dequantized_checkpoint(tmp_path, monkeypatch, caplog):
+def test_gguf_codes_as_stored_score_and_generate_like_the_dequantized_checkpoint(tmp_path, monkeypatch, caplog,
+                                                                                exact_x):
     monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
     path = tmp_path / "mixed.gguf"
     _write_mixed_llama(path)
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, prompt_logprobs=0)
-    # 24 prompt rows: the prefill multiplies x as it is (beyond int8_dot.MAX_ROWS), so its logprobs are exact
     prompt = [1, 261, 262, 263, 260, 259, 261, 262] * 3
     runs = {}
     for scheme in ("gguf", "none"):
@@ -211,23 +226,23 @@ def test_gguf_codes_as_stored_score_and_generate_like_the_dequantized_checkpoint
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gguf_layer_multiplies_few_rows_by_its_codes_and_many_by_its_dense_copy(dtype):
+def test_gguf_layer_keeps_only_its_codes_and_multiplies_every_step_by_them(dtype):
     from jido.layers.linear import Linear
     from jido.layers.parameter import default_device_and_dtype
-    from jido.layers.quantized_linear import dense_from_rows
 
     codes = _codes(48, 64, 32, offsets=True, seed=4)
     with default_device_and_dtype(torch.device("cpu"), dtype):
         layer = Linear(64, 48, quant_config=get_quantization_config("gguf"))
     layer.weight.weight_loader(layer.weight, codes, None)
     layer.linear_method.process_weights_after_loading(layer)
-    assert not hasattr(layer, "weight") and layer.qweight.bits == 8 and layer.dense_weight.shape == (48, 64)
-    reference = codes.dequantize().double()
-    for rows in (1, dense_from_rows(dtype) - 1, dense_from_rows(dtype), 40):
+    assert [name for name, _ in layer.named_parameters()] == [] and not hasattr(layer, "dense_weight")
+    assert layer.qweight.bits == 8
+    for rows in (1, int8_dot.PANEL_MIN_ROWS - 1, int8_dot.PANEL_MIN_ROWS, 40):
         x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows)).to(dtype)
-        # few rows: the int8 dot kernels, which round x per block of 32; many: the dense copy, x as it is
-        few = rows < dense_from_rows(dtype) and int8_dot.runs(layer.qweight)
-        expected = int8_dot.int8_dot_linear_reference(x, layer.qweight) if few else x.double() @ reference.t()
+        if int8_dot.runs(layer.qweight):  # x rounded per block of 32, at every number of rows
+            expected = int8_dot.int8_dot_linear_reference(x, layer.qweight)
+        else:
+            expected = x.double() @ codes.dequantize().double().t()
         tolerance = 1e-4 if dtype == torch.float32 else 0.05 * expected.abs().max().item()
         torch.testing.assert_close(layer(x).double(), expected, atol=tolerance, rtol=0.02 if tolerance > 1e-4 else 1e-5)
 

@@ -1,21 +1,29 @@
 // Weight-quantized linear layers by integer dot products on CPU, as llama.cpp computes them:
-//   y[m, n] = sum_b dx[m, b] * sum_{k in b} s[n, g(k)] * q[n, k] * xq[m, k]  +  sum_g mins[n, g] * xsum[m, g]
+//   y[m, n] = sum_c dx[m, c] * s[n, c] * sum_{k in c} q[n, k] * xq[m, k]  +  sum_g mins[n, g] * xsum[m, g]
 // The weight is a QuantizedWeight (quant_kernels.py: int8 codes, or int4 two to a byte, with float32 scales
-// and optional mins per group of 16, of a multiple of 32, or of a whole row). x is quantized here, per row
-// and block b of 32 columns: dx = max |x| / 127, xq = round(x / dx) in -127..127; xsum is the float sum of x
-// over each weight group (the mins' term stays exact). Only the int8 / int4 bytes of w are read, and 32
-// products take 3-5 instructions (bytes widened to floats took ~12), so batch-1 decode streams w at the
-// memory's bandwidth.
+// and optional mins per group of 16, of a multiple of 32, or of a whole row). x is rounded here, per row:
+// in blocks of 32 columns (x_block 32: dx = max |x| / 127 over the block, llama.cpp's Q8_0 activations) or
+// once per row (x_block 0: per token, vLLM's w8a8), xq = round(x / dx) in -127..127; xsum[m, g] is the sum
+// of the ROUNDED x over weight group g (dx * sum xq), so the mins' term sees the same x as the codes do and
+// every row is rounded alike whatever else is in the step (batched equals unbatched up to float sums).
 //
-// A 32-column block: int8 codes as |q| (unsigned) against xq with q's signs (_mm256_sign_epi8; |q| <= 128 and
-// |xq| <= 127, so maddubs' pair sums of at most 32512 never saturate); int4 codes, 0..15, as they are, the low
-// nibbles (even columns) in the low 16 bytes and the high nibbles (odd columns) in the high 16, against xq
-// stored in that order. Then four products per int32 lane: maddubs + madd (AVX2) or one vpdpbusd
-// (AVX-512 VNNI), converted to float and scaled by dx * s per lane.
+// Two kernels share that rounding:
+// - rows (decode, a few rows of x): the weight streams once in its own layout; 32 codes per vector against a
+//   block of x, four products per int32 lane (maddubs + madd, or one VNNI vpdpbusd), scaled per block.
+// - panels (prefill, many rows): 8 weight rows at a time are repacked into a scratch panel whose vectors
+//   hold 4 columns of 8 rows, so one x broadcast meets 8 outputs and the panel, in L1, serves every row of x.
+//   A panel whose codes span at most 127 values is stored unsigned (q - min; the min goes into the mins'
+//   term), and maddubs' int16 pair sums then add up for several column quads before one madd widens them:
+//   up to 8 quads for 4-bit codes. Wider codes multiply by sign: |q| against xq with q's signs.
 //
-// One source, two kernels: the part below `#else` is compiled twice (this file includes itself), once for
-// AVX2 and once under `#pragma GCC target` for AVX-512 VNNI, each in its own namespace; every build of an
-// x86 CPU holds both and `isa` picks one at run time (checked against the CPU here, chosen in int8_dot.py).
+// int8 codes as |q| (unsigned) against xq with q's signs (_mm256_sign_epi8; |q| <= 128 and |xq| <= 127, so
+// maddubs' pair sums of at most 32512 never saturate); int4 codes (0..15) in the rows kernel as they are, the
+// low nibbles (even columns) in the low 16 bytes and the high nibbles (odd columns) in the high 16, against
+// xq stored in that order.
+//
+// One source, two ISAs: the part below `#else` is compiled twice (this file includes itself), once for AVX2
+// and once under `#pragma GCC target` for AVX-512 VNNI, each in its own namespace; every build of an x86 CPU
+// holds both and `isa` picks one at run time (checked against the CPU here, chosen in int8_dot.py).
 #ifndef JIDO_INT8_DOT_PASS
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -34,11 +42,17 @@
 
 namespace jido_int8_dot {
 
-constexpr int64_t kBlock = 32;  // columns per block of x (one scale each)
-constexpr int64_t kPrefetchRows = 4;  // how far ahead weight rows are prefetched
+constexpr int64_t kBlock = 32;  // columns of x per stored block (and per scale with x_block 32)
+constexpr int64_t kPrefetchRows = 4;  // how far ahead the rows kernel prefetches weight rows
+constexpr int64_t kPanel = 8;  // weight rows per panel: one int32 lane each
+constexpr int64_t kPanelRows = 4;  // rows of x per step of the panel kernel
+// Panels packed together and swept by each step of 4 rows of x: those rows stay in L1 while 64 weight rows
+// (40-128 KiB of codes for Gemma 3's shapes) stay in L2, so x is read from memory once per 64 outputs.
+constexpr int64_t kPanelGroup = 8;
 
-// x quantized: xq [M, nb * 32] (zero-padded past K; for int4 weights each block's even columns first),
-// dx [M, nb] and, for weights with mins, xsum [M, num_groups].
+// x rounded: q [M, nb * 32] (zero past K; for the rows kernel on int4 weights each block's even columns
+// first), d [M, nb] (every block of a row holds the row's scale when x is rounded per token), sums
+// [M, num_groups] (the rounded x summed over each weight group).
 struct QuantizedX {
   const int8_t* q;
   const float* d;
@@ -54,6 +68,17 @@ struct Weight {
   bool groups16;  // else each group holds whole blocks: group_size a multiple of 32, or one group per row
 };
 
+// A panel of kPanel weight rows, repacked: codes [quads][kPanel][4] (column quad j of row n at
+// codes[(j * kPanel + n) * 4]), the scales per chunk of columns [chunks][kPanel] (a chunk shares one scale of
+// w and one of x) and the mins' term's factors per group [groups][kPanel].
+struct Panel {
+  const uint8_t* codes;
+  const float* scales;
+  const float* mins;  // nullptr: no mins' term (no mins and no shift)
+  int64_t quads;  // column quads, nb * 8
+  int64_t chunk_quads, num_chunks, num_groups;
+};
+
 inline void prefetch_row(const Weight& w, int64_t n) {
   if (n >= w.N) return;
   const char* bytes = reinterpret_cast<const char*>(w.data + n * w.row_bytes);
@@ -63,6 +88,8 @@ inline void prefetch_row(const Weight& w, int64_t n) {
 }
 
 using RowsFn = void (*)(const Weight&, const QuantizedX&, int64_t, int64_t, float*);
+// (panel, x, first row of x, rows, out + first output column, N)
+using PanelFn = void (*)(const Panel&, const QuantizedX&, int64_t, int64_t, float*, int64_t);
 
 #if defined(__AVX2__)
 #define JIDO_INT8_DOT_PASS 1
@@ -70,6 +97,17 @@ namespace avx2 {
 JIDO_INLINE __m256i dot_u8s8(__m256i u, __m256i s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
+// Pair sums of u * s in int16 lanes (first_pairs), added to (add_pairs), widened to int32 (four products a
+// lane) every few quads.
+JIDO_INLINE __m256i first_pairs(__m256i u, __m256i s) { return _mm256_maddubs_epi16(u, s); }
+// NOTE: in asm, the sum updated in place: from intrinsics GCC copied every accumulator once per quad (and,
+// unrolled, summed the products as a tree and spilled it), a third of the panel kernel's instructions.
+JIDO_INLINE __m256i add_pairs(__m256i acc, __m256i u, __m256i s) {
+  __m256i t;
+  asm("vpmaddubsw %2, %3, %1\n\tvpaddw %1, %0, %0" : "+x"(acc), "=&x"(t) : "x"(s), "x"(u));
+  return acc;
+}
+JIDO_INLINE __m256i widen_pairs(__m256i acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
 #include __FILE__
 }  // namespace avx2
 
@@ -77,6 +115,10 @@ JIDO_INLINE __m256i dot_u8s8(__m256i u, __m256i s) {
 #pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
 namespace vnni {
 JIDO_INLINE __m256i dot_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+// vpdpbusd sums four products into int32 lanes without an int16 stage: nothing to widen.
+JIDO_INLINE __m256i first_pairs(__m256i u, __m256i s) { return dot_u8s8(u, s); }
+JIDO_INLINE __m256i add_pairs(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+JIDO_INLINE __m256i widen_pairs(__m256i acc) { return acc; }
 #include __FILE__
 }  // namespace vnni
 #pragma GCC pop_options
@@ -100,32 +142,44 @@ RowsFn pick_rows(const Weight& w, int64_t isa) {
   return vnni_isa ? &vnni::rows_dot<4, false> : &avx2::rows_dot<4, false>;
 }
 
+// The panel kernel for codes of `span` values (max - min): stored unsigned up to 127, their int16 pair sums
+// widened every 8, 4, 2 or 1 quads (2 * quads * span * 127 <= 32767); signed beyond.
+PanelFn pick_panel(int span, int64_t isa, bool* unsigned_codes) {
+  const bool v = isa == kAvx512Vnni;
+  *unsigned_codes = span <= 127;
+  if (span <= 15) return v ? &vnni::panel_dot<true, 8> : &avx2::panel_dot<true, 8>;
+  if (span <= 31) return v ? &vnni::panel_dot<true, 4> : &avx2::panel_dot<true, 4>;
+  if (span <= 63) return v ? &vnni::panel_dot<true, 2> : &avx2::panel_dot<true, 2>;
+  if (span <= 127) return v ? &vnni::panel_dot<true, 1> : &avx2::panel_dot<true, 1>;
+  return v ? &vnni::panel_dot<false, 1> : &avx2::panel_dot<false, 1>;
+}
+
 inline float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
 
-// One row's block of 32 floats (zeros past `len`) -> its scale and 32 codes in column order.
-inline float quantize_block(const float* src, int64_t len, int8_t* dst) {
-  alignas(32) float v[kBlock] = {};
+// max |x| over a row's block of 32 floats (zeros past `len`), copied into `v`.
+inline float block_amax(const float* src, int64_t len, float* v) {
+  std::memset(v, 0, kBlock * sizeof(float));
   std::memcpy(v, src, len * sizeof(float));
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 vals[4], amax = _mm256_setzero_ps();
-  for (int i = 0; i < 4; ++i) {
-    vals[i] = _mm256_load_ps(v + 8 * i);
-    amax = _mm256_max_ps(amax, _mm256_and_ps(vals[i], abs_mask));
-  }
-  const float d = hmax(amax) / 127.f;
+  __m256 amax = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) amax = _mm256_max_ps(amax, _mm256_and_ps(_mm256_loadu_ps(v + 8 * i), abs_mask));
+  return hmax(amax);
+}
+
+// 32 floats -> 32 codes round(v / d) in column order (d = 0: all zero).
+inline void round_block(const float* v, float d, int8_t* dst) {
   const __m256 id = _mm256_set1_ps(d != 0.f ? 1.f / d : 0.f);
   __m256i q[4];
-  for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(vals[i], id));  // rounds to nearest even
+  for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 8 * i), id));  // to even
   // packs interleave 128-bit lanes: the permute puts the 32 bytes back in column order
   const __m256i q16 = _mm256_packs_epi32(q[0], q[1]), q16b = _mm256_packs_epi32(q[2], q[3]);
   const __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q16, q16b),
                                                  _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), q8);
-  return d;
 }
 
 // The even columns of a 32-byte block, then the odd ones: the order of an int4 block's low and high nibbles.
@@ -136,6 +190,150 @@ inline void split_even_odd(int8_t* block) {
     tmp[16 + j] = block[2 * j + 1];
   }
   std::memcpy(block, tmp, sizeof(tmp));
+}
+
+// x rounded (see the top of this file), with the storage the pointers of QuantizedX point into.
+struct RoundedX {
+  std::vector<int8_t> q;
+  std::vector<float> d, sums;
+  QuantizedX view;
+};
+
+RoundedX round_x(const at::Tensor& xf, int64_t group_size, bool per_token, bool even_odd) {
+  const int64_t M = xf.size(0), K = xf.size(1), nb = (K + kBlock - 1) / kBlock;
+  const int64_t num_groups = (K + group_size - 1) / group_size;
+  RoundedX r{std::vector<int8_t>(M * nb * kBlock), std::vector<float>(M * nb), std::vector<float>(M * num_groups, 0.f),
+             {}};
+  const float* xp = xf.data_ptr<float>();
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    alignas(32) float v[kBlock];
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* row = xp + m * K;
+      float row_max = 0.f;
+      for (int64_t b = 0; per_token && b < nb; ++b)
+        row_max = std::max(row_max, block_amax(row + b * kBlock, std::min(kBlock, K - b * kBlock), v));
+      float* sums = r.sums.data() + m * num_groups;
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t len = std::min(kBlock, K - b * kBlock);
+        const float amax = block_amax(row + b * kBlock, len, v);
+        const float d = (per_token ? row_max : amax) / 127.f;
+        int8_t* block = r.q.data() + (m * nb + b) * kBlock;
+        round_block(v, d, block);
+        r.d[m * nb + b] = d;
+        // a block lies in one group, or (groups of 16) in two
+        for (int64_t half = 0; half < kBlock; half += std::min(group_size, kBlock)) {
+          const int64_t end = std::min(half + std::min(group_size, kBlock), len);
+          int32_t isum = 0;
+          for (int64_t k = half; k < end; ++k) isum += block[k];
+          if (half < len) sums[(b * kBlock + half) / group_size] += d * static_cast<float>(isum);
+        }
+        if (even_odd) split_even_odd(block);
+      }
+    }
+  });
+  r.view = QuantizedX{r.q.data(), r.d.data(), r.sums.data(), M, nb, num_groups};
+  return r;
+}
+
+// Row n of w as one byte per code, zero past K ([kpad]).
+inline void row_codes(const Weight& w, int64_t n, uint8_t* dst) {
+  const int64_t kpad = w.nb * kBlock;
+  std::memset(dst + w.K, 0, kpad - w.K);
+  const uint8_t* src = w.data + n * w.row_bytes;
+  if (w.bits == 8) {
+    std::memcpy(dst, src, w.K);
+    return;
+  }
+  const __m128i nibble = _mm_set1_epi8(0x0F);
+  int64_t i = 0;
+  for (; 2 * i + 32 <= w.K; i += 16) {  // 16 bytes -> 32 codes, the low nibble of each byte first
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i lo = _mm_and_si128(b, nibble), hi = _mm_and_si128(_mm_srli_epi16(b, 4), nibble);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i), _mm_unpacklo_epi8(lo, hi));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i + 16), _mm_unpackhi_epi8(lo, hi));
+  }
+  for (int64_t k = 2 * i; k < w.K; ++k) dst[k] = (src[k / 2] >> (4 * (k & 1))) & 15;
+}
+
+// The lowest and highest code of a row of K codes (int8 codes as signed bytes).
+inline void code_range(const uint8_t* codes, int64_t K, bool is_signed, int* lo, int* hi) {
+  __m256i vmin = _mm256_set1_epi8(127), vmax = _mm256_set1_epi8(-128);
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {  // int4 codes (0..15) compare the same as signed bytes
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + k));
+    vmin = _mm256_min_epi8(vmin, v), vmax = _mm256_max_epi8(vmax, v);
+  }
+  alignas(32) int8_t mins[32], maxs[32];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(mins), vmin);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(maxs), vmax);
+  for (int i = 0; i < 32; ++i) *lo = std::min<int>(*lo, mins[i]), *hi = std::max<int>(*hi, maxs[i]);
+  for (; k < K; ++k) {
+    const int c = is_signed ? static_cast<int8_t>(codes[k]) : codes[k];
+    *lo = std::min(*lo, c), *hi = std::max(*hi, c);
+  }
+}
+
+// 8 rows of 8 int32 (column quads) -> 8 vectors of one quad of each row: an 8x8 transpose.
+inline void transpose_quads(const __m256i* r, uint8_t* dst) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {  // rows 0-3, then 4-7
+    u[4 * h] = _mm256_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+    u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+    u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+    u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {  // quads j and j + 4 of the 8 are the 128-bit halves
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * j), _mm256_permute2x128_si256(u[j], u[j + 4], 0x20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32 * (j + 4)), _mm256_permute2x128_si256(u[j], u[j + 4], 0x31));
+  }
+}
+
+// Rows [n0, n0 + 8) of w (rows past N as zeros) as a panel (see Panel) in `codes`, `scales`, `mins`; returns
+// the kernel for its span of codes. `rows` is scratch of 8 * kpad bytes.
+PanelFn pack_panel(const Weight& w, int64_t n0, int64_t chunk, int64_t num_chunks, int64_t isa, uint8_t* rows,
+                   uint8_t* codes, float* scales, float* mins, bool* with_mins) {
+  const int64_t kpad = w.nb * kBlock;
+  int lo = 255, hi = -255;
+  for (int64_t i = 0; i < kPanel; ++i) {
+    uint8_t* row = rows + i * kpad;
+    if (n0 + i < w.N) {
+      row_codes(w, n0 + i, row);
+      code_range(row, w.K, w.bits == 8, &lo, &hi);
+    } else {
+      std::memset(row, 0, kpad);
+    }
+  }
+  bool unsigned_codes = false;
+  const PanelFn dot = pick_panel(hi - lo, isa, &unsigned_codes);
+  const int shift = unsigned_codes ? lo : 0;
+  if (shift != 0) {  // stored as q - shift (what lies past K does not matter: x is 0 there)
+    const __m256i sv = _mm256_set1_epi8(static_cast<char>(shift));
+    for (int64_t k = 0; k < kPanel * kpad; k += 32) {
+      __m256i* v = reinterpret_cast<__m256i*>(rows + k);
+      _mm256_storeu_si256(v, _mm256_sub_epi8(_mm256_loadu_si256(v), sv));
+    }
+  }
+  for (int64_t k = 0; k < kpad; k += 32) {
+    __m256i r[kPanel];
+    for (int64_t i = 0; i < kPanel; ++i) r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + i * kpad + k));
+    transpose_quads(r, codes + k * kPanel);
+  }
+  *with_mins = w.mins != nullptr || shift != 0;
+  for (int64_t i = 0; i < kPanel; ++i) {
+    const bool real = n0 + i < w.N;
+    const float* rs = w.scales + (n0 + i) * w.num_groups;
+    for (int64_t c = 0; c < num_chunks; ++c) scales[c * kPanel + i] = real ? rs[c * chunk / w.group_size] : 0.f;
+    for (int64_t g = 0; *with_mins && g < w.num_groups; ++g) {
+      const float m = real && w.mins ? w.mins[(n0 + i) * w.num_groups + g] : 0.f;
+      // w = s * q + m = s * (q - shift) + (m + s * shift)
+      mins[g * kPanel + i] = real ? m + rs[g] * static_cast<float>(shift) : 0.f;
+    }
+  }
+  return dot;
 }
 #endif  // __AVX2__
 
@@ -156,37 +354,77 @@ void check_weight(const at::Tensor& data, const at::Tensor& scales, const c10::o
               "mins must be contiguous float32 shaped like scales");
 }
 
-// y = x w^T (+ bias) in x's dtype, x quantized to int8 per block of 32 (see the top of this file).
+#if defined(__AVX2__)
+Weight make_weight(const at::Tensor& data, const at::Tensor& scales, const c10::optional<at::Tensor>& mins,
+                   int64_t group_size, int64_t bits, int64_t K) {
+  const int64_t nb = (K + kBlock - 1) / kBlock, num_groups = scales.size(1);
+  return Weight{static_cast<const uint8_t*>(data.data_ptr()), scales.data_ptr<float>(),
+                mins.has_value() ? mins->data_ptr<float>() : nullptr, data.size(0), K,
+                std::min(group_size, K), bits, data.size(1), num_groups, nb, group_size == 16 && K > 16};
+}
+
+void panels(const Weight& w, const QuantizedX& x, int64_t x_block, int64_t isa, float* out) {
+  const int64_t num_panels = (w.N + kPanel - 1) / kPanel, kpad = w.nb * kBlock;
+  // A chunk of columns shares one scale of w and one of x: an int32 sum, then one float multiply-add.
+  int64_t chunk = std::min(w.group_size, x_block == 0 ? w.K : x_block);
+  if (chunk >= w.K) chunk = kpad;  // one chunk over the padded row: whole quads, a multiple of 8 of them
+  const int64_t num_chunks = (w.K + chunk - 1) / chunk;
+  const int64_t num_sets = (num_panels + kPanelGroup - 1) / kPanelGroup;
+  at::parallel_for(0, num_sets, 1, [&](int64_t s0, int64_t s1) {
+    std::vector<uint8_t> rows(kPanel * kpad), codes(kPanelGroup * kPanel * kpad);
+    std::vector<float> scales(kPanelGroup * num_chunks * kPanel), mins(kPanelGroup * w.num_groups * kPanel);
+    Panel panel[kPanelGroup];
+    PanelFn dot[kPanelGroup];
+    alignas(32) float tile[kPanelRows * kPanel];
+    for (int64_t set = s0; set < s1; ++set) {
+      const int64_t p0 = set * kPanelGroup, count = std::min(kPanelGroup, num_panels - p0);
+      for (int64_t i = 0; i < count; ++i) {
+        uint8_t* pc = codes.data() + i * kPanel * kpad;
+        float* ps = scales.data() + i * num_chunks * kPanel;
+        float* pm = mins.data() + i * w.num_groups * kPanel;
+        bool with_mins = false;
+        dot[i] = pack_panel(w, (p0 + i) * kPanel, chunk, num_chunks, isa, rows.data(), pc, ps, pm, &with_mins);
+        panel[i] = Panel{pc, ps, with_mins ? pm : nullptr, kpad / 4, chunk / 4, num_chunks, w.num_groups};
+      }
+      for (int64_t m = 0; m < x.M; m += kPanelRows) {
+        const int64_t rows_here = std::min(kPanelRows, x.M - m);
+        for (int64_t i = 0; i < count; ++i) {
+          const int64_t n0 = (p0 + i) * kPanel, width = std::min(kPanel, w.N - n0);
+          if (width == kPanel) {
+            dot[i](panel[i], x, m, rows_here, out + m * w.N + n0, w.N);
+          } else {  // the last panel of an N that is not a multiple of 8: through a tile
+            dot[i](panel[i], x, m, rows_here, tile, kPanel);
+            for (int64_t r = 0; r < rows_here; ++r)
+              std::memcpy(out + (m + r) * w.N + n0, tile + r * kPanel, width * sizeof(float));
+          }
+        }
+      }
+    }
+  });
+}
+#endif
+
+// y = x w^T (+ bias) in x's dtype, x rounded per block of 32 (x_block 32) or per row (x_block 0), by the rows
+// kernel or (panels) the panel kernel; see the top of this file.
 at::Tensor int8_dot_linear(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scales,
                            const c10::optional<at::Tensor>& mins, int64_t group_size, int64_t bits, int64_t K,
-                           const c10::optional<at::Tensor>& bias, int64_t isa) {
+                           const c10::optional<at::Tensor>& bias, int64_t isa, int64_t x_block, bool use_panels) {
 #if defined(__AVX2__)
   check_weight(data, scales, mins, group_size, bits, K);
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "]");
+  TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
   TORCH_CHECK(isa_supported(isa), "this CPU does not run the int8 dot kernel for isa ", isa);
   const at::Tensor xf = x.to(at::kFloat).contiguous();
-  const int64_t M = xf.size(0), nb = (K + kBlock - 1) / kBlock, num_groups = scales.size(1);
-  const bool with_mins = mins.has_value();
-  std::vector<int8_t> xq(M * nb * kBlock);
-  std::vector<float> dx(M * nb), xsum(with_mins ? M * num_groups : 0, 0.f);
-  const float* xp = xf.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) {
-    const float* row = xp + m * K;
-    for (int64_t b = 0; b < nb; ++b) {
-      int8_t* block = xq.data() + (m * nb + b) * kBlock;
-      dx[m * nb + b] = quantize_block(row + b * kBlock, std::min(kBlock, K - b * kBlock), block);
-      if (bits == 4) split_even_odd(block);
-    }
-    for (int64_t k = 0; with_mins && k < K; ++k) xsum[m * num_groups + k / group_size] += row[k];
-  }
-  const Weight w{static_cast<const uint8_t*>(data.data_ptr()), scales.data_ptr<float>(),
-                 with_mins ? mins->data_ptr<float>() : nullptr, data.size(0), K, group_size, bits, data.size(1),
-                 num_groups, nb, group_size == 16 && K > 16};
-  const QuantizedX qx{xq.data(), dx.data(), with_mins ? xsum.data() : nullptr, M, nb, num_groups};
-  at::Tensor out = at::empty({M, w.N}, xf.options());
+  const Weight w = make_weight(data, scales, mins, group_size, bits, K);
+  const RoundedX rx = round_x(xf, w.group_size, x_block == 0, bits == 4 && !use_panels);
+  at::Tensor out = at::empty({xf.size(0), w.N}, xf.options());
   float* op = out.data_ptr<float>();
-  const RowsFn rows = pick_rows(w, isa);
-  at::parallel_for(0, w.N, 16, [&](int64_t n0, int64_t n1) { rows(w, qx, n0, n1, op); });
+  if (use_panels) {
+    panels(w, rx.view, x_block, isa, op);
+  } else {
+    const RowsFn rows = pick_rows(w, isa);
+    at::parallel_for(0, w.N, 16, [&](int64_t n0, int64_t n1) { rows(w, rx.view, n0, n1, op); });
+  }
   if (bias.has_value()) out.add_(bias->to(at::kFloat));
   return out.to(x.scalar_type());
 #else
@@ -206,7 +444,7 @@ bool int8_dot_supported(int64_t isa) {
 
 TORCH_LIBRARY(jido_int8_dot, m) {
   m.def("linear(Tensor x, Tensor data, Tensor scales, Tensor? mins, int group_size, int bits, int K, Tensor? bias, "
-        "int isa) -> Tensor");
+        "int isa, int x_block, bool panels) -> Tensor");
   m.def("supported(int isa) -> bool", &jido_int8_dot::int8_dot_supported);
 }
 
@@ -312,6 +550,78 @@ void rows_dot(const Weight& w, const QuantizedX& x, int64_t n0, int64_t n1, floa
       else row_dot<1, Bits, Groups16>(w, n, x, m, part);
       for (int r = 0; r < R; ++r) out[(m + r) * w.N + n] = part[r];
       m += R;
+    }
+  }
+}
+
+// pairs[r] (= with First, else +=) the products of column quad j of a panel's codes and of x rows xr[r].
+template <int R, bool Unsigned, bool First>
+JIDO_INLINE void quad_pairs(const uint8_t* codes, const int8_t* const* xr, int64_t j, __m256i* pairs) {
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + j * kPanel * 4));
+  const __m256i mag = Unsigned ? q : _mm256_sign_epi8(q, q);
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    int32_t quad;
+    std::memcpy(&quad, xr[r] + 4 * j, sizeof(quad));
+    __m256i xv = _mm256_set1_epi32(quad);
+    if (!Unsigned) xv = _mm256_sign_epi8(xv, q);
+    pairs[r] = First ? first_pairs(mag, xv) : add_pairs(pairs[r], mag, xv);
+  }
+}
+
+// R rows of x (from m0) against one panel: out[r * ldo + i] for the panel's 8 rows i. Each chunk of columns
+// sums into int32 lanes (int16 pair sums widened every Widen quads), then is scaled by the chunk's weight
+// scales times the row's x scale; the mins' term follows, over x's group sums.
+template <int R, bool Unsigned, int Widen>
+JIDO_INLINE void panel_rows(const Panel& p, const QuantizedX& x, int64_t m0, float* out, int64_t ldo) {
+  __m256 acc[R];
+  const int8_t* xr[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), xr[r] = x.q + (m0 + r) * x.nb * kBlock;
+  for (int64_t c = 0; c < p.num_chunks; ++c) {
+    const int64_t j_end = std::min(p.quads, (c + 1) * p.chunk_quads);
+    __m256i sum[R];
+    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
+    for (int64_t j0 = c * p.chunk_quads; j0 < j_end; j0 += Widen) {
+      __m256i pairs[R];
+      quad_pairs<R, Unsigned, true>(p.codes, xr, j0, pairs);
+#pragma GCC unroll 8
+      for (int t = 1; t < Widen; ++t) quad_pairs<R, Unsigned, false>(p.codes, xr, j0 + t, pairs);
+      for (int r = 0; r < R; ++r) sum[r] = _mm256_add_epi32(sum[r], widen_pairs(pairs[r]));
+    }
+    const __m256 ws = _mm256_loadu_ps(p.scales + c * kPanel);
+    const int64_t xb = (c * p.chunk_quads * 4) / kBlock;  // per token: every block holds the row's scale
+    for (int r = 0; r < R; ++r) {
+      const __m256 dx = _mm256_broadcast_ss(x.d + (m0 + r) * x.nb + xb);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(ws, dx), acc[r]);
+    }
+  }
+  if (p.mins) {
+    for (int64_t g = 0; g < p.num_groups; ++g) {
+      const __m256 mins = _mm256_loadu_ps(p.mins + g * kPanel);
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm256_fmadd_ps(mins, _mm256_broadcast_ss(x.sums + (m0 + r) * x.num_groups + g), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * ldo, acc[r]);
+}
+
+template <bool Unsigned, int Widen>
+void panel_dot(const Panel& p, const QuantizedX& x, int64_t m0, int64_t rows, float* out, int64_t ldo) {
+  // a chunk's quads are a whole number of widening steps: a chunk of 16 columns is 4 quads
+  constexpr int kSmall = Widen < 4 ? Widen : 4;
+  const bool small = p.chunk_quads < Widen;
+  for (int64_t r = 0; r < rows;) {
+    const int64_t left = rows - r;
+    float* o = out + r * ldo;
+    if (left >= 4) {
+      small ? panel_rows<4, Unsigned, kSmall>(p, x, m0 + r, o, ldo) : panel_rows<4, Unsigned, Widen>(p, x, m0 + r, o, ldo);
+      r += 4;
+    } else if (left >= 2) {
+      small ? panel_rows<2, Unsigned, kSmall>(p, x, m0 + r, o, ldo) : panel_rows<2, Unsigned, Widen>(p, x, m0 + r, o, ldo);
+      r += 2;
+    } else {
+      small ? panel_rows<1, Unsigned, kSmall>(p, x, m0 + r, o, ldo) : panel_rows<1, Unsigned, Widen>(p, x, m0 + r, o, ldo);
+      r += 1;
     }
   }
 }
