@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jido.config.cache import CacheConfig
+from jido.config.kv_offload import KVOffloadConfig
 from jido.config.kv_transfer import KVTransferConfig
 from jido.config.model import DeviceConfig, ModelConfig
 from jido.config.parallel import ParallelConfig
@@ -16,7 +17,8 @@ from jido.config.speculative import SpeculativeConfig
 # The configs whose fields are flat flags (``--block-size``) and ``LLM(...)`` keywords.
 FLAT_CONFIGS: tuple[type, ...] = (ModelConfig, DeviceConfig, CacheConfig, SchedulerConfig, ParallelConfig)
 # The configs given whole, as a dict or JSON text (``--speculative-config '{"method": ...}'``).
-JSON_CONFIGS: dict[str, type] = {"speculative_config": SpeculativeConfig, "kv_transfer_config": KVTransferConfig}
+JSON_CONFIGS: dict[str, type] = {"speculative_config": SpeculativeConfig, "kv_transfer_config": KVTransferConfig,
+                                 "kv_offload": KVOffloadConfig}
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class EngineConfig:
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     speculative_config: SpeculativeConfig | None = None
     kv_transfer_config: KVTransferConfig | None = None
+    kv_offload: KVOffloadConfig | None = None
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

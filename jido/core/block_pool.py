@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from jido.utils.hashing import BlockHash
 
@@ -42,6 +42,8 @@ class BlockPool:
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
         self._cached: dict[BlockHash, KVCacheBlock] = {}
+        # Called with each cached block just before allocate() hands it out: its contents' last moment.
+        self.on_evict: Callable[[KVCacheBlock], None] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -110,6 +112,8 @@ class BlockPool:
     def _evict(self, block: KVCacheBlock) -> None:
         if block.block_hash is None:
             return
+        if self.on_evict is not None:
+            self.on_evict(block)
         if self._cached.get(block.block_hash) is block:
             del self._cached[block.block_hash]
         block.block_hash = None

@@ -16,6 +16,7 @@ from jido.core.outputs import EngineCoreOutputs
 from jido.core.request import Request, RequestStatus
 from jido.core.scheduler import Scheduler, SchedulerLimits
 from jido.executor.abstract import Executor, get_executor_class
+from jido.kvtransfer.factory import make_scheduler_connector
 from jido.metrics.stats import IterationStats, SchedulerStats
 from jido.models.config import ModelArchConfig
 
@@ -95,6 +96,8 @@ class EngineCore:
         if config.speculative_config is not None or config.kv_transfer_config is not None:
             raise ValueError("speculative_config and kv_transfer_config are accepted by the configuration but "
                              "this version of jido runs neither: leave them unset")
+        if config.kv_offload is not None and not config.cache_config.enable_prefix_caching:
+            raise ValueError("kv_offload keeps the blocks the prefix cache evicts: it needs enable_prefix_caching")
         executor_class = executor_class or get_executor_class(config.parallel_config.distributed_executor_backend)
         self.executor = executor_class(config, model_folder)
         try:
@@ -107,8 +110,12 @@ class EngineCore:
         kv_manager = KVCacheManager(kv_config.num_blocks, kv_config.block_size,
                                     config.cache_config.enable_prefix_caching, windows)
         sched = config.scheduler_config
+        connector = None
+        if config.kv_offload is not None:
+            fingerprint = self.executor.collective_rpc("kv_fingerprint")[0]
+            connector = make_scheduler_connector(config, kv_config, fingerprint)
         self.scheduler = Scheduler(SchedulerLimits(sched.max_num_seqs, sched.max_num_batched_tokens,
-                                                   self.kv_plan.max_model_len), kv_manager)
+                                                   self.kv_plan.max_model_len), kv_manager, connector)
 
     def _initialize_kv_cache(self, model_arch: ModelArchConfig) -> KVCachePlan:
         specs = self.executor.get_kv_cache_spec()
