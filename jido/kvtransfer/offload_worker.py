@@ -48,7 +48,7 @@ class OffloadWorker(KVConnectorWorker):
         self._codecs: dict[str, KVCodec] = {c.name: c for c in self.tier_codecs.values()}
         self._disabled: set[str] = set()
         self._meta: OffloadMetadata | None = None
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs: queue.Queue = queue.Queue()
         self._done = threading.Condition()
         self._events: list = []
         self._finished: dict[str, bool] = {}
@@ -79,6 +79,10 @@ class OffloadWorker(KVConnectorWorker):
             self._finished, self._events = {}, []
         return output
 
+    def flush(self) -> None:
+        """Block until every job handed to the background thread so far is done (writes landed)."""
+        self._jobs.join()
+
     def shutdown(self) -> None:
         self._jobs.put(None)
         self._thread.join(timeout=5.0)
@@ -106,18 +110,23 @@ class OffloadWorker(KVConnectorWorker):
     # -- the background thread ---------------------------------------------------------------------
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
-            if isinstance(job, _Save):
-                events, finished = self._save(job), None
-            elif isinstance(job, LoadRequest):
-                events, finished = self._load(job)
-            else:
-                events, finished = self._move(job), None
-            with self._done:
-                self._events.extend(events)
-                if finished is not None:
-                    self._finished[job.req_id] = finished
-                    self._num_loading -= 1
-                    self._done.notify_all()
+            self._do(job)
+            self._jobs.task_done()
+
+    def _do(self, job: _Save | LoadRequest | MoveEntry) -> None:
+        finished = None
+        if isinstance(job, _Save):
+            events = self._save(job)
+        elif isinstance(job, LoadRequest):
+            events, finished = self._load(job)
+        else:
+            events = self._move(job)
+        with self._done:
+            self._events.extend(events)
+            if finished is not None:
+                self._finished[job.req_id] = finished
+                self._num_loading -= 1
+                self._done.notify_all()
 
     def _encode(self, tier: str, key: BlockKey, block: torch.Tensor) -> bytes:
         codec = self.tier_codecs[tier]

@@ -30,7 +30,8 @@ def create_app(llm: LLMEngine, config: ServerConfig) -> FastAPI:
     """
     model_name = config.model_name(llm.config.model_config.model)
     template = load_chat_template(llm.tokenizer, config.chat_template)
-    metrics = ServerMetrics(model_name, llm.max_model_len)
+    offload = llm.config.kv_offload
+    metrics = ServerMetrics(model_name, llm.max_model_len, tuple(t.name for t in offload.tiers) if offload else ())
     engine = AsyncEngine(llm, config.max_waiting_requests,
                          on_report=lambda report: metrics.on_report(report, engine.num_waiting))
     serving = OpenAIServing(engine, model_name, template, metrics)
