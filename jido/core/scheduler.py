@@ -12,6 +12,7 @@ from jido.core.kv_loading import ExternalKVLoads
 from jido.core.outputs import (CachedRequestData, EngineCoreOutput, Logprobs, ModelRunnerOutput, NewRequestData,
                                SchedulerOutput)
 from jido.core.request import Request, RequestStatus
+from jido.core.scheduling_policy import order_waiting, preemption_victim
 from jido.metrics.stats import SchedulerStats
 
 
@@ -21,6 +22,7 @@ class SchedulerLimits:
     max_num_batched_tokens: int
     max_model_len: int
     num_lookahead_tokens: int = 0  # slots kept free after each running request for next step's proposals
+    policy: str = "fcfs"  # fcfs | lpm | priority (jido.core.scheduling_policy)
 
 
 class Scheduler:
@@ -118,7 +120,7 @@ class Scheduler:
             blocks = self.kv.allocate_slots(request, num_new, num_lookahead_tokens=self.limits.num_lookahead_tokens)
             if blocks is not None:
                 return blocks
-            victim = self.running[-1]
+            victim = preemption_victim(self.running, self.limits.policy)
             num_scheduled.pop(victim.request_id, None)
             new_block_ids.pop(victim.request_id, None)
             self._preempt(victim)
@@ -127,6 +129,7 @@ class Scheduler:
 
     def _schedule_waiting(self, num_scheduled: dict[str, int], new_block_ids: dict[str, list[list[int]]],
                           budget: int) -> None:
+        self.waiting = order_waiting(self.waiting, self.limits.policy, self._cached_len)
         while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
             request = self.waiting[0]
             if self.kv.has_blocks(request.request_id):  # back from an external load: its blocks are attached
@@ -155,6 +158,10 @@ class Scheduler:
             num_scheduled[request.request_id] = num_new
             new_block_ids[request.request_id] = _ids(blocks)
             budget -= num_new
+
+    def _cached_len(self, request: Request) -> int:
+        return request.num_computed_tokens if self.kv.has_blocks(request.request_id) \
+            else self.kv.get_computed_blocks(request)[1]
 
     def _make_output(self, num_scheduled: dict[str, int],
                      new_block_ids: dict[str, list[list[int]]]) -> SchedulerOutput:

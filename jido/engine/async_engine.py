@@ -45,6 +45,7 @@ class _Add:
     prompt: PromptType
     params: SamplingParams
     arrival_time: float
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ class AsyncEngine:
         return max(0, self.max_num_seqs - self.last_report.stats.num_running)
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    arrival_time: float | None = None) -> RequestStream:
+                    arrival_time: float | None = None, priority: int = 0) -> RequestStream:
         """Queue a request and return its stream.
 
         Raises EngineStoppedError while draining or after a failure, and EngineOverloadedError when
@@ -163,7 +164,7 @@ class AsyncEngine:
         self._streams[request_id] = stream
         self._num_submitted += params.n
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        self._inbox.put(_Add(request_id, prompt, params, arrival))
+        self._inbox.put(_Add(request_id, prompt, params, arrival, priority))
         return stream
 
     def _check_room(self, num_seqs: int) -> None:
@@ -262,7 +263,8 @@ class AsyncEngine:
             return
         self._num_added += command.params.n
         try:
-            self.engine.add_request(command.request_id, command.prompt, command.params, command.arrival_time)
+            self.engine.add_request(command.request_id, command.prompt, command.params, command.arrival_time,
+                                    command.priority)
         except ValueError as exc:
             self._call(self._fail, command.request_id, exc)
 

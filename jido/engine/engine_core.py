@@ -114,8 +114,9 @@ class EngineCore:
         if config.kv_offload is not None:
             fingerprint = self.executor.collective_rpc("kv_fingerprint")[0]
             connector = make_scheduler_connector(config, kv_config, fingerprint)
-        self.scheduler = Scheduler(SchedulerLimits(sched.max_num_seqs, sched.max_num_batched_tokens,
-                                                   self.kv_plan.max_model_len), kv_manager, connector)
+        limits = SchedulerLimits(sched.max_num_seqs, sched.max_num_batched_tokens, self.kv_plan.max_model_len,
+                                 policy=sched.scheduling_policy)
+        self.scheduler = Scheduler(limits, kv_manager, connector)
 
     def _initialize_kv_cache(self, model_arch: ModelArchConfig) -> KVCachePlan:
         specs = self.executor.get_kv_cache_spec()

@@ -45,19 +45,24 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order.
+
+        ``priority`` (one per prompt, lower first) orders admission under ``scheduling_policy="priority"``.
 
         Every prompt is validated before any is queued, so a bad one raises ValueError and leaves the
         engine as it was.
         """
         prompt_list = _as_prompt_list(prompts)
         params_list = _as_params_list(sampling_params, len(prompt_list))
+        priorities = list(priority) if priority is not None else [0] * len(prompt_list)
+        if len(priorities) != len(prompt_list):
+            raise ValueError(f"got {len(priorities)} priorities for {len(prompt_list)} prompts: give one per prompt")
         tokenized = [self._tokenize(prompt) for prompt in prompt_list]
         request_ids = [str(next(self._request_counter)) for _ in prompt_list]
         try:
-            for request_id, prompt, params in zip(request_ids, tokenized, params_list):
-                self.llm_engine.add_request(request_id, prompt, params)
+            for request_id, prompt, params, rank in zip(request_ids, tokenized, params_list, priorities):
+                self.llm_engine.add_request(request_id, prompt, params, priority=rank)
             return self._run(request_ids, use_tqdm)
         except BaseException:
             self.llm_engine.abort_request(request_ids)

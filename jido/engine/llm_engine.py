@@ -130,8 +130,13 @@ class LLMEngine:
                              "tokens, leaving room for one generated token")
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
-        """Validate and queue a request; on ValueError nothing was queued."""
+                    arrival_time: float | None = None, priority: int = 0) -> None:
+        """Validate and queue a request; on ValueError nothing was queued.
+
+        ``priority`` orders admission under ``scheduling_policy="priority"`` (lower first), as in vLLM.
+        """
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
         if request_id in self._parents:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not isinstance(params, SamplingParams):
@@ -146,7 +151,7 @@ class LLMEngine:
         for i, child_params in enumerate(children):
             child_id = request_id if params.n == 1 else f"{i}_{request_id}"
             self._child_to_parent[child_id] = (request_id, i)
-            self.core.add_request(Request(child_id, ids, child_params, self.eos_token_ids, arrival))
+            self.core.add_request(Request(child_id, ids, child_params, self.eos_token_ids, arrival, priority))
 
     @staticmethod
     def _child_params(params: SamplingParams) -> list[SamplingParams]:

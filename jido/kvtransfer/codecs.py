@@ -52,10 +52,14 @@ def _channel_scales(x: torch.Tensor, qmax: torch.Tensor) -> torch.Tensor:
     return scale.clamp_(max=torch.finfo(torch.float16).max)
 
 
-def _quantize(x: torch.Tensor, scale: torch.Tensor, qmax: torch.Tensor) -> torch.Tensor:
-    s = scale.float()
-    q = torch.where(s > 0, x / torch.where(s > 0, s, 1.0), 0.0)
-    return q.round_().clamp_(-qmax, qmax).to(torch.int8)
+def _quantize(x: torch.Tensor, scale: torch.Tensor, qmax: torch.Tensor) -> np.ndarray:
+    """int8 codes of ``x`` under ``scale`` (a zero scale gives zeros), rounded to nearest even."""
+    # numpy, not torch: on a busy 2-core machine torch's rounding of a 24k-element block took 15 ms, numpy 5 us.
+    s = scale.float().numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(s > 0, x.numpy() / s, 0.0)
+    bound = qmax.numpy()
+    return np.clip(np.rint(q), -bound, bound).astype(np.int8)
 
 
 class Int8Codec(KVCodec):
@@ -67,7 +71,7 @@ class Int8Codec(KVCodec):
         x = block.float()
         qmax = torch.tensor(127.0)
         scale = _channel_scales(x, qmax)
-        return scale.numpy().tobytes() + _quantize(x, scale, qmax).numpy().tobytes()
+        return scale.numpy().tobytes() + _quantize(x, scale, qmax).tobytes()
 
     def decode(self, payload: memoryview, shape: tuple[int, ...], dtype: torch.dtype,
                layer_ids: tuple[int, ...]) -> torch.Tensor:
@@ -110,7 +114,7 @@ class CacheGenCodec(KVCodec):
         x = block.float()
         qmax = self._qmax(layer_ids)
         scale = _channel_scales(x, qmax)
-        codes = _quantize(x, scale, qmax).numpy().view(np.uint8)
+        codes = _quantize(x, scale, qmax).view(np.uint8)
         # [L, 2, T, H, D] -> [L, 2, H, D, T]: one channel's tokens side by side
         codes = np.ascontiguousarray(np.moveaxis(codes, 2, -1))
         deltas = np.diff(codes, axis=-1, prepend=np.uint8(0))  # uint8 arithmetic wraps: exact mod 256

@@ -118,6 +118,7 @@ class _SamplingBody(_Body):
     min_tokens: int | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
+    priority: int = 0  # vLLM's: admission order under --scheduling-policy priority, lower first
 
     def client_name(self, name: str) -> str:
         """The request field that set SamplingParams' ``name``, for error messages and ``param``."""

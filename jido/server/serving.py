@@ -61,7 +61,7 @@ class OpenAIServing:
         params = self._params(body, prompt_ids, body.max_tokens, body.logprobs, body.num_prompt_logprobs)
         fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer,
                                echo_text=self._echo_text(prompt, prompt_ids) if body.echo else None)
-        return await self._respond(http_request, fmt, prompt_ids, params, body.stream, body.include_usage, timer)
+        return await self._respond(http_request, fmt, prompt_ids, params, body, timer)
 
     async def chat(self, http_request: Request) -> Response:
         timer = RequestTimer()
@@ -74,7 +74,7 @@ class OpenAIServing:
         prompt_ids = await asyncio.to_thread(self._chat_prompt_ids, body)  # off the event loop, as above
         params = self._params(body, prompt_ids, body.requested_max_tokens, body.num_logprobs)
         fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer)
-        return await self._respond(http_request, fmt, prompt_ids, params, body.stream, body.include_usage, timer)
+        return await self._respond(http_request, fmt, prompt_ids, params, body, timer)
 
     async def tokenize(self, http_request: Request) -> Response:
         """vLLM's /tokenize: ``{"tokens", "count", "max_model_len", "token_strs"}``."""
@@ -160,8 +160,10 @@ class OpenAIServing:
 
     # -- running ----------------------------------------------------------------------------------
     async def _respond(self, http_request: Request, fmt: ResponseFormat, prompt_ids: list[int],
-                       params: SamplingParams, stream: bool, include_usage: bool, timer: RequestTimer) -> Response:
-        outputs = self._submit(fmt.request_id, prompt_ids, params, timer)
+                       params: SamplingParams, body: CompletionRequest | ChatCompletionRequest,
+                       timer: RequestTimer) -> Response:
+        outputs = self._submit(fmt.request_id, prompt_ids, params, timer, body.priority)
+        stream, include_usage = body.stream, body.include_usage
         if stream:
             holdback = stop_string_holdback(params)
             return StreamingResponse(self._sse(outputs, fmt, params.n, holdback, include_usage, timer),
@@ -169,11 +171,12 @@ class OpenAIServing:
         final = await self._collect(http_request, outputs, timer)
         return JSONResponse(fmt.response(final))
 
-    def _submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                timer: RequestTimer) -> RequestStream:
+    def _submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, timer: RequestTimer,
+                priority: int = 0) -> RequestStream:
         try:
             # Validated and tokenized once, in _prompt_ids: the engine takes the ids as they are.
-            return self.engine.add_request(request_id, ProcessedPrompt(None, prompt_ids), params, timer.arrival)
+            return self.engine.add_request(request_id, ProcessedPrompt(None, prompt_ids), params, timer.arrival,
+                                           priority)
         except EngineOverloadedError as exc:
             self.metrics.on_rejected("overload")
             raise APIError(503, str(exc), "service_unavailable", code="overloaded",
