@@ -11,6 +11,7 @@ from jido.core.kv_connector import KVConnectorScheduler
 from jido.core.kv_loading import ExternalKVLoads
 from jido.core.outputs import (CachedRequestData, EngineCoreOutput, Logprobs, ModelRunnerOutput, NewRequestData,
                                SchedulerOutput)
+from jido.core.pinned_prefixes import PinnedPrefixes
 from jido.core.request import Request, RequestStatus
 from jido.core.scheduling_policy import order_waiting, preemption_victim
 from jido.metrics.stats import SchedulerStats
@@ -41,6 +42,7 @@ class Scheduler:
         self.kv = kv_cache_manager
         self.connector = connector
         self.loads = ExternalKVLoads(connector, kv_cache_manager) if connector is not None else None
+        self.pins = PinnedPrefixes(kv_cache_manager)
         if connector is not None:
             kv_cache_manager.set_eviction_listener(lambda block: connector.on_blocks_evicted([block]))
         self.requests: dict[str, Request] = {}
@@ -77,7 +79,7 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         return SchedulerStats(len(self.running), len(self.waiting) + len(self.loads or ()), self.kv_cache_usage,
                               self.kv.prefix_cache_queries, self.kv.prefix_cache_hits, self.num_preemptions,
-                              self.connector.stats() if self.connector is not None else ())
+                              self.connector.stats() if self.connector is not None else (), self.pins.stats())
 
     def take_queue_times(self) -> tuple[float, ...]:
         """Queue times of the requests first scheduled since the last call."""
@@ -153,6 +155,7 @@ class Scheduler:
             request.num_computed_tokens = num_hit_tokens
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit_tokens
+                self.pins.count_hit(request, num_hit_tokens)
                 request.first_scheduled_time = time.monotonic()
                 self._queue_times.append(request.first_scheduled_time - request.arrival_time)
             num_scheduled[request.request_id] = num_new

@@ -13,6 +13,7 @@ from jido.core.kv_cache_manager import KVCacheManager
 from jido.core.kv_cache_spec import (KVCacheConfig, SlidingWindowSpec, blocks_per_request, make_kv_cache_config,
                                     peak_blocks_per_request)
 from jido.core.outputs import EngineCoreOutputs
+from jido.core.pinned_prefixes import MAX_PINNED_FRACTION, PinTooLargeError
 from jido.core.request import Request, RequestStatus
 from jido.core.scheduler import Scheduler, SchedulerLimits
 from jido.executor.abstract import Executor, get_executor_class
@@ -144,6 +145,30 @@ class EngineCore:
 
     def get_scheduler_stats(self) -> SchedulerStats:
         return self.scheduler.stats()
+
+    def check_pin_fits(self, num_tokens: int, reserved_blocks: int = 0) -> int:
+        """The pool blocks a pin of ``num_tokens`` tokens holds once prefilled (its prefill waits for room as any
+        request does, and never preempts older work).
+
+        Raises:
+            PinTooLargeError: that, with ``reserved_blocks`` of pins still prefilling, exceeds what pins may hold.
+        """
+        kv = self.kv_plan.kv_cache_config
+        needed = blocks_per_request(kv, num_tokens + 1)
+        room = self.scheduler.pins.room() - reserved_blocks
+        if needed > room:
+            raise PinTooLargeError(
+                f"pinning {num_tokens} tokens takes {needed} KV blocks but only {max(room, 0)} of the pool's "
+                f"{kv.num_blocks} may still be pinned (pins may hold {MAX_PINNED_FRACTION:.0%} of it; "
+                f"{self.scheduler.pins.num_blocks} are pinned now): unpin a prefix or raise kv_cache_memory")
+        return needed
+
+    def pin_prefix(self, pin_id: str, token_ids: list[int]) -> int:
+        """Pin the cached blocks of a prefix just prefilled; returns the tokens they cover."""
+        return self.scheduler.pins.pin(pin_id, token_ids)
+
+    def unpin_prefix(self, pin_id: str) -> None:
+        self.scheduler.pins.unpin(pin_id)
 
     def reset_prefix_cache(self) -> None:
         self.scheduler.kv.reset_prefix_cache()

@@ -34,6 +34,23 @@ class LLM:
         """Forget every cached prefix (as vLLM's ``LLM.reset_prefix_cache``); running requests keep their blocks."""
         self.llm_engine.reset_prefix_cache()
 
+    def pin_prefix(self, prompt: PromptType) -> dict:
+        """Prefill ``prompt`` and pin its KV in the device pool (cache-augmented generation); later prompts that
+        start with it reuse it until :meth:`unpin_prefix`. Returns ``{"id", "num_tokens", "num_pinned_tokens"}``.
+
+        Raises ValueError (``PinTooLargeError``) when pins may not hold that many blocks.
+        """
+        pin_id = f"pin-{next(self._request_counter)}"
+        processed = self._tokenize(prompt)
+        self.llm_engine.add_pin_request(pin_id, processed)
+        self._run([pin_id], use_tqdm=False)
+        pinned = next(p for p in self.llm_engine.get_scheduler_stats().pinned if p.pin_id == pin_id)
+        return {"id": pin_id, "num_tokens": len(processed.token_ids), "num_pinned_tokens": pinned.num_tokens}
+
+    def unpin_prefix(self, pin_id: str) -> None:
+        """Release a pinned prefix (its blocks stay cached until evicted). Raises KeyError for an unknown id."""
+        self.llm_engine.unpin(pin_id)
+
     def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
                        kwargs: dict[str, Any] | None = None) -> list[Any]:
         """Call a worker method (or ``fn(worker, ...)``) on every worker, as vLLM's ``LLM.collective_rpc``."""

@@ -15,6 +15,17 @@ class SchedulerStats:
     prefix_cache_hits: int = 0  # cumulative, of which found
     num_preemptions: int = 0  # cumulative
     kv_connector: tuple = ()  # the KV connector's cumulative records (KVTierStats per offload tier)
+    pinned: tuple = ()  # PinnedPrefixStats per pinned prefix (cache-augmented generation)
+
+
+@dataclass(frozen=True)
+class PinnedPrefixStats:
+    """One pinned prefix: its blocks stay in the device pool until it is unpinned."""
+
+    pin_id: str
+    num_tokens: int  # tokens whose KV is pinned (whole blocks of the prompt)
+    num_blocks: int  # pool blocks held, over every layer group
+    hits: int = 0  # requests admitted whose cached prefix covered it
 
 
 @dataclass(frozen=True)
