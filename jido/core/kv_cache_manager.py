@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from jido.core.block_pool import BlockPool, KVCacheBlock
-from jido.core.kv_connector import EvictedBlock
+from jido.core.kv_connector import ReleasedBlock
 from jido.core.request import Request
 from jido.utils.hashing import BlockHash, hash_block_tokens
 
@@ -163,9 +163,9 @@ class KVCacheManager:
         """Whether the request holds block tables (it was allocated and not freed since)."""
         return request_id in self.req_to_blocks
 
-    def set_eviction_listener(self, listener: Callable[[EvictedBlock], None]) -> None:
-        """Call ``listener`` with each cached block just before the pool reuses it (offload saves it then)."""
-        self.pool.on_evict = lambda block: listener(EvictedBlock(block.block_id, block.block_hash, block.token_ids))
+    def set_release_listener(self, listener: Callable[[ReleasedBlock], None]) -> None:
+        """Call ``listener`` with each cached block no request holds any more (the pool may reuse it from then on)."""
+        self.pool.on_release = lambda block: listener(ReleasedBlock(block.block_id, block.block_hash, block.token_ids))
 
     def release_dead_blocks(self, request: Request) -> None:
         """Free the sliding-window blocks ``request.num_computed_tokens`` has passed (after an external load)."""

@@ -24,8 +24,12 @@ BlockKey = tuple[int, BlockHash]
 
 
 @dataclass(frozen=True)
-class EvictedBlock:
-    """A cached block whose contents the pool is about to overwrite: the last moment they can be saved."""
+class ReleasedBlock:
+    """A cached block no request holds any more: the pool may overwrite it from the next allocation on.
+
+    Its contents stay intact until the next step's forward, so a connector that saves them in that step
+    (before the forward) has them whether or not the pool evicts the block meanwhile.
+    """
 
     block_id: int
     key: BlockKey
@@ -55,13 +59,13 @@ class KVConnectorScheduler(ABC):
 
     Call order in one scheduling pass: for a waiting request, :meth:`get_num_new_matched_tokens` after the
     device prefix-cache lookup; if it offers tokens and the blocks were allocated,
-    :meth:`update_state_after_alloc`; evicted blocks arrive through :meth:`on_blocks_evicted` whenever the
-    pool reuses a cached block; at the end of the pass :meth:`build_connector_meta` makes the step's
+    :meth:`update_state_after_alloc`; cached blocks arrive through :meth:`on_blocks_released` whenever their
+    last holder lets go (before the pool can evict them); at the end of the pass :meth:`build_connector_meta` makes the step's
     metadata (and forgets what it handed over). After the step, :meth:`update_connector_output` takes the
     workers' report. :meth:`request_finished` is called once when a request ends for any reason.
 
     Invariants:
-        - Every block id named in the metadata is held by a request or was evicted in this same pass;
+        - Every block id named in the metadata is held by a request or was released in this same pass;
           blocks a load writes into stay held by the waiting request until its load is reported finished.
         - Nothing here may block on a slow store for longer than the store's own timeout: a store that is
           down or slow is a miss.
@@ -82,8 +86,12 @@ class KVConnectorScheduler(ABC):
         positions ``num_computed_tokens // block_size`` up to ``+ num_external_tokens // block_size``."""
 
     @abstractmethod
-    def on_blocks_evicted(self, blocks: list[EvictedBlock]) -> None:
-        """Cached blocks about to be overwritten; a connector that keeps evicted KV saves them this step."""
+    def on_blocks_released(self, blocks: list[ReleasedBlock]) -> None:
+        """Cached blocks the pool may now evict; a connector that keeps KV below the pool saves them this step.
+
+        Saving on release rather than on eviction keeps the tiers a superset of the pool's free cached
+        blocks, so a lookup never finds a prefix split between the pool and a tier.
+        """
 
     @abstractmethod
     def build_connector_meta(self) -> Any:

@@ -44,7 +44,7 @@ class Scheduler:
         self.loads = ExternalKVLoads(connector, kv_cache_manager) if connector is not None else None
         self.pins = PinnedPrefixes(kv_cache_manager)
         if connector is not None:
-            kv_cache_manager.set_eviction_listener(lambda block: connector.on_blocks_evicted([block]))
+            kv_cache_manager.set_release_listener(lambda block: connector.on_blocks_released([block]))
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []

@@ -8,7 +8,7 @@ from jido.core.kv_connector import BlockKey
 
 @dataclass(frozen=True)
 class SaveBlock:
-    """Copy an evicted block out before the step overwrites it, then write it to ``tiers`` in the background."""
+    """Copy a released block out before the step may overwrite it, then write it to ``tiers`` in the background."""
 
     block_id: int
     key: BlockKey

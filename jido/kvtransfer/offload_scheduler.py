@@ -1,8 +1,9 @@
 """OffloadScheduler: the offload connector's scheduler side — which tier holds what, what to save, load and move.
 
-Tiers (CPU memory, disk, Redis) sit below the device pool. A block the pool evicts is saved to the first
-local tier (and written through to the remote tier, which other servers read); a local tier over its
-budget moves its least recently used entries down to the next local tier, or drops them. A waiting
+Tiers (CPU memory, disk, Redis) sit below the device pool. A cached block is saved to the first local tier
+(and written through to the remote tier, which other servers read) when its last holder lets go, before
+the pool can evict it, so the tiers hold everything the pool may drop; a local tier over its budget moves
+its least recently used entries down to the next local tier, or drops them. A waiting
 request whose prefix continues past the device's hit in the tiers waits while its blocks are loaded.
 
 Per layer group, a tier stores what the device pool holds: one entry per ``(group, block hash)``, the
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from jido.config.kv_offload import KVOffloadConfig
 from jido.core.kv_cache_spec import KVCacheConfig, SlidingWindowSpec
-from jido.core.kv_connector import BlockKey, EvictedBlock, KVConnectorOutput, KVConnectorScheduler
+from jido.core.kv_connector import BlockKey, ReleasedBlock, KVConnectorOutput, KVConnectorScheduler
 from jido.core.request import Request
 from jido.kvtransfer.offload_metadata import (FailedEvent, LoadBlock, LoadedEvent, LoadRequest, MoveEntry,
                                               OffloadMetadata, SaveBlock, StoredEvent, TierDisabledEvent)
@@ -185,7 +186,7 @@ class OffloadScheduler(KVConnectorScheduler):
         self._meta.loads.append(LoadRequest(request.request_id, tuple(blocks)))
 
     # -- saves -------------------------------------------------------------------------------------
-    def on_blocks_evicted(self, blocks: list[EvictedBlock]) -> None:
+    def on_blocks_released(self, blocks: list[ReleasedBlock]) -> None:
         for block in blocks:
             holder = next((index for index in self.local.values() if block.key in index), None)
             if holder is not None:

@@ -1,6 +1,6 @@
-"""OffloadWorker: the offload connector's worker side — copies evicted blocks out, and stores, moves and loads entries.
+"""OffloadWorker: the offload connector's worker side — copies released blocks out, and stores, moves and loads entries.
 
-The only work inside a step is copying the blocks evicted this step out of the cache (before the forward
+The only work inside a step is copying the blocks released since the last step out of the cache (before the forward
 overwrites them). Encoding, writing, moving and loading run on one background thread, in the order the
 scheduler side asked (saves, then loads, then moves), so no step waits on a tier, and a load always sees
 the saves that came before it.

@@ -3,7 +3,7 @@ are reported with their block ids — checked with a scripted connector (pure Py
 from __future__ import annotations
 
 from jido.core.kv_cache_manager import KVCacheManager
-from jido.core.kv_connector import EvictedBlock, KVConnectorOutput, KVConnectorScheduler
+from jido.core.kv_connector import ReleasedBlock, KVConnectorOutput, KVConnectorScheduler
 from jido.core.outputs import ModelRunnerOutput
 from jido.core.request import Request, RequestStatus
 from jido.core.sampling_params import SamplingParams
@@ -17,7 +17,7 @@ class ScriptedConnector(KVConnectorScheduler):
     def __init__(self, offers: dict[str, int]) -> None:
         self.offers = offers
         self.allocated: list[tuple[str, list[list[int]], int, int]] = []
-        self.evicted: list[EvictedBlock] = []
+        self.evicted: list[ReleasedBlock] = []
         self.finished: list[str] = []
         self.num_metas = 0
 
@@ -27,7 +27,7 @@ class ScriptedConnector(KVConnectorScheduler):
     def update_state_after_alloc(self, request, block_ids, num_computed_tokens, num_external_tokens) -> None:
         self.allocated.append((request.request_id, block_ids, num_computed_tokens, num_external_tokens))
 
-    def on_blocks_evicted(self, blocks: list[EvictedBlock]) -> None:
+    def on_blocks_released(self, blocks: list[ReleasedBlock]) -> None:
         self.evicted.extend(blocks)
 
     def build_connector_meta(self) -> str:
@@ -99,16 +99,19 @@ def test_an_aborted_loading_request_frees_its_blocks_only_once_its_load_is_repor
     assert scheduler.kv.pool.num_free_blocks == 16 and not scheduler.has_unfinished_requests()
 
 
-def test_the_pool_reports_each_cached_block_it_reuses_with_its_id_key_and_tokens():
-    scheduler, connector = make({}, num_blocks=3)
+def test_the_pool_reports_each_cached_block_its_last_holder_releases_with_its_id_key_and_tokens():
+    scheduler, connector = make({}, num_blocks=6)
     add(scheduler, "a", 9)
-    while scheduler.has_unfinished_requests():
-        step(scheduler)  # a: 9 prompt + 4 output tokens, blocks 0..3 of which 0..2 full and cached, then freed
-    assert connector.evicted == []
-    add(scheduler, "b", 6, first=50)
     step(scheduler)
+    assert connector.evicted == []  # held by a
+    while scheduler.has_unfinished_requests():
+        step(scheduler)  # a: 9 prompt + 4 output tokens in blocks 0..3, of which 0..2 full and cached
     h0 = hash_block_tokens(None, (0, 1, 2, 3))
     h1 = hash_block_tokens(h0, (4, 5, 6, 7))
-    # Freed tail first: a's last block is the LRU head; b's two blocks evict blocks 2 (tokens 8, 7, 7, 7) and 1.
-    assert [(e.block_id, e.key[0]) for e in connector.evicted] == [(2, 0), (1, 0)]
-    assert connector.evicted[1] == EvictedBlock(1, (0, h1), (4, 5, 6, 7))
+    # Freed tail first, as the pool's LRU order has them; block 3 was never full, so never cached.
+    assert [(e.block_id, e.key[0]) for e in connector.evicted] == [(2, 0), (1, 0), (0, 0)]
+    assert connector.evicted[1] == ReleasedBlock(1, (0, h1), (4, 5, 6, 7))
+    add(scheduler, "b", 9)  # hits a's blocks 0 and 1 (one token is left to compute), computes the third in 3
+    while scheduler.has_unfinished_requests():
+        step(scheduler)
+    assert [e.block_id for e in connector.evicted] == [2, 1, 0, 3, 1, 0]
