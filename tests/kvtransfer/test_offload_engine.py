@@ -169,3 +169,32 @@ def test_full_redis_refuses_writes_and_every_request_still_succeeds(tiny_model_f
         assert first == second == reference and cached[:3] == [0, 0, 0]
         remote = _tier(llm, "remote")
         assert remote.stored_blocks == 0 and remote.errors > 0 and "maxmemory" in caplog.text
+
+
+def test_cpu_tier_works_across_the_worker_process_boundary(tiny_model_folder, reference):
+    llm = LLM(str(tiny_model_folder), **SMALL_POOL, kv_offload={"cpu": "1MiB"}, distributed_executor_backend="mp")
+    try:
+        _run(llm, _prompts())
+        tokens, cached = _run(llm, _prompts())
+    finally:
+        llm.shutdown()
+    assert tokens == reference and cached == [28, 40, 32, 48]
+
+
+def _record_layer_hooks(worker) -> None:
+    connector, calls = worker.runner.kv_connector, []
+    connector.wait_for_layer_load = lambda layer: calls.append(("load", layer))
+    connector.save_kv_layer = lambda layer, kv_cache, metadata: calls.append(("save", layer))
+    connector.calls = calls
+
+
+def _recorded(worker) -> list:
+    return worker.runner.kv_connector.calls
+
+
+def test_the_worker_connector_hears_each_layer_of_each_step_in_order(tiny_model_folder):
+    llm = _offload_llm(tiny_model_folder, cpu="1MiB")
+    llm.collective_rpc(_record_layer_hooks)
+    llm.generate([[BOS_ID, 5, 6, 7]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    per_step = [("load", 0), ("save", 0), ("load", 1), ("save", 1), ("load", 2), ("save", 2)]
+    assert llm.collective_rpc(_recorded)[0] == per_step * 2  # the prompt's step, then one decode step
