@@ -198,3 +198,23 @@ def test_the_worker_connector_hears_each_layer_of_each_step_in_order(tiny_model_
     llm.generate([[BOS_ID, 5, 6, 7]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
     per_step = [("load", 0), ("save", 0), ("load", 1), ("save", 1), ("load", 2), ("save", 2)]
     assert llm.collective_rpc(_recorded)[0] == per_step * 2  # the prompt's step, then one decode step
+
+
+def test_swap_preemption_brings_preempted_requests_back_from_the_cpu_tier(tiny_model_folder):
+    prompts = [[BOS_ID, *torch.randint(3, VOCAB_SIZE, (20,), generator=torch.Generator().manual_seed(s)).tolist()]
+               for s in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    reference = LLM(str(tiny_model_folder), dtype="float32", kv_cache_memory="1MiB", block_size=4)
+    expected = [o.outputs[0].token_ids for o in reference.generate(prompts, params, use_tqdm=False)]
+    # Four requests of 60 tokens in 48 blocks of three groups: they preempt each other as they grow.
+    llm = LLM(str(tiny_model_folder), dtype="float32", kv_cache_memory="24KiB", block_size=4, max_num_seqs=4,
+              preemption_mode="swap")
+    assert llm.llm_engine.config.kv_offload.tiers[0].size_bytes == 4 * 2**30  # vLLM's default swap space
+    tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    stats = llm.llm_engine.get_scheduler_stats()
+    assert tokens == expected and stats.num_preemptions > 0 and stats.kv_connector[0].loaded_blocks > 0
+
+
+def test_swap_needs_a_cpu_tier_to_swap_to(tiny_model_folder, tmp_path):
+    with pytest.raises(ValueError, match="preemption_mode='swap' swaps to kv_offload's cpu tier"):
+        LLM(str(tiny_model_folder), preemption_mode="swap", kv_offload={"disk": {"path": str(tmp_path), "size": "1MiB"}})
