@@ -218,3 +218,9 @@ def test_swap_preemption_brings_preempted_requests_back_from_the_cpu_tier(tiny_m
 def test_swap_needs_a_cpu_tier_to_swap_to(tiny_model_folder, tmp_path):
     with pytest.raises(ValueError, match="preemption_mode='swap' swaps to kv_offload's cpu tier"):
         LLM(str(tiny_model_folder), preemption_mode="swap", kv_offload={"disk": {"path": str(tmp_path), "size": "1MiB"}})
+
+
+def test_offload_without_prefix_caching_is_refused_before_the_model_loads(tiny_model_folder):
+    with pytest.raises(ValueError, match="kv_offload keeps the blocks the prefix cache evicts: it needs "
+                                         "enable_prefix_caching"):
+        LLM(str(tiny_model_folder), kv_offload={"cpu": "1MiB"}, enable_prefix_caching=False)
