@@ -356,7 +356,7 @@ def validate_body(model: type[_Body], data: dict) -> _Body:
     if unsupported is not None:
         raise bad_request(unsupported[1], unsupported[0])
     try:
-        return model.modelvalidate_body(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise from_validation_error(exc) from exc
 
