@@ -95,7 +95,7 @@ class EngineCore:
         if config.speculative_config is not None or config.kv_transfer_config is not None:
             raise ValueError("speculative_config and kv_transfer_config are accepted by the configuration but "
                              "this version of jido runs neither: leave them unset")
-        executor_class = executor_class or get_executor_class(config.parallel_config.distributed_executor_backend)
+        executor_class = executor_class or get_executor_class(config.parallel_config.executor_backend)
         self.executor = executor_class(config, model_folder)
         try:
             self.kv_plan = self._initialize_kv_cache(model_arch)
