@@ -179,17 +179,20 @@ class ModelRunner:
 
 
 def _weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the model's parameters and buffers as held (packed and quantized forms included)."""
-    tensors = [*model.parameters(), *model.buffers()]
-    tensors += [t for m in model.modules() for t in _quantized_tensors(m)]
-    return sum(t.numel() * t.element_size() for t in tensors if not t.is_mkldnn)
+    """Bytes of the model's weights as held: parameters, buffers, quantized codes and the packed copies beside them."""
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    for module in model.modules():
+        tensors.update((id(t), t) for t in _held_beside(module))
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def _quantized_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+def _held_beside(module: torch.nn.Module) -> list[torch.Tensor]:
+    """Weight tensors a layer keeps outside its parameters (see jido/layers/quantized_linear.py)."""
+    held = [getattr(module, name, None) for name in ("dense_weight", "packed_logits_weight")]
     qweight = getattr(module, "qweight", None)
-    if qweight is None:
-        return []
-    return [t for t in (qweight.data, qweight.scales, qweight.mins) if t is not None]
+    if qweight is not None:
+        held += [qweight.data, qweight.scales, qweight.mins]
+    return [t for t in held if isinstance(t, torch.Tensor)]
 
 
 def _mib(num_bytes: int) -> str:
