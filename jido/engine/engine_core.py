@@ -162,5 +162,5 @@ class EngineCore:
             schedule_s=scheduled - start, prepare_s=runner_output.prepare_time_s, model_s=runner_output.model_time_s,
             sample_s=runner_output.sample_time_s, update_s=time.perf_counter() - ran,
             num_tokens=scheduler_output.total_num_scheduled_tokens, queue_times_s=self.scheduler.take_queue_times(),
-            kv_cache_usage_peak=kv_cache_usage_peak)
+            kv_cache_usage_peak=kv_cache_usage_peak, expert_load=tuple(runner_output.expert_load))
         return EngineCoreOutputs(outputs, self.scheduler.stats(), stats)

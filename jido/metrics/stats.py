@@ -30,3 +30,4 @@ class IterationStats:
     # KV usage once the step's blocks were allocated, before finished requests freed theirs: the step's peak,
     # which SchedulerStats (taken after the step) misses for a request that finishes within it.
     kv_cache_usage_peak: float = 0.0
+    expert_load: tuple[int, ...] = ()  # (token, expert) pairs per expert-parallel rank (MoE models)

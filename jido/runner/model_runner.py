@@ -152,6 +152,11 @@ class ModelRunner:
         self.input_batch = InputBatch(self.config.scheduler_config.max_num_seqs, len(kv_cache_config.groups),
                                       self.block_size, arch.vocab_size, self.device)
 
+    def take_expert_load(self) -> list[int]:
+        """A mixture-of-experts model's routed pairs per expert-parallel rank since the last call ([] if dense)."""
+        take = getattr(self.model, "take_expert_load", None)
+        return take() if take is not None else []
+
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         begin = time.perf_counter()
@@ -175,7 +180,7 @@ class ModelRunner:
             {r: [t] for r, t in zip(inputs.sampled_req_ids, token_ids)},
             {r: [lp] for r, lp in zip(inputs.sampled_req_ids, logprobs) if lp is not None}, prompt_logprobs,
             prepare_time_s=start - begin, model_time_s=model_done - start,
-            sample_time_s=time.perf_counter() - model_done)
+            sample_time_s=time.perf_counter() - model_done, expert_load=self.take_expert_load())
 
 
 def _weight_bytes(model: torch.nn.Module) -> int:

@@ -80,7 +80,7 @@ class PipelineModelRunner(ModelRunner):
             batch.append_sampled(rows, list(sampled.values()))
         # The stages' times overlap: the step's whole time counts as model time.
         return ModelRunnerOutput({r: [t] for r, t in sampled.items()}, logprobs, prompt_logprobs,
-                                 model_time_s=time.perf_counter() - begin)
+                                 model_time_s=time.perf_counter() - begin, expert_load=self.take_expert_load())
 
     def _run_micro_batch(self, micro: SchedulerOutput) -> tuple[ModelInputs, torch.Tensor]:
         inputs = self.input_batch.prepare_inputs(micro)

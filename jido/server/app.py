@@ -30,7 +30,10 @@ def create_app(llm: LLMEngine, config: ServerConfig) -> FastAPI:
     """
     model_name = config.model_name(llm.config.model_config.model)
     template = load_chat_template(llm.tokenizer, config.chat_template)
-    metrics = ServerMetrics(model_name, llm.max_model_len)
+    parallel = llm.config.parallel_config
+    num_expert_ranks = (parallel.tensor_parallel_size if parallel.enable_expert_parallel else 1
+                        ) if llm.model_arch.num_experts else 0
+    metrics = ServerMetrics(model_name, llm.max_model_len, num_expert_ranks)
     engine = AsyncEngine(llm, config.max_waiting_requests,
                          on_report=lambda report: metrics.on_report(report, engine.num_waiting))
     serving = OpenAIServing(engine, model_name, template, metrics)

@@ -7,10 +7,9 @@ from conftest import PROMPTS, greedy_tokens
 from jido import LLM
 from tiny_families import FAMILIES
 
-DENSE = [f for f in FAMILIES if f != "qwen3_moe"]
 
 
-@pytest.mark.parametrize("arch", DENSE)
+@pytest.mark.parametrize("arch", FAMILIES)
 def test_tensor_parallel_2_gives_the_single_process_tokens(arch, family_folder, single_process_tokens):
     llm = LLM(str(family_folder(arch)), dtype="float32", kv_cache_memory="4MiB", tensor_parallel_size=2)
     try:
@@ -19,7 +18,7 @@ def test_tensor_parallel_2_gives_the_single_process_tokens(arch, family_folder, 
         llm.shutdown()
 
 
-@pytest.mark.parametrize("arch", DENSE)
+@pytest.mark.parametrize("arch", FAMILIES)
 def test_pipeline_parallel_2_gives_the_single_process_tokens(arch, family_folder, single_process_tokens):
     llm = LLM(str(family_folder(arch)), dtype="float32", kv_cache_memory="4MiB", pipeline_parallel_size=2)
     try:

@@ -5,21 +5,17 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedConfig, Qwen3MoeConfig
+from transformers import AutoModelForCausalLM, PreTrainedConfig
 
-from models.tiny_hf_models import _COMMON, tiny_hf_config  # tests/ is on sys.path (pytest's rootdir conftest)
+from models.tiny_hf_models import tiny_hf_config  # tests/ is on sys.path (pytest's rootdir conftest)
 from tiny_model_folder import BOS_ID, EOS_ID, PAD_ID, _tokenizer
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma3", "qwen3_moe")
 
 
 def family_config(arch: str) -> PreTrainedConfig:
-    """tests/models' config of each family; Qwen3-MoE with 4 experts, top-2, one dense layer among three."""
-    if arch == "qwen3_moe":
-        config = Qwen3MoeConfig(**_COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1])
-    else:
-        config = tiny_hf_config(arch)
+    """tests/models' config of each family, with the tokenizer's special ids."""
+    config = tiny_hf_config(arch)
     config.pad_token_id, config.eos_token_id, config.bos_token_id = PAD_ID, EOS_ID, BOS_ID
     return config
 
