@@ -62,8 +62,10 @@ class ParallelConfig:
 
     @property
     def executor_backend(self) -> str:
-        """The executor to use: as asked, else ``uni`` for one worker and ``mp`` for several (as vLLM)."""
-        return self.distributed_executor_backend or ("uni" if self.world_size == 1 else "mp")
+        """The executor to use: as asked, else ``uni`` for one worker of one replica and ``mp`` otherwise (as vLLM;
+        data-parallel replicas in one process would share its torch threads)."""
+        alone = self.world_size == 1 and self.data_parallel_size == 1
+        return self.distributed_executor_backend or ("uni" if alone else "mp")
 
     @property
     def output_rank(self) -> int:

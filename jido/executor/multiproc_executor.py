@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from jido.executor.abstract import Executor, WorkerError, call_worker
 logger = logging.getLogger("jido")
 _POLL_S = 0.2  # how often a wait for a worker checks that the worker is still alive
 _SHUTDOWN = "__shutdown__"
+_PEER_EXIT_WAIT_S = 2.0  # how long a worker's error waits to see whether a peer's death caused it
 
 
 @dataclass
@@ -111,6 +112,9 @@ class MultiprocExecutor(Executor):
             self._fail(f"worker {worker.rank} closed its pipe: {exc!r}")
             raise WorkerError(self._failed) from None
         if status == "error":
+            # A collective fails on the survivors when a peer dies: name the dead worker as the cause.
+            wait([w.process.sentinel for w in self.workers if w is not worker], timeout=_PEER_EXIT_WAIT_S)
+            self.check_health()
             self._fail(f"worker {worker.rank} failed: {value}")
             raise WorkerError(self._failed)
         return value

@@ -1,9 +1,15 @@
 """Fixtures of the parallelism tests: tiny checkpoints of every family, and their single-process greedy tokens."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+
+# The helpers of tests/models (tiny configs) and tests/server (the in-process server, `jido serve` processes),
+# importable under the names those folders' own tests use, whichever folder pytest collects first.
+for _folder in ("models", "server"):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / _folder))
 
 from jido import LLM, SamplingParams
 from tiny_families import write_family_folder

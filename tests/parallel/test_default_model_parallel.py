@@ -7,7 +7,7 @@ import json
 import pytest
 
 from jido import LLM, SamplingParams
-from server.server_harness import running_server
+from server_harness import running_server
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]

@@ -9,7 +9,7 @@ import pytest
 from conftest import PROMPTS, greedy_tokens
 from jido import LLM
 from jido.layers.moe import FusedMoE
-from server.server_harness import running_server
+from server_harness import running_server
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedConfig
 
-from models.tiny_hf_models import tiny_hf_config  # tests/ is on sys.path (pytest's rootdir conftest)
+from tiny_hf_models import tiny_hf_config  # tests/models is on sys.path (see conftest.py)
 from tiny_model_folder import BOS_ID, EOS_ID, PAD_ID, _tokenizer
 
 FAMILIES = ("llama", "qwen2", "qwen3", "gemma3", "qwen3_moe")
