@@ -90,6 +90,32 @@ def calibration_samples(llm: LLM, batches: list[int]) -> list[dict]:
     return samples
 
 
+def planner_figures(batch: int, context: int, calibration_file: Path | None) -> dict:
+    """What the planner predicts for the same model, batch and degree on cpu-2core (calibrated if a file is given):
+    its decode step at TP1 and TP2, and TP2's all-reduces, bytes and seconds per step."""
+    from jido.planner.calibration import apply_calibration, read_calibration
+    from jido.planner.catalog import load_catalog
+    from jido.planner.model_shapes import load_model
+    from jido.planner.parallelism import tp_all_reduces_per_token
+    from jido.planner.roofline import ACTIVATION_BYTES, Instance, Role, StepBatch
+
+    catalog = load_catalog()
+    if calibration_file is not None:
+        catalog = apply_calibration(catalog, read_calibration(calibration_file))
+    model, cpu = load_model("gemma-3-270m"), catalog.accelerator("cpu-2core")
+    out = {"tp_link_gb_s": cpu.tp_link_gb_s, "tp_latency_us": cpu.tp_latency_us, "max_tp": cpu.max_tp}
+    for tp in (1, 2):
+        if tp > cpu.max_tp:
+            out[f"tp{tp}"] = "refused: cpu-2core has no TP link in the catalog (max_tp 1)"
+            continue
+        instance = Instance(model, Role("cpu-2core"), cpu, catalog.residency("hbm"), catalog.efficiency, tp)
+        cost = instance.step(StepBatch.decode(batch, context))
+        out[f"tp{tp}"] = {"step_ms": 1e3 * cost.time_s, "comm_ms": 1e3 * cost.comm_s,
+                          "all_reduces_per_step": tp_all_reduces_per_token(model.num_layers, tp),
+                          "bytes_per_all_reduce": batch * model.hidden_size * ACTIVATION_BYTES}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
@@ -100,7 +126,19 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--calibration-out", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS / f"parallel-{now_iso()[:10]}.json")
+    parser.add_argument("--planner-only", type=Path, metavar="RESULT.json",
+                        help="add the planner's figures (uncalibrated, and with --calibration-file) to a result")
+    parser.add_argument("--calibration-file", type=Path, default=None)
     args = parser.parse_args()
+    if args.planner_only is not None:
+        record = json.loads(args.planner_only.read_text())
+        record["planner"] = {"uncalibrated": planner_figures(record["batch"], record["context"], None)}
+        if args.calibration_file is not None:
+            record["planner"]["calibrated"] = planner_figures(record["batch"], record["context"],
+                                                              args.calibration_file)
+        args.planner_only.write_text(json.dumps(record, indent=2) + "\n")
+        print(json.dumps(record["planner"], indent=2))
+        return
     llms = {name: LLM(dtype=args.dtype, kv_cache_memory="256MiB", enable_prefix_caching=False, **CONFIGS[name])
             for name in args.configs}
     rounds: dict[str, list[dict]] = {name: [] for name in llms}
