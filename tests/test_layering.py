@@ -25,6 +25,8 @@ LAYERS: dict[str, int] = {
 ALLOWED_SAME_LAYER: set[tuple[str, str]] = {
     ("jido.models", "jido.layers"),  # model families are built from the shared layers
     ("jido.models", "jido.attention"),  # and call the attention backend interface
+    ("jido.models", "jido.parallel"),  # a family reads its pipeline stage's layers and its TP group
+    ("jido.layers", "jido.parallel"),  # tensor-parallel layers run their collectives
     ("jido.engine", "jido.executor"),  # the engine core drives the executor seam
     ("jido.runner", "jido.kvtransfer"),  # the model runner calls its KV connector's worker side
     ("jido.kvtransfer", "jido.offload"),  # the offload connector keeps blocks in the offload stores

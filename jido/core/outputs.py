@@ -90,6 +90,8 @@ class ModelRunnerOutput:
     prepare_time_s: float = 0.0
     model_time_s: float = 0.0
     sample_time_s: float = 0.0
+    # A mixture-of-experts model: (token, expert) pairs routed to each expert-parallel rank since the last output.
+    expert_load: list[int] = field(default_factory=list)
 
 
 @dataclass

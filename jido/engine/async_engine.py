@@ -124,13 +124,15 @@ class AsyncEngine:
     """
 
     def __init__(self, engine: LLMEngine, max_waiting_requests: int,
-                 on_report: Callable[[StepReport], None] | None = None) -> None:
+                 on_report: Callable[[StepReport], None] | None = None,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
         if not isinstance(max_waiting_requests, int) or max_waiting_requests < 1:
             raise ValueError(f"max_waiting_requests must be a positive integer, got {max_waiting_requests!r}")
         self.engine = engine
         self.max_waiting_requests = max_waiting_requests
         self.max_num_seqs = engine.config.scheduler_config.max_num_seqs
         self._on_report = on_report
+        self._on_failure = on_failure  # called on the event loop once the engine loop died
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -244,6 +246,8 @@ class AsyncEngine:
         self.error = error
         for stream in self._streams.values():
             stream.put(EngineStoppedError(f"the engine loop failed: {error}"))
+        if self._on_failure is not None:
+            self._on_failure(error)
 
     # -- engine thread ----------------------------------------------------------------------------
     def _run(self) -> None:

@@ -99,7 +99,7 @@ class EngineCore:
                              "this version of jido runs neither: leave them unset")
         if config.kv_offload is not None and not config.cache_config.enable_prefix_caching:
             raise ValueError("kv_offload keeps the blocks the prefix cache evicts: it needs enable_prefix_caching")
-        executor_class = executor_class or get_executor_class(config.parallel_config.distributed_executor_backend)
+        executor_class = executor_class or get_executor_class(config.parallel_config.executor_backend)
         self.executor = executor_class(config, model_folder)
         try:
             self.kv_plan = self._initialize_kv_cache(model_arch)
@@ -199,5 +199,5 @@ class EngineCore:
             schedule_s=scheduled - start, prepare_s=runner_output.prepare_time_s, model_s=runner_output.model_time_s,
             sample_s=runner_output.sample_time_s, update_s=time.perf_counter() - ran,
             num_tokens=scheduler_output.total_num_scheduled_tokens, queue_times_s=self.scheduler.take_queue_times(),
-            kv_cache_usage_peak=kv_cache_usage_peak)
+            kv_cache_usage_peak=kv_cache_usage_peak, expert_load=tuple(runner_output.expert_load))
         return EngineCoreOutputs(outputs, self.scheduler.stats(), stats)

@@ -1,6 +1,8 @@
 """Plain records of the engine's state and of one step, passed up from the core instead of read from it."""
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -59,3 +61,23 @@ class IterationStats:
     # KV usage once the step's blocks were allocated, before finished requests freed theirs: the step's peak,
     # which SchedulerStats (taken after the step) misses for a request that finishes within it.
     kv_cache_usage_peak: float = 0.0
+    expert_load: tuple[int, ...] = ()  # (token, expert) pairs per expert-parallel rank (MoE models)
+
+
+def merge_scheduler_stats(stats: Sequence[SchedulerStats]) -> SchedulerStats:
+    """Several replicas' stats as one engine's: counts and queues summed, KV usage averaged (the replicas' pools
+    are equal), each offload tier's records summed by tier, every replica's pinned prefixes listed."""
+    summed = {f.name: sum(getattr(s, f.name) for s in stats) for f in dataclasses.fields(SchedulerStats)
+              if f.name not in ("kv_connector", "pinned")}
+    summed["kv_cache_usage"] /= max(len(stats), 1)
+    tiers: dict[str, list[KVTierStats]] = {}
+    for record in (r for s in stats for r in s.kv_connector):
+        tiers.setdefault(record.tier, []).append(record)
+    merged_tiers = tuple(_merge_tier(records) for records in tiers.values())
+    return SchedulerStats(**summed, kv_connector=merged_tiers, pinned=tuple(p for s in stats for p in s.pinned))
+
+
+def _merge_tier(records: list[KVTierStats]) -> KVTierStats:
+    numbers = {f.name: sum(getattr(r, f.name) for r in records) for f in dataclasses.fields(KVTierStats)
+               if f.name not in ("tier", "enabled")}
+    return KVTierStats(records[0].tier, **numbers, enabled=all(r.enabled for r in records))

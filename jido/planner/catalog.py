@@ -30,6 +30,7 @@ class Accelerator:
     max_tp: int
     price_per_hour: float
     source: Mapping[str, str] = field(default_factory=dict)
+    tp_latency_us: float = 5.0  # per hop of a TP collective; `jido plan --calibrate` fits it (and the link) to a run
 
     def __post_init__(self) -> None:
         unknown = set(self.tflops) - set(PRECISIONS)

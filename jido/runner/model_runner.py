@@ -21,6 +21,7 @@ from jido.layers.quantization import get_quantization_config, process_weights_af
 from jido.models.config import ModelArchConfig
 from jido.models.loader import gguf_source, iter_quantized_weights, iter_weights, load_config
 from jido.models.registry import get_model_class
+from jido.parallel.state import ModelParallel, building_for, layer_range, local_kv_heads
 from jido.runner.input_batch import InputBatch
 from jido.runner.prompt_logprobs import PromptLogprobsCollector
 from jido.sampling.sampler import Sampler
@@ -68,10 +69,15 @@ def resolve_quantization(quantization: str | None, device: torch.device, from_gg
 
 
 class ModelRunner:
-    """Loads a model onto one device and executes :class:`SchedulerOutput` steps on it."""
+    """Loads a model onto one device and executes :class:`SchedulerOutput` steps on it.
 
-    def __init__(self, config: EngineConfig, model_folder: Path) -> None:
+    Under tensor or pipeline parallelism (``parallel``) it holds this rank's shard: its layers, its heads
+    and its slice of every weight, and KV cache tensors for its layers and KV heads only.
+    """
+
+    def __init__(self, config: EngineConfig, model_folder: Path, parallel: ModelParallel | None = None) -> None:
         self.config = config
+        self.parallel = parallel or ModelParallel.single()
         self.device = resolve_device(config.device_config.device)
         self.dtype = resolve_dtype(config.model_config.dtype, self.device)
         if self.device.type == "cpu":
@@ -87,6 +93,8 @@ class ModelRunner:
         # With a KV connector the model's attention calls its per-layer hooks (bound once the cache exists).
         self.layer_hooks = LayerwiseHooks(self.attn_backend, None) if connector_name(config) else None
         self.kv_connector: KVConnectorWorker | None = None
+        self.num_kv_heads = local_kv_heads(self.model_arch.num_kv_heads, self.parallel.tp.world_size)
+        self.layer_ids = range(*layer_range(self.model_arch.num_layers, self.parallel.pp))
         self.model = self._load_model()
         self.sampler = Sampler(config.model_config.seed, self.device)
         self.prompt_logprobs = PromptLogprobsCollector(self.model.compute_logits, self.model_arch.vocab_size,
@@ -100,7 +108,7 @@ class ModelRunner:
         model_class = get_model_class(self.model_arch.architecture)
         quant_config = get_quantization_config(self.quantization, self.config.model_config.quantization_group_size)
         # Built on its device in its dtype: no float32 (or CPU) copy of the whole model is ever made.
-        with default_device_and_dtype(self.device, self.dtype):
+        with default_device_and_dtype(self.device, self.dtype), building_for(self.parallel):
             model = model_class(self.model_arch, self.layer_hooks or self.attn_backend, quant_config)
         gguf_native = self.quantization == "gguf"
         model.load_weights(iter_quantized_weights(self.model_folder) if gguf_native else iter_weights(self.model_folder))
@@ -108,34 +116,45 @@ class ModelRunner:
         model.eval()
         logger.info("loaded %s (%s, %s, quantization %s) in %.1f s", self.model_folder.name, self.device, self.dtype,
                     self.quantization, time.perf_counter() - start)
+        if self.parallel.world_size > 1:
+            logger.info("rank %d holds %s of weights: layers %d-%d of %d, %d of %d query heads and %d of %d KV heads "
+                        "per layer", self.parallel.rank, _mib(_weight_bytes(model)), self.layer_ids.start,
+                        self.layer_ids.stop - 1, self.model_arch.num_layers,
+                        self.model_arch.num_heads // self.parallel.tp.world_size, self.model_arch.num_heads,
+                        self.num_kv_heads, self.model_arch.num_kv_heads)
         return model
 
     def get_kv_cache_spec(self) -> dict[int, KVCacheSpec]:
-        """What each attention layer keeps per token: full context, or a sliding window."""
+        """What each of this stage's attention layers keeps per token (its KV heads): full context, or a window."""
         arch = self.model_arch
         sizes = dict(dtype_bytes=self.kv_cache_dtype.itemsize,
                      scale_bytes=SCALE_BYTES if is_quantized(self.kv_cache_dtype) else 0)
         specs: dict[int, KVCacheSpec] = {}
-        for layer_id, window in enumerate(arch.sliding_windows):
+        for layer_id in self.layer_ids:
+            window = arch.sliding_windows[layer_id]
             if window is None:
-                specs[layer_id] = FullAttentionSpec(self.block_size, arch.num_kv_heads, arch.head_dim, **sizes)
+                specs[layer_id] = FullAttentionSpec(self.block_size, self.num_kv_heads, arch.head_dim, **sizes)
             else:
-                specs[layer_id] = SlidingWindowSpec(self.block_size, arch.num_kv_heads, arch.head_dim, **sizes,
+                specs[layer_id] = SlidingWindowSpec(self.block_size, self.num_kv_heads, arch.head_dim, **sizes,
                                                     sliding_window=window)
         return specs
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
-        """Allocate the cache tensors (one per layer slot of a group) and the persistent input batch."""
+        """Allocate the cache tensors (one per layer slot of a group this stage uses) and the persistent input batch."""
         arch = self.model_arch
         shape = self.attn_backend.get_kv_cache_shape(kv_cache_config.num_blocks, self.block_size,
-                                                     arch.num_kv_heads, arch.head_dim, self.kv_cache_dtype)
+                                                     self.num_kv_heads, arch.head_dim, self.kv_cache_dtype)
         # Zeros, not empty: padded lanes of batched attention multiply unused slots by zero weights,
         # and 0 * NaN from uninitialised memory would poison the result.
-        tensors = [torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
-                   for _ in range(kv_cache_config.group_size)]
+        tensors = {index: torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+                   for index in sorted({kv_cache_config.tensor_index(i) for i in self.layer_ids})}
         layers = range(arch.num_layers)
-        self.kv_caches = [tensors[kv_cache_config.tensor_index(i)] for i in layers]
+        self.kv_caches = [tensors[kv_cache_config.tensor_index(i)] if i in self.layer_ids else None for i in layers]
         self.layer_groups = [kv_cache_config.group_index(i) for i in layers]
+        if self.parallel.world_size > 1:
+            logger.info("rank %d holds %s of KV cache (%d tensors of %d blocks, %d of %d KV heads)",
+                        self.parallel.rank, _mib(sum(t.numel() * t.element_size() for t in tensors.values())),
+                        len(tensors), kv_cache_config.num_blocks, self.num_kv_heads, arch.num_kv_heads)
         self.input_batch = InputBatch(self.config.scheduler_config.max_num_seqs, len(kv_cache_config.groups),
                                       self.block_size, arch.vocab_size, self.device)
         self.fingerprint = self._kv_fingerprint(kv_cache_config)
@@ -152,6 +171,11 @@ class ModelRunner:
                                "kv_cache_dtype": str(self.kv_cache_dtype), "layout": self.attn_backend.name,
                                "block_size": self.block_size,
                                "groups": [g.layer_ids for g in kv_cache_config.groups]})
+
+    def take_expert_load(self) -> list[int]:
+        """A mixture-of-experts model's routed pairs per expert-parallel rank since the last call ([] if dense)."""
+        take = getattr(self.model, "take_expert_load", None)
+        return take() if take is not None else []
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -192,4 +216,25 @@ class ModelRunner:
             {r: [t] for r, t in zip(inputs.sampled_req_ids, token_ids)},
             {r: [lp] for r, lp in zip(inputs.sampled_req_ids, logprobs) if lp is not None}, prompt_logprobs,
             prepare_time_s=start - begin, model_time_s=model_done - start,
-            sample_time_s=time.perf_counter() - model_done)
+            sample_time_s=time.perf_counter() - model_done, expert_load=self.take_expert_load())
+
+
+def _weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's weights as held: parameters, buffers, quantized codes and the packed copies beside them."""
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    for module in model.modules():
+        tensors.update((id(t), t) for t in _held_beside(module))
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _held_beside(module: torch.nn.Module) -> list[torch.Tensor]:
+    """Weight tensors a layer keeps outside its parameters (see jido/layers/quantized_linear.py)."""
+    held = [getattr(module, name, None) for name in ("dense_weight", "packed_logits_weight")]
+    qweight = getattr(module, "qweight", None)
+    if qweight is not None:
+        held += [qweight.data, qweight.scales, qweight.mins]
+    return [t for t in held if isinstance(t, torch.Tensor)]
+
+
+def _mib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:.1f} MiB"

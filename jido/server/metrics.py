@@ -113,7 +113,7 @@ class ServerMetrics:
     """
 
     def __init__(self, model_name: str, max_model_len: int, offload_tiers: tuple[str, ...] = (),
-                 kv_block_bytes: int = 0) -> None:
+                 kv_block_bytes: int = 0, num_expert_ranks: int = 0) -> None:
         self.dir = MultiprocDir()
         self._registry = CollectorRegistry()
         MultiProcessCollector(self._registry, path=self.dir.path)
@@ -125,10 +125,10 @@ class ServerMetrics:
         self._pin_hits: dict[str, int] = {}
         with _values_in_files() as value_class:
             self._value_class = value_class
-            self._make_metrics(model_name, _one_two_five(max_model_len))
+            self._make_metrics(model_name, _one_two_five(max_model_len), num_expert_ranks)
             self._make_tier_metrics(model_name, offload_tiers)
 
-    def _make_metrics(self, model_name: str, token_buckets: tuple[float, ...]) -> None:
+    def _make_metrics(self, model_name: str, token_buckets: tuple[float, ...], num_expert_ranks: int) -> None:
         labels = {"model_name": model_name}
 
         def gauge(name: str, help_text: str) -> Gauge:
@@ -181,6 +181,9 @@ class ServerMetrics:
         self.rejected = counters("jido:requests_rejected", "Requests refused before reaching the engine, by reason.",
                                  "reason", REJECT_REASONS)
         self.aborted = counter("jido:requests_aborted", "Requests abandoned before finishing (client gone).")
+        self.expert_load = counters("jido:expert_load", "(token, expert) pairs routed to the experts each "
+                                    "expert-parallel rank holds (mixture-of-experts models only).", "ep_rank",
+                                    tuple(str(rank) for rank in range(num_expert_ranks)))
         self.pinned_prefixes = gauge("jido:kv_pinned_prefixes", "Prefixes pinned with POST /v1/cache.")
         self.pinned_bytes = gauge("jido:kv_pinned_bytes", "KV bytes the pinned prefixes hold in the device pool.")
         self.pinned_hits = counter("jido:kv_pinned_hits", "Requests admitted whose cached prefix covered a pinned one.")
@@ -286,6 +289,8 @@ class ServerMetrics:
                                                 times.update_s)):
                 self.step_time[phase].observe(seconds)
             self.step_tokens.observe(times.num_tokens)
+            for rank, num_pairs in enumerate(times.expert_load):
+                self.expert_load[str(rank)].inc(num_pairs)
 
     def on_output(self, timer: RequestTimer, output: RequestOutput) -> None:
         """A request's new cumulative output: token timings, and totals once it finished."""
