@@ -16,11 +16,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from jido.core.block_pool import BlockKey  # (group, block hash): what names one pool block's contents
 from jido.core.request import Request
-from jido.utils.hashing import BlockHash
-
-# (group, block hash): what names one pool block's contents, the prefix cache's key.
-BlockKey = tuple[int, BlockHash]
 
 
 @dataclass(frozen=True)
