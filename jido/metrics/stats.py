@@ -59,3 +59,27 @@ class IterationStats:
     # KV usage once the step's blocks were allocated, before finished requests freed theirs: the step's peak,
     # which SchedulerStats (taken after the step) misses for a request that finishes within it.
     kv_cache_usage_peak: float = 0.0
+
+
+@dataclass(frozen=True)
+class KVTransferStats:
+    """KV moved between prefill and decode instances since the engine started (cumulative, one per engine).
+
+    ``sent_*`` count what this instance's KV endpoint handed out (pulls served, pushes acknowledged);
+    ``received_*`` the loads that filled this instance's blocks, ``failed`` the loads that fell back to a
+    local prefill; ``expired`` held hand-offs whose lease ran out before a consumer released them.
+    """
+
+    role: str
+    transport: str
+    sent: int = 0
+    sent_bytes: int = 0
+    sent_seconds: float = 0.0
+    received: int = 0
+    received_bytes: int = 0
+    received_tokens: int = 0
+    received_seconds: float = 0.0
+    failed: int = 0
+    expired: int = 0
+    push_refused: int = 0
+    held: int = 0  # hand-offs held now

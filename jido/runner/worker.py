@@ -30,9 +30,10 @@ class Worker:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(scheduler_output)
 
-    def kv_fingerprint(self) -> str:
-        """What names this worker's stored KV (model, dtype, layout, block size, groups), once the cache exists."""
-        return self.runner.fingerprint
+    def kv_connector_info(self) -> dict:
+        """Once the cache exists: the fingerprint naming this worker's stored KV (model, dtype, layout, block size,
+        groups) and what its KV connector's worker half reports (a KV endpoint's address and format)."""
+        return self.runner.kv_connector_info()
 
     def shutdown(self) -> None:
         """Stop the KV connector's background transfers."""
