@@ -39,6 +39,7 @@ logger = logging.getLogger("jido")
 IDLE_WAIT_S = 0.05  # with nothing to compute, how long get_finished waits for a transfer to end
 RELEASE_TIMEOUT_S = 1.0
 UNREACHABLE_S = 2.0  # after a peer failed to answer, fail its next transfers at once for this long
+PUSH_GRACE_S = 0.25  # a handle pushed here: how long its first piece may lag behind it before we pull
 
 
 @dataclass
@@ -334,8 +335,9 @@ class DisaggWorker(KVConnectorWorker):
               checked: dict[str, str | None]) -> tuple[str, int]:
         """Fill the load's blocks: from what was pushed here, else pulled; returns how and the bytes moved."""
         handle = load.handle
-        if self._buffer.has(handle.handle_id) or (handle.mode == "push" and handle.pushed_to is not None):
-            pushed = self._buffer.take(handle.handle_id, self.config.kv_transfer_timeout_s)
+        if self._buffer.has(handle.handle_id) or handle.pushed_to == self.server.address:
+            grace = min(PUSH_GRACE_S, self.config.kv_transfer_timeout_s)
+            pushed = self._buffer.take(handle.handle_id, self.config.kv_transfer_timeout_s, grace)
             if pushed is not None:
                 self._write_pushed(load, pushed)
                 return "buffer", pushed.num_bytes

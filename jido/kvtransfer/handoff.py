@@ -65,7 +65,9 @@ class KVFormat:
                                     f"prefill and decode instances need the same {name}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "scales": self.scales}
+        """JSON-ready: lists for tuples, and where the scales travel."""
+        return {**asdict(self), "groups": [list(g) for g in self.groups],
+                "sliding_windows": list(self.sliding_windows), "scales": self.scales}
 
     @classmethod
     def from_dict(cls, data: Any) -> KVFormat:

@@ -73,16 +73,18 @@ class PushBuffer:
         with self._lock:
             return handle_id in self._entries
 
-    def take(self, handle_id: str, timeout_s: float) -> Pushed | None:
+    def take(self, handle_id: str, timeout_s: float, grace_s: float = 0.0) -> Pushed | None:
         """The hand-off's entry once its last piece came (removed from the buffer), or None: none came in
-        time, or nothing was pushed here at all."""
-        deadline = time.monotonic() + timeout_s
+        time, or nothing was pushed here within ``grace_s`` (the producer's first message may still be on
+        its way)."""
+        now = time.monotonic()
+        deadline, first_by = now + timeout_s, now + grace_s
         with self._lock:
             while True:
                 entry = self._entries.get(handle_id)
-                if entry is None or entry.final:
+                if entry is not None and entry.final or entry is None and time.monotonic() >= first_by:
                     break
-                left = deadline - time.monotonic()
+                left = (deadline if entry is not None else first_by) - time.monotonic()
                 if left <= 0:
                     break
                 self._lock.wait(left)
