@@ -159,7 +159,8 @@ class Scheduler:
                 request.num_cached_tokens = num_hit_tokens
                 self.pins.count_hit(request, num_hit_tokens)
                 request.first_scheduled_time = time.monotonic()
-                self._queue_times.append(request.first_scheduled_time - request.arrival_time)
+                # Waiting for external KV is the transfer's time, not the queue's.
+                self._queue_times.append(request.first_scheduled_time - request.arrival_time - request.kv_load_s)
             num_scheduled[request.request_id] = num_new
             new_block_ids[request.request_id] = _ids(blocks)
             budget -= num_new

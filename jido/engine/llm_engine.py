@@ -146,7 +146,7 @@ class LLMEngine:
         """
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
-        transfer = self._transfer_params(kv_transfer_params)
+        transfer = self.check_transfer_params(kv_transfer_params)
         if request_id in self._parents:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not isinstance(params, SamplingParams):
@@ -164,8 +164,11 @@ class LLMEngine:
             self.core.add_request(Request(child_id, ids, child_params, self.eos_token_ids, arrival, priority,
                                           transfer))
 
-    def _transfer_params(self, params: dict | None) -> object:
-        """A request's ``kv_transfer_params`` checked against this engine's role (ValueError when it cannot serve them)."""
+    def check_transfer_params(self, params: dict | None) -> object:
+        """A request's ``kv_transfer_params`` parsed and checked against this engine's role.
+
+        Raises ValueError saying why this engine cannot serve them; read-only, safe from any thread.
+        """
         if params is None:
             return None
         config = self.config.kv_transfer_config

@@ -54,10 +54,11 @@ class DisaggMetadata:
     pushes: list[PushKV] = field(default_factory=list)
     loads: list[LoadKV] = field(default_factory=list)
     drops: list[str] = field(default_factory=list)  # handle ids whose producer request ended without a hand-off
+    releases: list[KVHandle] = field(default_factory=list)  # consumer: handles it will not load (cached, refused)
 
     @property
     def is_empty(self) -> bool:
-        return not (self.exports or self.pushes or self.loads or self.drops)
+        return not (self.exports or self.pushes or self.loads or self.drops or self.releases)
 
 
 @dataclass(frozen=True)

@@ -80,9 +80,9 @@ class DisaggScheduler(KVConnectorScheduler):
             self._count("failed")
             logger.warning("request %s: not loading KV handle %s (%s); it prefills itself", request.request_id,
                            params.handle_id, reason)
-            return 0
         num_external = request.num_prompt_tokens - 1 - num_computed_tokens
-        if num_external <= 0:
+        if reason is not None or num_external <= 0:  # refused, or all cached here: the producer may free it
+            self._meta.releases.append(params)
             return 0
         self._loads[request.request_id] = params
         return num_external
@@ -153,6 +153,8 @@ class DisaggScheduler(KVConnectorScheduler):
 
     # -- endings -----------------------------------------------------------------------------------
     def request_finished(self, request: Request, block_ids: list[list[int]]) -> tuple[bool, dict | None]:
+        if isinstance(request.kv_transfer_params, KVHandle) and request.request_id not in self._tried:
+            self._meta.releases.append(request.kv_transfer_params)  # ended before it was admitted
         self._tried.discard(request.request_id)
         self._loads.pop(request.request_id, None)
         production = self._producing.pop(request.request_id, None)

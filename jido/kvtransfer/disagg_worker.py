@@ -31,7 +31,7 @@ from jido.kvtransfer.block_io import convert_rows
 from jido.kvtransfer.codecs import KVCodec, make_codec
 from jido.kvtransfer.disagg_metadata import DisaggMetadata, ExportKV, LoadKV, Piece, PushKV, TransferEvent
 from jido.kvtransfer.endpoint import PARK, KVClient, KVServer, Reply
-from jido.kvtransfer.handoff import Handoff, HandoffState, KVFormat, KVFormatError
+from jido.kvtransfer.handoff import Handoff, HandoffState, KVFormat, KVFormatError, KVHandle
 from jido.kvtransfer.push_buffer import PushBuffer, Pushed
 from jido.kvtransfer.transport import TransferError, make_channel
 
@@ -129,8 +129,8 @@ class DisaggWorker(KVConnectorWorker):
             self._close_export(handle_id, "dropped", report=False)
         with self._lock:
             self._num_loading += len(meta.loads)
-        for load in meta.loads:
-            self._loads.put(load)
+        for item in (*meta.loads, *meta.releases):
+            self._loads.put(item)
         self._step_pushes = [p for p in meta.pushes if p.handle_id not in self._push_failed]
         self._step_exports = meta.exports
 
@@ -304,6 +304,9 @@ class DisaggWorker(KVConnectorWorker):
         down: dict[str, float] = {}  # producer -> until when it counts as unreachable
         checked: dict[str, str | None] = {}  # producer -> why its KV cannot be loaded here (None: it can)
         while (load := self._loads.get()) is not None:
+            if isinstance(load, KVHandle):
+                self._release(client, load.producer, load.handle_id)
+                continue
             start = time.perf_counter()
             handoff = Handoff(load.handle.handle_id, HandoffState.RESERVED, time.monotonic())
             handoff.advance(HandoffState.IN_TRANSFER, self.config.kv_transfer_timeout_s)

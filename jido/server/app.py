@@ -31,7 +31,8 @@ def create_app(llm: LLMEngine, config: ServerConfig) -> FastAPI:
     model_name = config.model_name(llm.config.model_config.model)
     template = load_chat_template(llm.tokenizer, config.chat_template)
     offload = llm.config.kv_offload
-    metrics = ServerMetrics(model_name, llm.max_model_len, tuple(t.name for t in offload.tiers) if offload else ())
+    metrics = ServerMetrics(model_name, llm.max_model_len, tuple(t.name for t in offload.tiers) if offload else (),
+                            llm.config.kv_transfer_config is not None)
     engine = AsyncEngine(llm, config.max_waiting_requests,
                          on_report=lambda report: metrics.on_report(report, engine.num_waiting))
     serving = OpenAIServing(engine, model_name, template, metrics)
@@ -75,6 +76,10 @@ def _add_routes(app: FastAPI, serving: OpenAIServing) -> None:
     @_get(app, "/v1/models")
     async def models() -> Response:
         return JSONResponse(serving.models())
+
+    @_get(app, "/kv_transfer")
+    async def kv_transfer() -> Response:
+        return JSONResponse(serving.kv_transfer())
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -59,6 +59,7 @@ class OpenAIServing:
         # Tokenized on a worker thread: a long prompt must not stall the event loop (every stream, /health).
         prompt_ids = await asyncio.to_thread(self._completion_prompt_ids, prompt)
         params = self._params(body, prompt_ids, body.max_tokens, body.logprobs, body.num_prompt_logprobs)
+        self._check_transfer(body)
         fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer,
                                echo_text=self._echo_text(prompt, prompt_ids) if body.echo else None)
         return await self._respond(http_request, fmt, prompt_ids, params, body, timer)
@@ -73,6 +74,7 @@ class OpenAIServing:
             raise bad_request("messages is empty: give at least one message", "messages")
         prompt_ids = await asyncio.to_thread(self._chat_prompt_ids, body)  # off the event loop, as above
         params = self._params(body, prompt_ids, body.requested_max_tokens, body.num_logprobs)
+        self._check_transfer(body)
         fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer)
         return await self._respond(http_request, fmt, prompt_ids, params, body, timer)
 
@@ -106,6 +108,19 @@ class OpenAIServing:
         if model is not None and model != self.model_name:
             raise APIError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
+
+    def _check_transfer(self, body: CompletionRequest | ChatCompletionRequest) -> None:
+        try:
+            self.llm.check_transfer_params(body.kv_transfer_params)
+        except ValueError as exc:
+            raise bad_request(str(exc), "kv_transfer_params") from exc
+
+    def kv_transfer(self) -> dict:
+        """GET /kv_transfer: this instance's KV role, endpoint and format, for routers (404 without a connector)."""
+        info = self.llm.kv_connector_info
+        if "address" not in info:
+            raise APIError(404, "this server has no --kv-transfer-config", code="not_found")
+        return info
 
     def _completion_prompt_ids(self, prompt: object) -> list[int]:
         if isinstance(prompt, str):
@@ -162,7 +177,7 @@ class OpenAIServing:
     async def _respond(self, http_request: Request, fmt: ResponseFormat, prompt_ids: list[int],
                        params: SamplingParams, body: CompletionRequest | ChatCompletionRequest,
                        timer: RequestTimer) -> Response:
-        outputs = self._submit(fmt.request_id, prompt_ids, params, timer, body.priority)
+        outputs = self._submit(fmt.request_id, prompt_ids, params, timer, body.priority, body.kv_transfer_params)
         stream, include_usage = body.stream, body.include_usage
         if stream:
             holdback = stop_string_holdback(params)
@@ -172,11 +187,11 @@ class OpenAIServing:
         return JSONResponse(fmt.response(final))
 
     def _submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, timer: RequestTimer,
-                priority: int = 0) -> RequestStream:
+                priority: int = 0, kv_transfer_params: dict | None = None) -> RequestStream:
         try:
             # Validated and tokenized once, in _prompt_ids: the engine takes the ids as they are.
             return self.engine.add_request(request_id, ProcessedPrompt(None, prompt_ids), params, timer.arrival,
-                                           priority)
+                                           priority, kv_transfer_params)
         except EngineOverloadedError as exc:
             self.metrics.on_rejected("overload")
             raise APIError(503, str(exc), "service_unavailable", code="overloaded",
