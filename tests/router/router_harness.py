@@ -60,8 +60,9 @@ def router(prefill: list[str] | None, decode: list[str], **options: Any) -> Iter
 
 
 @contextmanager
-def serve_process(folder: Path, role: str, transport: str, tmp_path: Path, **extra: Any) -> Iterator[str]:
-    """`jido serve` in its own process (to be killed); yields its base URL once it answers /health."""
+def serve_process(folder: Path, role: str, transport: str, tmp_path: Path,
+                  **extra: Any) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`jido serve` in its own process (to be killed); yields its base URL and process once it answers /health."""
     port_file = tmp_path / f"port-{role}"
     sock = bind_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
@@ -75,7 +76,7 @@ def serve_process(folder: Path, role: str, transport: str, tmp_path: Path, **ext
     try:
         wait_until(lambda: process.poll() is not None or _answers(url), 120, f"`jido serve` on {url}")
         assert process.poll() is None, port_file.read_text()
-        yield url
+        yield url, process
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGKILL)
