@@ -8,7 +8,7 @@ from typing import Any
 from jido.config.size import parse_size
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
-KV_CONNECTORS = ("shm", "tcp", "nixl")  # the transport that carries KV between instances
+KV_CONNECTORS = ("shm", "tcp")  # the transport that carries KV between instances
 KV_MODES = ("pull", "push")
 KV_WIRE_CODECS = ("raw", "int8", "cachegen")
 
@@ -34,6 +34,9 @@ class KVTransferConfig:
     kv_transfer_timeout_s: float = 10.0  # a consumer gives up on a transfer after this and prefills itself
 
     def __post_init__(self) -> None:
+        if self.kv_connector == "nixl":
+            raise ValueError("kv_connector 'nixl' is not built in this jido (its package installs and moves DRAM "
+                             "buffers here, see docs/disaggregation.md): use 'shm' on one host or 'tcp'")
         if self.kv_connector not in KV_CONNECTORS:
             raise ValueError(f"kv_connector must be one of {', '.join(KV_CONNECTORS)} (the KV transport), "
                              f"got {self.kv_connector!r}")
@@ -51,8 +54,6 @@ class KVTransferConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < float("inf"):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-        if self.kv_connector == "nixl" and self.kv_codec != "raw":
-            raise ValueError("kv_connector 'nixl' reads the producer's cache in place: it carries kv_codec 'raw' only")
         try:
             self.buffer_bytes
         except ValueError as exc:

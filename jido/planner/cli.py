@@ -66,6 +66,8 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--price", action="append", default=[], metavar="NAME=USD", help="override an hourly price")
     p.add_argument("--catalog", default=str(DATA_PATH), help="hardware data file")
     p.add_argument("--whole-transfer", action="store_true", help="send KV after prefill, not layer by layer")
+    p.add_argument("--calibrate", metavar="FILE", help="measured links and wire formats (the JSON of "
+                   "benchmarks/disagg_transfer.py) added to the catalog; name them with --links and --wires")
     p.add_argument("--pareto", metavar="PNG", help="write a Pareto plot of cost per token against TTFT p90")
     p.add_argument("--explain", metavar="CONFIG", help="show the arithmetic for one config label")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -77,6 +79,9 @@ def plan_parser() -> argparse.ArgumentParser:
 def _inputs(args: argparse.Namespace) -> PlanInputs:
     workload = load_workload(args.workload)
     catalog = load_catalog(args.catalog).with_prices(_prices(args.price))
+    if args.calibrate:
+        measured = json.loads(Path(args.calibrate).read_text())
+        catalog = catalog.with_calibration(measured.get("calibration", measured))
     return PlanInputs(load_model(args.model), workload, Slo.parse(args.slo, workload.slo),
                       args.rate or workload.rate, catalog, layerwise=not args.whole_transfer)
 
