@@ -14,7 +14,7 @@ from jido.core.sampling_params import SamplingParams
 from jido.engine.detokenizer import IncrementalDetokenizer
 from jido.engine.engine_core import EngineCore
 from jido.engine.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
-from jido.kvtransfer.handoff import parse_transfer_params
+from jido.kvtransfer.handoff import ProduceRequest, parse_transfer_params
 from jido.executor.abstract import Executor
 from jido.metrics.stats import IterationStats, SchedulerStats
 from jido.models.config import ModelArchConfig
@@ -146,7 +146,7 @@ class LLMEngine:
         """
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
-        transfer = self.check_transfer_params(kv_transfer_params)
+        transfer = self.check_transfer_params(kv_transfer_params, params)
         if request_id in self._parents:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not isinstance(params, SamplingParams):
@@ -164,8 +164,8 @@ class LLMEngine:
             self.core.add_request(Request(child_id, ids, child_params, self.eos_token_ids, arrival, priority,
                                           transfer))
 
-    def check_transfer_params(self, params: dict | None) -> object:
-        """A request's ``kv_transfer_params`` parsed and checked against this engine's role.
+    def check_transfer_params(self, params: dict | None, sampling: SamplingParams | None = None) -> object:
+        """A request's ``kv_transfer_params`` parsed and checked against this engine's role (and ``sampling``).
 
         Raises ValueError saying why this engine cannot serve them; read-only, safe from any thread.
         """
@@ -174,7 +174,11 @@ class LLMEngine:
         config = self.config.kv_transfer_config
         if config is None:
             raise ValueError("kv_transfer_params needs an engine with a kv_transfer_config (a KV producer or consumer)")
-        return parse_transfer_params(params, config.is_producer, config.is_consumer)
+        parsed = parse_transfer_params(params, config.is_producer, config.is_consumer)
+        if isinstance(parsed, ProduceRequest) and sampling is not None and (sampling.max_tokens != 1 or sampling.n != 1):
+            # Its blocks are exported once its prompt is computed: they must not change (decode, preemption) after.
+            raise ValueError("a do_remote_decode request prefills for a consumer: it needs max_tokens 1 and n 1")
+        return parsed
 
     @property
     def kv_connector_info(self) -> dict:

@@ -187,10 +187,7 @@ class ServerMetrics:
         # TTFT = queue + prefill (or, for KV from a producer: queue + transfer + first decode)
         self.prefill_time = histogram("vllm:request_prefill_time_seconds", "First scheduled to first token, for "
                                       "requests that computed their prompt here.", _TTFT_BUCKETS)
-        self.transfer_time = histogram("jido:kv_transfer_time_seconds", "Time a request waited for its KV from "
-                                       "a producer (WAITING_FOR_REMOTE_KVS).", _TTFT_BUCKETS)
-        self.first_decode_time = histogram("jido:request_first_decode_time_seconds", "First scheduled to first "
-                                           "token, for requests whose prompt KV came from a producer.", _TTFT_BUCKETS)
+
         self.prompt_len = histogram("vllm:request_prompt_tokens", "Prompt tokens per finished request.", token_buckets)
         self.output_len = histogram("vllm:request_generation_tokens", "Output tokens per finished request.",
                                     token_buckets)
@@ -222,8 +219,16 @@ class ServerMetrics:
         self.transfer_counters: dict[str, Counter] = {}
         self._transfer_totals: dict[str, float] = {}
         if not enabled:
-            self.transfer_held = None
+            self.transfer_held = self.transfer_time = self.first_decode_time = None
             return
+
+        def histogram(name: str, help_text: str) -> Histogram:
+            return Histogram(name, help_text, ["model_name"], registry=None, buckets=_TTFT_BUCKETS).labels(model_name)
+
+        self.transfer_time = histogram("jido:kv_transfer_time_seconds", "Time a request waited for its KV from a "
+                                       "producer (WAITING_FOR_REMOTE_KVS).")
+        self.first_decode_time = histogram("jido:request_first_decode_time_seconds", "First scheduled to first "
+                                           "token, for requests whose prompt KV came from a producer.")
         families: dict[str, Counter] = {}
         for key, (name, direction, text) in _TRANSFER_COUNTERS.items():
             label = "result" if name == "jido:kv_transfers" else "direction"
@@ -350,7 +355,7 @@ class ServerMetrics:
         if not scheduled or not first:
             return
         transfer = output.metrics.get("kv_transfer_time", 0.0)
-        if transfer > 0:
+        if transfer > 0 and self.transfer_time is not None:
             self.transfer_time.observe(transfer)
             self.first_decode_time.observe(first - scheduled)
         else:

@@ -59,7 +59,7 @@ class OpenAIServing:
         # Tokenized on a worker thread: a long prompt must not stall the event loop (every stream, /health).
         prompt_ids = await asyncio.to_thread(self._completion_prompt_ids, prompt)
         params = self._params(body, prompt_ids, body.max_tokens, body.logprobs, body.num_prompt_logprobs)
-        self._check_transfer(body)
+        self._check_transfer(body, params)
         fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer,
                                echo_text=self._echo_text(prompt, prompt_ids) if body.echo else None)
         return await self._respond(http_request, fmt, prompt_ids, params, body, timer)
@@ -74,7 +74,7 @@ class OpenAIServing:
             raise bad_request("messages is empty: give at least one message", "messages")
         prompt_ids = await asyncio.to_thread(self._chat_prompt_ids, body)  # off the event loop, as above
         params = self._params(body, prompt_ids, body.requested_max_tokens, body.num_logprobs)
-        self._check_transfer(body)
+        self._check_transfer(body, params)
         fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer)
         return await self._respond(http_request, fmt, prompt_ids, params, body, timer)
 
@@ -109,9 +109,9 @@ class OpenAIServing:
             raise APIError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
-    def _check_transfer(self, body: CompletionRequest | ChatCompletionRequest) -> None:
+    def _check_transfer(self, body: CompletionRequest | ChatCompletionRequest, params: SamplingParams) -> None:
         try:
-            self.llm.check_transfer_params(body.kv_transfer_params)
+            self.llm.check_transfer_params(body.kv_transfer_params, params)
         except ValueError as exc:
             raise bad_request(str(exc), "kv_transfer_params") from exc
 

@@ -130,6 +130,17 @@ def test_consumer_with_a_cached_prefix_pulls_only_the_rest(tiny_model_folder, re
     assert received.received_tokens == 5 * 4
 
 
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_producer_with_a_cached_prefix_hands_over_the_hit_blocks_too(tiny_model_folder, reference, mode):
+    producer = _engine(tiny_model_folder, "kv_producer", kv_mode=mode)
+    consumer = _engine(tiny_model_folder, "kv_consumer", kv_mode=mode)
+    long_prompt = _prompts()[1]
+    _run(producer, "warm", long_prompt[:30], GREEDY)  # the producer computes only what follows its 28 cached tokens
+    tokens, prefilled = _handoff(producer, consumer, [long_prompt], push=mode == "push")
+    assert tokens == [reference[1]] and prefilled[0].num_cached_tokens == 28
+    assert _stats(consumer).received == 1 and _stats(consumer).failed == 0
+
+
 def test_int8_kv_cache_consumer_quantizes_the_float32_kv_it_receives_as_its_own_prefill_would(tiny_model_folder):
     producer = _engine(tiny_model_folder, "kv_producer")
     consumer = _engine(tiny_model_folder, "kv_consumer", kv_cache_dtype="int8")
@@ -239,5 +250,8 @@ def test_role_checks_reject_requests_the_instance_cannot_serve(tiny_model_folder
         consumer.add_request("x", [BOS_ID, 5], GREEDY, kv_transfer_params={"do_remote_decode": True})
     with pytest.raises(ValueError, match="needs handle_id"):
         consumer.add_request("y", [BOS_ID, 5], GREEDY, kv_transfer_params={"do_remote_prefill": True})
+    producer = _engine(tiny_model_folder, "kv_producer")
+    with pytest.raises(ValueError, match="needs max_tokens 1 and n 1"):
+        producer.add_request("w", [BOS_ID, 5], GREEDY, kv_transfer_params={"do_remote_decode": True})
     with pytest.raises(ValueError, match="needs an engine with a kv_transfer_config"):
         plain.add_request("z", [BOS_ID, 5], GREEDY, kv_transfer_params={"do_remote_decode": True})
