@@ -8,11 +8,8 @@ from jido.core.request import Request
 from jido.core.sampling_params import SamplingParams
 from jido.metrics.stats import PinnedPrefixStats
 
-MAX_PINNED_FRACTION = 0.5  # pins may hold at most this share of the pool; the rest serves running work
-
-
 class PinTooLargeError(ValueError):
-    """A prefix to pin needs more of the pool than pins may hold; nothing was pinned or evicted."""
+    """A prefix to pin would leave too little of the pool for a full-length request; nothing was pinned or evicted."""
 
 
 @dataclass
@@ -41,9 +38,9 @@ class PinnedPrefixes:
     def num_blocks(self) -> int:
         return sum(self._blocks(pin) for pin in self._pins.values())
 
-    def room(self) -> int:
-        """Pool blocks another pin may still take."""
-        return int(self.kv.pool.num_blocks * MAX_PINNED_FRACTION) - self.num_blocks
+    def room(self, request_peak_blocks: int) -> int:
+        """Pool blocks another pin may take so that a request holding ``request_peak_blocks`` still fits."""
+        return self.kv.pool.num_blocks - request_peak_blocks - self.num_blocks
 
     def pin(self, pin_id: str, token_ids: list[int]) -> int:
         """Hold the cached blocks of ``token_ids`` (prefilled just before); returns the tokens they cover."""

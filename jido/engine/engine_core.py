@@ -13,7 +13,7 @@ from jido.core.kv_cache_manager import KVCacheManager
 from jido.core.kv_cache_spec import (KVCacheConfig, SlidingWindowSpec, blocks_per_request, make_kv_cache_config,
                                     peak_blocks_per_request)
 from jido.core.outputs import EngineCoreOutputs
-from jido.core.pinned_prefixes import MAX_PINNED_FRACTION, PinTooLargeError
+from jido.core.pinned_prefixes import PinTooLargeError
 from jido.core.request import Request, RequestStatus
 from jido.core.scheduler import Scheduler, SchedulerLimits
 from jido.executor.abstract import Executor, get_executor_class
@@ -149,20 +149,24 @@ class EngineCore:
         return self.scheduler.stats()
 
     def check_pin_fits(self, num_tokens: int, reserved_blocks: int = 0) -> int:
-        """The pool blocks a pin of ``num_tokens`` tokens holds once prefilled (its prefill waits for room as any
-        request does, and never preempts older work).
+        """The pool blocks a pin of ``num_tokens`` tokens holds once prefilled.
+
+        A pin is taken only if a request of ``max_model_len`` tokens still fits beside every pin, so pins never
+        starve, preempt or evict running work (the pin's own prefill waits for room as any request does).
 
         Raises:
-            PinTooLargeError: that, with ``reserved_blocks`` of pins still prefilling, exceeds what pins may hold.
+            PinTooLargeError: it does not fit beside the pins held and ``reserved_blocks`` still prefilling.
         """
         kv = self.kv_plan.kv_cache_config
         needed = blocks_per_request(kv, num_tokens + 1)
-        room = self.scheduler.pins.room() - reserved_blocks
+        peak = peak_blocks_per_request(kv, self.kv_plan.max_model_len, self.config.scheduler_config.max_num_batched_tokens)
+        room = self.scheduler.pins.room(peak) - reserved_blocks
         if needed > room:
             raise PinTooLargeError(
-                f"pinning {num_tokens} tokens takes {needed} KV blocks but only {max(room, 0)} of the pool's "
-                f"{kv.num_blocks} may still be pinned (pins may hold {MAX_PINNED_FRACTION:.0%} of it; "
-                f"{self.scheduler.pins.num_blocks} are pinned now): unpin a prefix or raise kv_cache_memory")
+                f"pinning {num_tokens} tokens holds {needed} KV blocks, but only {max(room, 0)} of the pool's "
+                f"{kv.num_blocks} can be pinned while a {self.kv_plan.max_model_len}-token request still fits "
+                f"beside the pins ({self.scheduler.pins.num_blocks} blocks are pinned): unpin a prefix, lower "
+                "max_model_len or raise kv_cache_memory")
         return needed
 
     def pin_prefix(self, pin_id: str, token_ids: list[int]) -> int:

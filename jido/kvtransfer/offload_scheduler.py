@@ -35,6 +35,7 @@ from jido.offload.stores import ByteStore, StoreError, WarnEvery, make_store
 
 logger = logging.getLogger("jido")
 REMOTE_RETRY_S = 5.0  # after a failed remote lookup, skip the remote tier this long
+LOOKUP_TTL_S = 1.0  # how long one request's lookup is reused while it waits for room
 _REMOTE_WRITTEN_MAX = 1 << 16  # keys remembered as written through, so a reloaded block is not sent again
 
 
@@ -100,6 +101,9 @@ class OffloadScheduler(KVConnectorScheduler):
         self._remote_written: OrderedDict[BlockKey, None] = OrderedDict()
         self.counters = {name: _Counters() for name in self.order}
         self._plans: dict[str, tuple[int, int, dict[tuple[int, int], str]]] = {}
+        # A request the pool cannot admit yet is asked about every step: its lookup is kept for LOOKUP_TTL_S (a
+        # stale one only costs a failed load or a shorter hit) rather than asking Redis again each time.
+        self._lookups: dict[str, tuple[float, int, int, dict[tuple[int, int], str]]] = {}
         self._counted: set[str] = set()
         self._meta = OffloadMetadata()
         self._warn = WarnEvery(logger)
@@ -110,7 +114,13 @@ class OffloadScheduler(KVConnectorScheduler):
         limit = (request.num_tokens - 1) // self.block_size
         if limit <= n0:
             return 0
-        where = self._locate(request.block_hashes, n0, limit)
+        now = time.monotonic()
+        cached = self._lookups.get(request.request_id)
+        if cached is not None and cached[1:3] == (n0, limit) and now - cached[0] < LOOKUP_TTL_S:
+            where = cached[3]
+        else:
+            where = self._locate(request.block_hashes, n0, limit)
+            self._lookups[request.request_id] = (now, n0, limit, where)
         if request.request_id not in self._counted:
             self._counted.add(request.request_id)
             self._count_lookup(request.block_hashes, where, n0, limit)
@@ -178,6 +188,7 @@ class OffloadScheduler(KVConnectorScheduler):
     def update_state_after_alloc(self, request: Request, block_ids: list[list[int]], num_computed_tokens: int,
                                  num_external_tokens: int) -> None:
         n0, num_hit, where = self._plans.pop(request.request_id)
+        self._lookups.pop(request.request_id, None)
         blocks = []
         for group in range(len(self.windows)):
             for i in self._needed(group, n0, num_hit):
@@ -259,6 +270,7 @@ class OffloadScheduler(KVConnectorScheduler):
 
     def request_finished(self, request: Request, block_ids: list[list[int]]) -> tuple[bool, None]:
         self._plans.pop(request.request_id, None)
+        self._lookups.pop(request.request_id, None)
         self._counted.discard(request.request_id)
         return False, None
 

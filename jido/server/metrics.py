@@ -127,13 +127,16 @@ class ServerMetrics:
     """
 
     def __init__(self, model_name: str, max_model_len: int, offload_tiers: tuple[str, ...] = (),
-                 kv_transfer: bool = False) -> None:
+                 kv_block_bytes: int = 0, kv_transfer: bool = False) -> None:
         self.dir = MultiprocDir()
         self._registry = CollectorRegistry()
         MultiProcessCollector(self._registry, path=self.dir.path)
         self._engine_totals: dict[str, int] = {}
         self._kv_usage_value = self._kv_peak_value = 0.0  # this process's, for the peak between scrapes
         self._closed = False
+        self._model_name, self._kv_block_bytes = model_name, kv_block_bytes
+        self._pins: tuple = ()  # the pinned prefixes as of the last report, rendered per id
+        self._pin_hits: dict[str, int] = {}
         with _values_in_files() as value_class:
             self._value_class = value_class
             self._make_metrics(model_name, _one_two_five(max_model_len))
@@ -198,6 +201,9 @@ class ServerMetrics:
         self.rejected = counters("jido:requests_rejected", "Requests refused before reaching the engine, by reason.",
                                  "reason", REJECT_REASONS)
         self.aborted = counter("jido:requests_aborted", "Requests abandoned before finishing (client gone).")
+        self.pinned_prefixes = gauge("jido:kv_pinned_prefixes", "Prefixes pinned with POST /v1/cache.")
+        self.pinned_bytes = gauge("jido:kv_pinned_bytes", "KV bytes the pinned prefixes hold in the device pool.")
+        self.pinned_hits = counter("jido:kv_pinned_hits", "Requests admitted whose cached prefix covered a pinned one.")
 
     def _make_tier_metrics(self, model_name: str, tiers: tuple[str, ...]) -> None:
         labels = ["model_name", "tier"]
@@ -268,11 +274,35 @@ class ServerMetrics:
         Never OpenMetrics: prometheus_client escapes the colons of its sample names to underscores there
         (vllm_..., under HELP lines that keep vllm:...), which would rename every metric.
         """
-        text = generate_latest(self._registry)
+        text = generate_latest(self._registry) + self._render_pins()
         # A peak since the last scrape: start the next window from the usage now.
         self._kv_peak_value = self._kv_usage_value
         self.kv_peak.set(self._kv_peak_value)
         return text
+
+    def _render_pins(self) -> bytes:
+        """Per pinned prefix, its tokens and hits, labelled by id (pins come and go, so they are not series
+        kept in files: they are rendered from the last report)."""
+        if not self._pins:
+            return b""
+        name = self._model_name.replace("\\", "\\\\").replace('"', '\\"')
+        lines = ["# HELP jido:kv_pinned_prefix_tokens Tokens whose KV a pinned prefix holds, by id.",
+                 "# TYPE jido:kv_pinned_prefix_tokens gauge"]
+        lines += [f'jido:kv_pinned_prefix_tokens{{model_name="{name}",id="{p.pin_id}"}} {p.num_tokens}'
+                  for p in self._pins]
+        lines += ["# HELP jido:kv_pinned_prefix_hits Requests that reused a pinned prefix, by id.",
+                  "# TYPE jido:kv_pinned_prefix_hits gauge"]
+        lines += [f'jido:kv_pinned_prefix_hits{{model_name="{name}",id="{p.pin_id}"}} {p.hits}' for p in self._pins]
+        return ("\n".join(lines) + "\n").encode()
+
+    def _record_pins(self, pins: tuple) -> None:
+        self._pins = pins
+        self.pinned_prefixes.set(len(pins))
+        self.pinned_bytes.set(sum(p.num_blocks for p in pins) * self._kv_block_bytes)
+        for pin in pins:
+            if pin.hits > self._pin_hits.get(pin.pin_id, 0):
+                self.pinned_hits.inc(pin.hits - self._pin_hits.get(pin.pin_id, 0))
+        self._pin_hits = {p.pin_id: p.hits for p in pins}
 
     def close(self) -> None:
         """At shutdown: close and remove the files. Requests still finishing after this record nothing."""
@@ -303,6 +333,7 @@ class ServerMetrics:
                 self._engine_totals[key] = total
         self._record_tiers(stats.kv_connector)
         self._record_transfers(stats.kv_connector)
+        self._record_pins(stats.pinned)
         for seconds in report.queue_times_s:
             self.queue_time.observe(seconds)
         if report.times is not None:

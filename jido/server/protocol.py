@@ -216,6 +216,14 @@ def _text_content(content: str | list[dict[str, Any]] | None, index: int) -> str
                      '{"type": "text", "text": "..."} parts (jido serves text-only models)')
 
 
+class CacheRequest(_Body):
+    """POST /v1/cache: prefill ``prompt`` (text or token ids) once and pin its KV until DELETE /v1/cache/{id}."""
+
+    model: str | None = None
+    prompt: Annotated[str | list[int], _one_of("a string or an array of token ids",
+                                               lambda v: isinstance(v, str) or _is_list_of(v, int))]
+
+
 class TokenizeRequest(_Body):
     """POST /tokenize (vLLM's): the server tokenizer's ids for ``prompt``; any length, not only what fits."""
 

@@ -49,15 +49,15 @@ class OpenAIServing:
 
     async def completions(self, http_request: Request) -> Response:
         timer = RequestTimer()
-        body = _validate(CompletionRequest, parse_json(await http_request.body()))
-        self._check_model(body.model)
+        body = validate_body(CompletionRequest, parse_json(await http_request.body()))
+        self.check_model(body.model)
         prompt = body.prompt
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]  # a batch of one, as the openai client may send it
         elif isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             raise bad_request("batched prompts are not supported: send one prompt per request", "prompt")
         # Tokenized on a worker thread: a long prompt must not stall the event loop (every stream, /health).
-        prompt_ids = await asyncio.to_thread(self._completion_prompt_ids, prompt)
+        prompt_ids = await asyncio.to_thread(self.completion_prompt_ids, prompt)
         params = self._params(body, prompt_ids, body.max_tokens, body.logprobs, body.num_prompt_logprobs)
         self._check_transfer(body, params)
         fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer,
@@ -66,8 +66,8 @@ class OpenAIServing:
 
     async def chat(self, http_request: Request) -> Response:
         timer = RequestTimer()
-        body = _validate(ChatCompletionRequest, parse_json(await http_request.body()))
-        self._check_model(body.model)
+        body = validate_body(ChatCompletionRequest, parse_json(await http_request.body()))
+        self.check_model(body.model)
         if self.chat_template is None:
             raise bad_request(NO_TEMPLATE)
         if not body.messages:
@@ -80,8 +80,8 @@ class OpenAIServing:
 
     async def tokenize(self, http_request: Request) -> Response:
         """vLLM's /tokenize: ``{"tokens", "count", "max_model_len", "token_strs"}``."""
-        body = _validate(TokenizeRequest, parse_json(await http_request.body()))
-        self._check_model(body.model)
+        body = validate_body(TokenizeRequest, parse_json(await http_request.body()))
+        self.check_model(body.model)
         tokenizer = self.llm.tokenizer
         try:
             ids = await asyncio.to_thread(tokenizer.encode, body.prompt, body.add_special_tokens)
@@ -93,8 +93,8 @@ class OpenAIServing:
 
     async def detokenize(self, http_request: Request) -> Response:
         """vLLM's /detokenize: ``{"prompt"}``, the text of the ids with special tokens kept."""
-        body = _validate(DetokenizeRequest, parse_json(await http_request.body()))
-        self._check_model(body.model)
+        body = validate_body(DetokenizeRequest, parse_json(await http_request.body()))
+        self.check_model(body.model)
         vocab_size = self.llm.tokenizer.vocab_size
         bad = next((i for i, t in enumerate(body.tokens) if not 0 <= t < vocab_size), None)
         if bad is not None:
@@ -104,7 +104,7 @@ class OpenAIServing:
         return JSONResponse({"prompt": text})
 
     # -- request checks ---------------------------------------------------------------------------
-    def _check_model(self, model: str | None) -> None:
+    def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
             raise APIError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
@@ -122,7 +122,7 @@ class OpenAIServing:
             raise APIError(404, "this server has no --kv-transfer-config", code="not_found")
         return info
 
-    def _completion_prompt_ids(self, prompt: object) -> list[int]:
+    def completion_prompt_ids(self, prompt: object) -> list[int]:
         if isinstance(prompt, str):
             self._check_prompt_bytes(_utf8_len(prompt), "prompt")
         return self._prompt_ids(prompt)
@@ -177,7 +177,8 @@ class OpenAIServing:
     async def _respond(self, http_request: Request, fmt: ResponseFormat, prompt_ids: list[int],
                        params: SamplingParams, body: CompletionRequest | ChatCompletionRequest,
                        timer: RequestTimer) -> Response:
-        outputs = self._submit(fmt.request_id, prompt_ids, params, timer, body.priority, body.kv_transfer_params)
+        outputs = self.submit(fmt.request_id, prompt_ids, params, timer, body.priority,
+                              kv_transfer_params=body.kv_transfer_params)
         stream, include_usage = body.stream, body.include_usage
         if stream:
             holdback = stop_string_holdback(params)
@@ -186,12 +187,13 @@ class OpenAIServing:
         final = await self._collect(http_request, outputs, timer)
         return JSONResponse(fmt.response(final))
 
-    def _submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, timer: RequestTimer,
-                priority: int = 0, kv_transfer_params: dict | None = None) -> RequestStream:
+    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, timer: RequestTimer,
+               priority: int = 0, pin: bool = False, kv_transfer_params: dict | None = None) -> RequestStream:
+        """Queue a request (``pin``: a prefix to pin, see /v1/cache); overload and drain are 503s."""
         try:
             # Validated and tokenized once, in _prompt_ids: the engine takes the ids as they are.
             return self.engine.add_request(request_id, ProcessedPrompt(None, prompt_ids), params, timer.arrival,
-                                           priority, kv_transfer_params)
+                                           priority, pin, kv_transfer_params)
         except EngineOverloadedError as exc:
             self.metrics.on_rejected("overload")
             raise APIError(503, str(exc), "service_unavailable", code="overloaded",
@@ -256,7 +258,7 @@ class OpenAIServing:
         yield "data: [DONE]\n\n"
 
 
-def _validate(model: type[_Body], data: dict) -> _Body:
+def validate_body(model: type[_Body], data: dict) -> _Body:
     unsupported = check_supported(data, model.model_fields)
     if unsupported is not None:
         raise bad_request(unsupported[1], unsupported[0])

@@ -19,15 +19,16 @@ def _random(n: int, seed: int) -> list[int]:
 
 @pytest.fixture
 def llm(tiny_model_folder) -> LLM:
-    # 48 blocks of 4 tokens in 3 one-layer groups; pins may hold 24.
-    return LLM(str(tiny_model_folder), dtype="float32", kv_cache_memory="24KiB", block_size=4, max_num_seqs=1)
+    # 96 blocks of 4 tokens in 3 one-layer groups; a 64-token request peaks at 48, so pins may hold 48.
+    return LLM(str(tiny_model_folder), dtype="float32", kv_cache_memory="48KiB", block_size=4, max_num_seqs=1,
+               max_model_len=64)
 
 
 def test_a_pinned_prefix_is_hit_after_traffic_that_evicts_everything_else(llm, tiny_model_folder):
     document = [BOS_ID, *_random(29, 0)]
     pin = llm.pin_prefix(document)
     assert pin == {"id": pin["id"], "num_tokens": 30, "num_pinned_tokens": 28}
-    for seed in range(1, 6):  # other prompts that together need the whole pool
+    for seed in range(1, 9):  # other prompts that together need the whole pool
         llm.generate([[BOS_ID, *_random(40, seed)]], GREEDY, use_tqdm=False)
     question = document + _random(6, 99)
     out = llm.generate([question], GREEDY, use_tqdm=False)[0]
@@ -39,13 +40,16 @@ def test_a_pinned_prefix_is_hit_after_traffic_that_evicts_everything_else(llm, t
     assert (stats.pin_id, stats.num_tokens, stats.num_blocks, stats.hits) == (pin["id"], 28, 9, 1)
 
 
-def test_pinning_more_than_pins_may_hold_is_refused_and_nothing_is_pinned(llm):
-    llm.pin_prefix([BOS_ID, *_random(60, 0)])  # 15 full blocks + 1 per sliding group: 17 of the 24 pins may hold
-    with pytest.raises(PinTooLargeError, match=r"pinning 41 tokens takes 15 KV blocks but only 7 of the pool's 48 "
-                                               r"may still be pinned \(pins may hold 50% of it; 17 are pinned now\)"):
-        llm.pin_prefix([BOS_ID, *_random(40, 1)])
-    assert len(llm.llm_engine.get_scheduler_stats().pinned) == 1
-    assert not llm.llm_engine.has_unfinished_requests()
+def test_a_pin_that_would_not_leave_room_for_a_full_length_request_is_refused(llm):
+    for seed in (0, 1):
+        llm.pin_prefix([BOS_ID, *_random(59, seed)])  # 17 blocks each: 15 full, 1 per sliding group
+    with pytest.raises(PinTooLargeError, match=r"pinning 41 tokens holds 15 KV blocks, but only 14 of the pool's 96 "
+                                               r"can be pinned while a 64-token request still fits beside the pins "
+                                               r"\(34 blocks are pinned\)"):
+        llm.pin_prefix([BOS_ID, *_random(40, 2)])
+    assert len(llm.llm_engine.get_scheduler_stats().pinned) == 2 and not llm.llm_engine.has_unfinished_requests()
+    long = llm.generate([[BOS_ID, *_random(59, 3)]], GREEDY, use_tqdm=False)[0]  # still fits beside the pins
+    assert len(long.outputs[0].token_ids) == GREEDY.max_tokens
 
 
 def test_unpin_lets_the_pool_evict_the_prefix_again(llm):
@@ -53,7 +57,7 @@ def test_unpin_lets_the_pool_evict_the_prefix_again(llm):
     pin = llm.pin_prefix(document)
     llm.unpin_prefix(pin["id"])
     assert llm.llm_engine.get_scheduler_stats().pinned == ()
-    for seed in range(1, 6):
+    for seed in range(1, 9):
         llm.generate([[BOS_ID, *_random(40, seed)]], GREEDY, use_tqdm=False)
     assert llm.generate([document + [5, 6]], GREEDY, use_tqdm=False)[0].num_cached_tokens == 0
     with pytest.raises(KeyError):

@@ -169,3 +169,58 @@ def test_full_redis_refuses_writes_and_every_request_still_succeeds(tiny_model_f
         assert first == second == reference and cached[:3] == [0, 0, 0]
         remote = _tier(llm, "remote")
         assert remote.stored_blocks == 0 and remote.errors > 0 and "maxmemory" in caplog.text
+
+
+def test_cpu_tier_works_across_the_worker_process_boundary(tiny_model_folder, reference):
+    llm = LLM(str(tiny_model_folder), **SMALL_POOL, kv_offload={"cpu": "1MiB"}, distributed_executor_backend="mp")
+    try:
+        _run(llm, _prompts())
+        tokens, cached = _run(llm, _prompts())
+    finally:
+        llm.shutdown()
+    assert tokens == reference and cached == [28, 40, 32, 48]
+
+
+def _record_layer_hooks(worker) -> None:
+    connector, calls = worker.runner.kv_connector, []
+    connector.wait_for_layer_load = lambda layer: calls.append(("load", layer))
+    connector.save_kv_layer = lambda layer, kv_cache, metadata: calls.append(("save", layer))
+    connector.calls = calls
+
+
+def _recorded(worker) -> list:
+    return worker.runner.kv_connector.calls
+
+
+def test_the_worker_connector_hears_each_layer_of_each_step_in_order(tiny_model_folder):
+    llm = _offload_llm(tiny_model_folder, cpu="1MiB")
+    llm.collective_rpc(_record_layer_hooks)
+    llm.generate([[BOS_ID, 5, 6, 7]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    per_step = [("load", 0), ("save", 0), ("load", 1), ("save", 1), ("load", 2), ("save", 2)]
+    assert llm.collective_rpc(_recorded)[0] == per_step * 2  # the prompt's step, then one decode step
+
+
+def test_swap_preemption_brings_preempted_requests_back_from_the_cpu_tier(tiny_model_folder):
+    prompts = [[BOS_ID, *torch.randint(3, VOCAB_SIZE, (20,), generator=torch.Generator().manual_seed(s)).tolist()]
+               for s in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    reference = LLM(str(tiny_model_folder), dtype="float32", kv_cache_memory="1MiB", block_size=4)
+    expected = [o.outputs[0].token_ids for o in reference.generate(prompts, params, use_tqdm=False)]
+    # Four requests of 60 tokens in 48 blocks of three groups: they preempt each other as they grow.
+    llm = LLM(str(tiny_model_folder), dtype="float32", kv_cache_memory="24KiB", block_size=4, max_num_seqs=4,
+              preemption_mode="swap")
+    assert llm.llm_engine.config.kv_offload.tiers[0].size_bytes == 4 * 2**30  # vLLM's default swap space
+    tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    stats = llm.llm_engine.get_scheduler_stats()
+    assert tokens == expected and stats.num_preemptions > 0 and stats.kv_connector[0].loaded_blocks > 0
+
+
+def test_swap_needs_a_cpu_tier_to_swap_to(tiny_model_folder, tmp_path):
+    with pytest.raises(ValueError, match="preemption_mode='swap' swaps to kv_offload's cpu tier"):
+        LLM(str(tiny_model_folder), preemption_mode="swap", kv_offload={"disk": {"path": str(tmp_path), "size": "1MiB"}})
+
+
+def test_offload_without_prefix_caching_is_refused_before_the_model_loads(tiny_model_folder):
+    with pytest.raises(ValueError, match="kv_offload keeps the blocks the prefix cache evicts: it needs "
+                                         "enable_prefix_caching"):
+        LLM(str(tiny_model_folder), kv_offload={"cpu": "1MiB"}, enable_prefix_caching=False)
