@@ -40,6 +40,14 @@ def _finish(engine: LLMEngine, req_id: str, prompt: list[int], params: SamplingP
 
 def test_default_model_through_producer_and_consumer_matches_transformers(gemma_reference):
     producer, consumer = _engine("kv_producer", "pull"), _engine("kv_consumer", "pull")
+    try:
+        _hand_over_each(producer, consumer, gemma_reference)
+    finally:
+        producer.shutdown()
+        consumer.shutdown()
+
+
+def _hand_over_each(producer: LLMEngine, consumer: LLMEngine, gemma_reference: dict) -> None:
     ask = {"do_remote_decode": True}
     gens = [g for g in gemma_reference["generations"] if g["name"] in NAMES]
     for gen in gens:

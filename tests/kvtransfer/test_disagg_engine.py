@@ -26,13 +26,26 @@ def _prompts() -> list[list[int]]:
     return [[BOS_ID, *torch.randint(3, VOCAB_SIZE, (n,), generator=gen).tolist()] for n in (30, 41, 9)]
 
 
+_OPEN: list[LLMEngine] = []
+
+
+@pytest.fixture(autouse=True)
+def _shut_engines_down():
+    """Every engine a test made stops its KV endpoint and threads afterwards (and frees its cache)."""
+    yield
+    while _OPEN:
+        _OPEN.pop().shutdown()
+
+
 def _engine(folder, role: str | None = None, **transfer) -> LLMEngine:
     engine_kwargs = {k: transfer.pop(k) for k in list(transfer) if k in ("block_size", "kv_cache_memory",
                                                                         "kv_cache_dtype", "max_num_seqs")}
     kwargs = {**COMMON, **engine_kwargs}
     if role is not None:
         kwargs["kv_transfer_config"] = {"kv_connector": "tcp", "kv_role": role, "kv_port": 0, **transfer}
-    return LLMEngine(EngineConfig.from_kwargs(model=str(folder), **kwargs))
+    engine = LLMEngine(EngineConfig.from_kwargs(model=str(folder), **kwargs))
+    _OPEN.append(engine)
+    return engine
 
 
 def _run(engine: LLMEngine, req_id: str, prompt: list[int], params: SamplingParams, kv: dict | None = None,

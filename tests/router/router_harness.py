@@ -36,7 +36,10 @@ def tiny_server(folder: Path, role: str | None = None, transport: str = "tcp", *
     if role is not None:
         kwargs["kv_transfer_config"] = kv_config(role, transport, **extra)
     with running_server(ServerConfig(), **kwargs) as server:
-        yield server
+        try:
+            yield server
+        finally:
+            server.serving.llm.shutdown()  # as `jido serve` does on exit: the KV endpoint's threads stop
 
 
 @contextmanager
