@@ -36,6 +36,12 @@ def test_an_unknown_keyword_names_the_accepted_ones():
     ({"speculative_config": {"method": "ngram"}}, "missing 1 required positional argument: 'num_speculative_tokens'"),
     ({"speculative_config": {"method": "lookahead", "num_speculative_tokens": 2}}, "speculative method must be"),
     ({"kv_transfer_config": {"kv_connector": "shm", "kv_role": "sender"}}, "kv_role must be one of"),
+    ({"kv_transfer_config": {"kv_connector": "rdma"}}, "kv_connector must be one of shm, tcp"),
+    ({"kv_transfer_config": {"kv_connector": "nixl"}}, "kv_connector 'nixl' is not built"),
+    ({"kv_transfer_config": {"kv_connector": "tcp", "kv_mode": "teleport"}}, "kv_mode must be one of pull, push"),
+    ({"kv_transfer_config": {"kv_connector": "tcp", "kv_port": 70000}}, "kv_port must be a TCP port"),
+    ({"kv_transfer_config": {"kv_connector": "tcp", "kv_lease_s": 0}}, "kv_lease_s must be a positive number"),
+    ({"kv_transfer_config": {"kv_connector": "tcp", "kv_buffer_size": "lots"}}, "kv_buffer_size: cannot read size"),
     ({"kv_offload": {}}, "kv_offload needs at least one tier: 'cpu', 'disk' or 'remote'"),
     ({"kv_offload": {"gpu": "1GiB"}}, r"kv_offload: unknown key\(s\) \['gpu'\]"),
     ({"kv_offload": {"cpu": "lots"}}, "kv_offload.cpu: cannot read size 'lots'"),
@@ -51,6 +57,13 @@ def test_an_unknown_keyword_names_the_accepted_ones():
 def test_bad_values_are_refused_with_what_is_allowed(kwargs, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig.from_kwargs(**kwargs)
+
+
+def test_kv_transfer_and_kv_offload_together_are_refused_the_engine_runs_one_connector():
+    from jido.kvtransfer.factory import connector_name
+    config = EngineConfig.from_kwargs(kv_transfer_config={"kv_connector": "tcp"}, kv_offload={"cpu": "1GiB"})
+    with pytest.raises(ValueError, match="set one of them"):
+        connector_name(config)
 
 
 def test_json_configs_are_read_from_text_or_dicts():

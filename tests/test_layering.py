@@ -17,7 +17,7 @@ LAYERS: dict[str, int] = {
     "jido.models": 2, "jido.layers": 2, "jido.attention": 2, "jido.sampling": 2, "jido.parallel": 2,
     "jido.runner": 3, "jido.offload": 3, "jido.kvtransfer": 3,
     "jido.executor": 4, "jido.engine": 4,
-    "jido.server": 5, "jido.bench": 5, "jido.tools": 5, "jido.cli": 5,
+    "jido.server": 5, "jido.router": 5, "jido.bench": 5, "jido.tools": 5, "jido.cli": 5,
     "jido": 5,
 }
 # Imports between two different entries of the same layer that are seams of the design, as
@@ -32,6 +32,7 @@ ALLOWED_SAME_LAYER: set[tuple[str, str]] = {
     ("jido.kvtransfer", "jido.offload"),  # the offload connector keeps blocks in the offload stores
     ("jido.cli", "jido.server"),  # the `jido` command: serve,
     ("jido.cli", "jido.bench"),  # bench,
+    ("jido.cli", "jido.router"),  # router,
     ("jido.cli", "jido.tools"),  # roofline (delegates named by "module:function" strings)
 }
 # Packages that must stay free of heavy or transport dependencies whatever their layer allows.
@@ -39,6 +40,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "jido.core": ("torch", "fastapi", "uvicorn", "aiohttp", "httpx", "zmq", "redis", "requests"),
     "jido.planner": ("torch",),
     "jido.bench": ("torch", "jido.engine", "jido.core", "jido.models", "jido.runner", "jido.executor"),
+    # HTTP only: the router talks to instances, never runs an engine (KV formats: jido.kvtransfer.handoff)
+    "jido.router": ("torch", "zmq", "jido.engine", "jido.core", "jido.models", "jido.runner", "jido.executor",
+                    "jido.server", "jido.kvtransfer.disagg_worker", "jido.kvtransfer.endpoint"),
 }
 
 

@@ -45,6 +45,11 @@ class EngineConfig:
                 object.__setattr__(self, "kv_offload", KVOffloadConfig(cpu=DEFAULT_SWAP_SPACE))
             elif offload.cpu is None:
                 raise ValueError("preemption_mode='swap' swaps to kv_offload's cpu tier: add \"cpu\": SIZE to it")
+        # A KV hand-off names one engine's blocks and endpoint; replicas behind one server would each need
+        # their own, and the router already balances over separate servers.
+        if self.kv_transfer_config is not None and self.parallel_config.data_parallel_size > 1:
+            raise ValueError("kv_transfer_config takes one replica (data_parallel_size 1): run one jido serve per "
+                             "replica and put jido router in front of them")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

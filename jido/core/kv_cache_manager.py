@@ -77,9 +77,7 @@ class KVCacheManager:
 
     def reads_prefix_cache(self, request: Request) -> bool:
         """Whether the request may start from cached KV (device or external): not while it owes prompt logprobs."""
-        # NOTE: the runner takes a new request with outputs as one whose prompt logprobs were sent.
-        owes_prompt_logprobs = request.sampling_params.prompt_logprobs is not None and not request.output_token_ids
-        return self.enable_caching and not owes_prompt_logprobs
+        return self.enable_caching and not owes_prompt_logprobs(request)
 
     def _cached_run(self, path: list[Copies], group: int) -> BlockTable:
         """The group's cached block at each position of the matched path (None where it has none).
@@ -242,6 +240,22 @@ class KVCacheManager:
         for i in range(len(hashes), num_full):
             parent = hashes[i - 1] if i > 0 else None
             hashes.append(hash_block_tokens(parent, self._block_tokens(request, i)))
+
+
+def owes_prompt_logprobs(request: Request) -> bool:
+    """Whether the request still has to compute every prompt token to score it (so it may load no KV)."""
+    # NOTE: the runner takes a new request with outputs as one whose prompt logprobs were sent.
+    return request.sampling_params.prompt_logprobs is not None and not request.output_token_ids
+
+
+def positions_to_load(window: int | None, block_size: int, num_computed_tokens: int, num_tokens: int) -> range:
+    """The block positions of one group that KV for tokens ``num_computed_tokens..num_tokens - 1`` fills, when
+    the next query sits at ``num_tokens``: all of them in a full group; in a sliding group only those the
+    query can still see (the prefix-cache rule above). ``num_computed_tokens`` is a multiple of the block size."""
+    first = num_computed_tokens // block_size
+    if window is not None:
+        first = max(first, max(0, num_tokens - window + 1) // block_size)
+    return range(first, -(-num_tokens // block_size))
 
 
 def _run_lengths(blocks: BlockTable) -> list[int]:

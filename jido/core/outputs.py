@@ -105,6 +105,10 @@ class EngineCoreOutput:
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     prompt_logprobs: PromptLogprobsLists | None = None  # once, with the request's first output
+    # With the first output: when the request was first scheduled, and how long it waited for external KV.
+    first_scheduled_time: float | None = None
+    kv_load_s: float = 0.0
+    kv_transfer_params: Any = None  # with the last output: the connector's handle to the request's KV
 
 
 @dataclass

@@ -47,6 +47,7 @@ class _Add:
     arrival_time: float
     priority: int = 0
     pin: bool = False  # prefill the prompt and pin its KV blocks (LLMEngine.add_pin_request)
+    kv_transfer_params: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,8 @@ class AsyncEngine:
         return max(0, self.max_num_seqs - self.last_report.stats.num_running)
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    arrival_time: float | None = None, priority: int = 0, pin: bool = False) -> RequestStream:
+                    arrival_time: float | None = None, priority: int = 0, pin: bool = False,
+                    kv_transfer_params: dict | None = None) -> RequestStream:
         """Queue a request and return its stream.
 
         Raises EngineStoppedError while draining or after a failure, and EngineOverloadedError when
@@ -177,7 +179,7 @@ class AsyncEngine:
         self._streams[request_id] = stream
         self._num_submitted += params.n
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        self._inbox.put(_Add(request_id, prompt, params, arrival, priority, pin))
+        self._inbox.put(_Add(request_id, prompt, params, arrival, priority, pin, kv_transfer_params))
         return stream
 
     def _check_room(self, num_seqs: int) -> None:
@@ -252,8 +254,9 @@ class AsyncEngine:
     # -- engine thread ----------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            while self._take_commands(block=not self.engine.has_unfinished_requests()):
-                if self.engine.has_unfinished_requests():
+            # Held and loading KV keep the loop stepping: their ends arrive in the steps' reports.
+            while self._take_commands(block=not self.engine.has_engine_work()):
+                if self.engine.has_engine_work():
                     self._step()
                 else:
                     self._report([], None)  # idle: publish the state an abort just left
@@ -292,7 +295,7 @@ class AsyncEngine:
                 self.engine.add_pin_request(command.request_id, command.prompt, command.arrival_time)
             else:
                 self.engine.add_request(command.request_id, command.prompt, command.params, command.arrival_time,
-                                        command.priority)
+                                        command.priority, command.kv_transfer_params)
         except ValueError as exc:
             self._call(self._fail, command.request_id, exc)
 

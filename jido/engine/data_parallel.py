@@ -52,7 +52,8 @@ class DataParallelEngine:
             replica.start()
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    arrival_time: float | None = None, priority: int = 0, pin: bool = False) -> RequestStream:
+                    arrival_time: float | None = None, priority: int = 0, pin: bool = False,
+                    kv_transfer_params: dict | None = None) -> RequestStream:
         """Route the request to a replica and queue it there (see :meth:`AsyncEngine.add_request`).
 
         Raises:
@@ -64,7 +65,8 @@ class DataParallelEngine:
                              "serve one replica, or let the prefix cache and the router's affinity keep it")
         token_ids = prompt.token_ids if isinstance(prompt, ProcessedPrompt) else self.engine.prepare_prompt(prompt).token_ids
         replica = self.replicas[self.router.route(token_ids, self.loads())]
-        return replica.add_request(request_id, ProcessedPrompt(None, token_ids), params, arrival_time, priority)
+        return replica.add_request(request_id, ProcessedPrompt(None, token_ids), params, arrival_time, priority,
+                                   kv_transfer_params=kv_transfer_params)
 
     def check_health(self) -> None:
         for index, replica in enumerate(self.replicas):

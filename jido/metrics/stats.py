@@ -66,18 +66,56 @@ class IterationStats:
 
 def merge_scheduler_stats(stats: Sequence[SchedulerStats]) -> SchedulerStats:
     """Several replicas' stats as one engine's: counts and queues summed, KV usage averaged (the replicas' pools
-    are equal), each offload tier's records summed by tier, every replica's pinned prefixes listed."""
+    are equal), the connector's records (offload tiers, transfers) summed by what they name, every replica's
+    pinned prefixes listed."""
     summed = {f.name: sum(getattr(s, f.name) for s in stats) for f in dataclasses.fields(SchedulerStats)
               if f.name not in ("kv_connector", "pinned")}
     summed["kv_cache_usage"] /= max(len(stats), 1)
-    tiers: dict[str, list[KVTierStats]] = {}
+    groups: dict[tuple, list] = {}
     for record in (r for s in stats for r in s.kv_connector):
-        tiers.setdefault(record.tier, []).append(record)
-    merged_tiers = tuple(_merge_tier(records) for records in tiers.values())
-    return SchedulerStats(**summed, kv_connector=merged_tiers, pinned=tuple(p for s in stats for p in s.pinned))
+        groups.setdefault(_record_key(record), []).append(record)
+    merged = tuple(_merge_records(records) for records in groups.values())
+    return SchedulerStats(**summed, kv_connector=merged, pinned=tuple(p for s in stats for p in s.pinned))
 
 
-def _merge_tier(records: list[KVTierStats]) -> KVTierStats:
-    numbers = {f.name: sum(getattr(r, f.name) for r in records) for f in dataclasses.fields(KVTierStats)
-               if f.name not in ("tier", "enabled")}
-    return KVTierStats(records[0].tier, **numbers, enabled=all(r.enabled for r in records))
+def _record_key(record: object) -> tuple:
+    """A connector record's identity: its type and its text fields (a tier's name; a transfer's role, transport)."""
+    return (type(record), *(v for f in dataclasses.fields(record) if isinstance(v := getattr(record, f.name), str)))
+
+
+def _merge_records(records: list) -> object:
+    """Records of one identity as one: numbers summed, flags kept only if every replica's is set."""
+    values = {}
+    for f in dataclasses.fields(records[0]):
+        column = [getattr(r, f.name) for r in records]
+        if isinstance(column[0], bool):
+            values[f.name] = all(column)
+        elif isinstance(column[0], (int, float)):
+            values[f.name] = sum(column)
+        else:
+            values[f.name] = column[0]
+    return type(records[0])(**values)
+
+
+@dataclass(frozen=True)
+class KVTransferStats:
+    """KV moved between prefill and decode instances since the engine started (cumulative, one per engine).
+
+    ``sent_*`` count what this instance's KV endpoint handed out (pulls served, pushes acknowledged);
+    ``received_*`` the loads that filled this instance's blocks, ``failed`` the loads that fell back to a
+    local prefill; ``expired`` held hand-offs whose lease ran out before a consumer released them.
+    """
+
+    role: str
+    transport: str
+    sent: int = 0
+    sent_bytes: int = 0
+    sent_seconds: float = 0.0
+    received: int = 0
+    received_bytes: int = 0
+    received_tokens: int = 0
+    received_seconds: float = 0.0
+    failed: int = 0
+    expired: int = 0
+    push_refused: int = 0
+    held: int = 0  # hand-offs held now

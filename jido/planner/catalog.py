@@ -165,6 +165,21 @@ class Catalog:
         return replace(self, accelerators=accelerators)
 
 
+    def with_calibration(self, data: Mapping[str, Any]) -> Catalog:
+        """A copy with measured links and wire formats (``jido plan --calibrate FILE``) added to, or replacing,
+        the catalog's: ``{"links": {name: {gb_s, latency_us, same_node, source}}, "wire": {name: {ratio,
+        codec_gb_s, source}}}``, as ``benchmarks/disagg_transfer.py`` writes under ``calibration``."""
+        unknown = set(data) - {"links", "wire"}
+        if unknown:
+            raise CatalogError(f"calibration: unknown section(s) {sorted(unknown)}; known: links, wire")
+        try:
+            links = {**self.links, **{n: Link(name=n, **v) for n, v in data.get("links", {}).items()}}
+            wires = {**self.wire_formats, **{n: WireFormat(name=n, **v) for n, v in data.get("wire", {}).items()}}
+        except TypeError as exc:
+            raise CatalogError(f"calibration: malformed entry: {exc}") from exc
+        return replace(self, links=links, wire_formats=wires)
+
+
 def _lookup(table: Mapping[str, Any], name: str, what: str) -> Any:
     if name not in table:
         raise CatalogError(f"unknown {what} {name!r}; known: {', '.join(table)}")

@@ -73,8 +73,10 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                    help="with --explain: at least this TP degree (default: the smallest that fits)")
     p.add_argument("--calibrate", metavar="MEASURED.json",
-                   help="fit the accelerator's TP link to measured all-reduces (benchmarks/parallel_step.py "
-                        "--calibration-out) and keep it for later plans")
+                   help="measured figures, by what the file holds: all-reduces (benchmarks/parallel_step.py "
+                        "--calibration-out) fit the accelerator's TP link and are kept for later plans; links and "
+                        "wire formats (benchmarks/disagg_transfer.py) join the catalog for this plan (name them "
+                        "with --links and --wires)")
     p.add_argument("--calibration-file", default=str(CALIBRATION_PATH),
                    help="where calibrations are kept and read from (default %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -87,9 +89,17 @@ def _inputs(args: argparse.Namespace) -> PlanInputs:
     workload = load_workload(args.workload)
     catalog = load_catalog(args.catalog).with_prices(_prices(args.price))
     catalog = apply_calibration(catalog, read_calibration(Path(args.calibration_file)))
+    if args.calibrate:
+        measured = json.loads(Path(args.calibrate).read_text())
+        catalog = catalog.with_calibration(measured.get("calibration", measured))
     return PlanInputs(load_model(args.model), workload, Slo.parse(args.slo, workload.slo),
                       args.rate or workload.rate, catalog, layerwise=not args.whole_transfer,
                       min_tp=args.tensor_parallel_size)
+
+
+def _holds_all_reduces(measured_path: str) -> bool:
+    """Whether a --calibrate file is parallel_step.py's all-reduce samples (else: links and wire formats)."""
+    return "samples" in json.loads(Path(measured_path).read_text())
 
 
 def _calibrate(measured_path: str, calibration_path: Path) -> int:
@@ -106,7 +116,7 @@ def _calibrate(measured_path: str, calibration_path: Path) -> int:
 def plan_main(argv: list[str]) -> int:
     args = plan_parser().parse_args(argv)
     try:
-        if args.calibrate:
+        if args.calibrate and _holds_all_reduces(args.calibrate):
             return _calibrate(args.calibrate, Path(args.calibration_file))
         inputs = _inputs(args)
         settings = _from_flags(PlanSettings, args)

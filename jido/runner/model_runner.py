@@ -19,7 +19,7 @@ from jido.kvtransfer.layerwise import LayerwiseHooks
 from jido.layers.parameter import default_device_and_dtype
 from jido.layers.quantization import get_quantization_config, process_weights_after_loading
 from jido.models.config import ModelArchConfig
-from jido.models.loader import gguf_source, iter_quantized_weights, iter_weights, load_config
+from jido.models.loader import CODES_FILE, gguf_source, iter_quantized_weights, iter_weights, load_config
 from jido.models.registry import get_model_class
 from jido.parallel.state import ModelParallel, building_for, layer_range, local_kv_heads
 from jido.runner.input_batch import InputBatch
@@ -158,7 +158,8 @@ class ModelRunner:
         self.input_batch = InputBatch(self.config.scheduler_config.max_num_seqs, len(kv_cache_config.groups),
                                       self.block_size, arch.vocab_size, self.device)
         self.fingerprint = self._kv_fingerprint(kv_cache_config)
-        self.kv_connector = make_worker_connector(self.config, self.fingerprint, arch.num_layers, self.kv_cache_dtype)
+        fingerprints = {"kv": self.fingerprint, "model": self._model_fingerprint(kv_cache_config)}
+        self.kv_connector = make_worker_connector(self.config, fingerprints, arch.num_layers, self.kv_cache_dtype)
         if self.kv_connector is not None:
             self.kv_connector.register_kv_caches(self.kv_caches, kv_cache_config, self.attn_backend.block_token_dim)
             self.layer_hooks.connector = self.kv_connector
@@ -176,6 +177,19 @@ class ModelRunner:
         """A mixture-of-experts model's routed pairs per expert-parallel rank since the last call ([] if dense)."""
         take = getattr(self.model, "take_expert_load", None)
         return take() if take is not None else []
+
+    def _model_fingerprint(self, kv_cache_config: KVCacheConfig) -> str:
+        """What another engine must match to load this one's KV in its own dtype and layout: the model (config and
+        weight files), block size and layer groups; dtype, KV dtype, quantization and backend may differ."""
+        folder = self.model_folder
+        weights = [(p.name, p.stat().st_size) for p in sorted(folder.glob("*.safetensors")) if p.name != CODES_FILE]
+        return kv_fingerprint({"config": (folder / "config.json").read_text(encoding="utf-8"), "weights": weights,
+                               "block_size": self.block_size, "groups": [g.layer_ids for g in kv_cache_config.groups]})
+
+    def kv_connector_info(self) -> dict:
+        """The KV fingerprint and what the connector's worker half reports (its endpoint, its KV format)."""
+        info = self.kv_connector.info() if self.kv_connector is not None else {}
+        return {"fingerprint": self.fingerprint, **info}
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:

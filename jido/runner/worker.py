@@ -74,9 +74,10 @@ class Worker:
                 self.runner.busy_s = 0.0
         return stats
 
-    def kv_fingerprint(self) -> str:
-        """What names this worker's stored KV (model, dtype, layout, block size, groups), once the cache exists."""
-        return self.runner.fingerprint
+    def kv_connector_info(self) -> dict:
+        """Once the cache exists: the fingerprint naming this worker's stored KV (model, dtype, layout, block size,
+        groups) and what its KV connector's worker half reports (a KV endpoint's address and format)."""
+        return self.runner.kv_connector_info()
 
     def shutdown(self) -> None:
         """Stop the KV connector's background transfers, then leave the parallel groups."""

@@ -43,7 +43,7 @@ def create_app(llm: LLMEngine | Sequence[LLMEngine], config: ServerConfig,
     num_expert_ranks = (parallel.tensor_parallel_size if parallel.enable_expert_parallel else 1
                         ) if llm.model_arch.num_experts else 0
     metrics = ServerMetrics(model_name, llm.max_model_len, tuple(t.name for t in offload.tiers) if offload else (),
-                            llm.kv_block_bytes, num_expert_ranks)
+                            llm.kv_block_bytes, num_expert_ranks, llm.config.kv_transfer_config is not None)
     engine_class = AsyncEngine if len(replicas) == 1 else DataParallelEngine
     engine = engine_class(replicas[0] if len(replicas) == 1 else replicas, config.max_waiting_requests,
                           on_report=lambda report: metrics.on_report(report, engine.num_waiting),
@@ -91,6 +91,10 @@ def _add_routes(app: FastAPI, serving: OpenAIServing) -> None:
     @_get(app, "/v1/models")
     async def models() -> Response:
         return JSONResponse(serving.models())
+
+    @_get(app, "/kv_transfer")
+    async def kv_transfer() -> Response:
+        return JSONResponse(serving.kv_transfer())
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -23,7 +23,7 @@ REQUEST = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
 STEP = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TOKENS_600 = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0)
 # What the hand-written exporter exported before prometheus_client (captured from it with max_model_len=600),
-# plus what was added since (the prepare phase, the KV peak):
+# plus what was added since (the prepare phase, the KV peak, the prefill time):
 # family -> type, help, labels besides model_name with their values, histogram buckets.
 BEFORE = {
     "vllm:num_requests_running": ("gauge", "Sequences running in the engine.", {}, ()),
@@ -44,7 +44,10 @@ BEFORE = {
     "vllm:request_time_per_output_token_seconds": (
         "histogram", "Per request: (last token - first token) / (output tokens - 1).", {}, ITL),
     "vllm:e2e_request_latency_seconds": ("histogram", "Arrival to last token.", {}, REQUEST),
-    "vllm:request_queue_time_seconds": ("histogram", "Arrival to first scheduled.", {}, REQUEST),
+    "vllm:request_queue_time_seconds": ("histogram", "Arrival to first scheduled, less any wait for KV from another "
+                                        "instance.", {}, REQUEST),
+    "vllm:request_prefill_time_seconds": ("histogram", "First scheduled to first token, for requests that computed "
+                                          "their prompt here.", {}, TTFT),
     "vllm:request_prompt_tokens": ("histogram", "Prompt tokens per finished request.", {}, TOKENS_600),
     "vllm:request_generation_tokens": ("histogram", "Output tokens per finished request.", {}, TOKENS_600),
     "jido:step_time_seconds": ("histogram", "Engine step time by phase.",
