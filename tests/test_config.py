@@ -32,6 +32,16 @@ def test_an_unknown_keyword_names_the_accepted_ones():
     ({"speculative_config": {"method": "ngram", "k": 3}}, r"unknown key\(s\) \['k'\]"),
     ({"speculative_config": {"method": "ngram"}}, "missing 1 required positional argument: 'num_speculative_tokens'"),
     ({"speculative_config": {"method": "lookahead", "num_speculative_tokens": 2}}, "speculative method must be"),
+    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": "many"}},
+     "num_speculative_tokens must be a positive integer or 'auto', got 'many'"),
+    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 0}},
+     "num_speculative_tokens must be a positive integer, got 0"),
+    ({"speculative_config": {"method": "draft_model", "num_speculative_tokens": 2}},
+     "'draft_model' needs a 'model' .* or 'num_layers'"),
+    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "num_layers": 4}},
+     "num_layers makes the target's first layers the draft: it needs method 'draft_model' and no 'model'"),
+    ({"speculative_config": {"method": "medusa", "num_speculative_tokens": 2}},
+     "'medusa' needs a 'model': the folder `jido train-draft --method medusa` wrote"),
     ({"kv_transfer_config": {"kv_connector": "shm", "kv_role": "sender"}}, "kv_role must be one of"),
 ])
 def test_bad_values_are_refused_with_what_is_allowed(kwargs, message):

@@ -75,16 +75,21 @@ class ModelRunnerOutput:
     """Tokens sampled this step, for the requests whose known tokens are now all computed.
 
     A request may get several tokens in one step (accepted speculative tokens, multi-step decoding); the
-    scheduler checks stops on each in order and drops what follows a stop.
+    scheduler checks stops on each in order and drops what follows a stop. With speculative decoding the
+    runner also proposes each sampled request's next tokens (vLLM v1's flow): the scheduler keeps them on
+    the request and schedules them for verification in the next step.
     """
 
     sampled_token_ids: dict[str, list[int]]
     logprobs: dict[str, list[Logprobs]] = field(default_factory=dict)  # one per sampled token
     # For requests that asked, in the step that computed the end of their prompt.
     prompt_logprobs: dict[str, PromptLogprobsLists] = field(default_factory=dict)
+    # Speculative decoding: the tokens proposed to follow each request's new tokens, verified next step.
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
     prepare_time_s: float = 0.0
     model_time_s: float = 0.0
     sample_time_s: float = 0.0
+    propose_time_s: float = 0.0  # speculative decoding: the next step's proposals
 
 
 @dataclass
