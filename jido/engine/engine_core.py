@@ -92,9 +92,9 @@ class EngineCore:
     def __init__(self, config: EngineConfig, model_folder: Path, model_arch: ModelArchConfig,
                  executor_class: type[Executor] | None = None) -> None:
         self.config = config
-        if config.speculative_config is not None or config.kv_transfer_config is not None:
-            raise ValueError("speculative_config and kv_transfer_config are accepted by the configuration but "
-                             "this version of jido runs neither: leave them unset")
+        if config.kv_transfer_config is not None:
+            raise ValueError("kv_transfer_config is accepted by the configuration but this version of jido does "
+                             "not transfer KV: leave it unset")
         executor_class = executor_class or get_executor_class(config.parallel_config.distributed_executor_backend)
         self.executor = executor_class(config, model_folder)
         try:
@@ -107,8 +107,11 @@ class EngineCore:
         kv_manager = KVCacheManager(kv_config.num_blocks, kv_config.block_size,
                                     config.cache_config.enable_prefix_caching, windows)
         sched = config.scheduler_config
+        spec = config.speculative_config
+        # Room after each running request for the proposals the runner may hand back.
+        lookahead = 0 if spec is None else spec.max_num_speculative_tokens
         self.scheduler = Scheduler(SchedulerLimits(sched.max_num_seqs, sched.max_num_batched_tokens,
-                                                   self.kv_plan.max_model_len), kv_manager)
+                                                   self.kv_plan.max_model_len, lookahead), kv_manager)
 
     def _initialize_kv_cache(self, model_arch: ModelArchConfig) -> KVCachePlan:
         specs = self.executor.get_kv_cache_spec()
@@ -162,5 +165,5 @@ class EngineCore:
             schedule_s=scheduled - start, prepare_s=runner_output.prepare_time_s, model_s=runner_output.model_time_s,
             sample_s=runner_output.sample_time_s, update_s=time.perf_counter() - ran,
             num_tokens=scheduler_output.total_num_scheduled_tokens, queue_times_s=self.scheduler.take_queue_times(),
-            kv_cache_usage_peak=kv_cache_usage_peak)
+            kv_cache_usage_peak=kv_cache_usage_peak, propose_s=runner_output.propose_time_s)
         return EngineCoreOutputs(outputs, self.scheduler.stats(), stats)

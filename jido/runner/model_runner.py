@@ -18,8 +18,10 @@ from jido.layers.quantization import get_quantization_config, process_weights_af
 from jido.models.config import ModelArchConfig
 from jido.models.loader import gguf_source, iter_quantized_weights, iter_weights, load_config
 from jido.models.registry import get_model_class
-from jido.runner.input_batch import InputBatch
+from jido.runner.input_batch import InputBatch, ModelInputs
 from jido.runner.prompt_logprobs import PromptLogprobsCollector
+from jido.runner.spec_decode import ProposalStep, SpecDecoder, make_proposer
+from jido.sampling.rejection_sampler import VerifiedTokens
 from jido.sampling.sampler import Sampler
 from jido.utils.cpu import CpuInfo, cpu_info
 
@@ -88,6 +90,8 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.layer_groups: list[int] = []
         self.input_batch: InputBatch | None = None
+        spec = config.speculative_config
+        self.spec_decoder = None if spec is None else SpecDecoder(spec, self.sampler, make_proposer(spec))
 
     def _load_model(self) -> torch.nn.Module:
         start = time.perf_counter()
@@ -139,6 +143,8 @@ class ModelRunner:
         batch = self.input_batch
         batch.update(sched)
         self.prompt_logprobs.update(sched)
+        if self.spec_decoder is not None:
+            self.spec_decoder.update(sched)
         if sched.is_empty:
             return ModelRunnerOutput({})
         inputs = batch.prepare_inputs(sched)
@@ -150,10 +156,22 @@ class ModelRunner:
             return ModelRunnerOutput({}, prepare_time_s=start - begin, model_time_s=time.perf_counter() - start)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         model_done = time.perf_counter()
-        token_ids, logprobs = self.sampler.sample(logits, batch.sampling.metadata(inputs.sampled_rows.tolist()))
-        batch.append_sampled(inputs.sampled_rows, token_ids)
+        verified = self._sample(logits, inputs)
+        batch.append_sampled(inputs.sampled_rows, verified.token_ids)
+        sample_done = time.perf_counter()
+        spec_token_ids = {}
+        if self.spec_decoder is not None:
+            spec_token_ids = self.spec_decoder.propose(ProposalStep(sched, inputs, batch, hidden, verified,
+                                                                    self.spec_decoder.config.max_num_speculative_tokens))
+        req_ids = inputs.sampled_req_ids
         return ModelRunnerOutput(
-            {r: [t] for r, t in zip(inputs.sampled_req_ids, token_ids)},
-            {r: [lp] for r, lp in zip(inputs.sampled_req_ids, logprobs) if lp is not None}, prompt_logprobs,
-            prepare_time_s=start - begin, model_time_s=model_done - start,
-            sample_time_s=time.perf_counter() - model_done)
+            dict(zip(req_ids, verified.token_ids)), {r: lps for r, lps in zip(req_ids, verified.logprobs) if lps},
+            prompt_logprobs, spec_token_ids, prepare_time_s=start - begin, model_time_s=model_done - start,
+            sample_time_s=sample_done - model_done, propose_time_s=time.perf_counter() - sample_done)
+
+    def _sample(self, logits: torch.Tensor, inputs: ModelInputs) -> VerifiedTokens:
+        """Each sampled request's new tokens: one drawn by the sampler, or its verified proposals and one more."""
+        if self.spec_decoder is not None:
+            return self.spec_decoder.verify(logits, inputs, self.input_batch)
+        token_ids, logprobs = self.sampler.sample(logits, self.input_batch.sampling.metadata(inputs.sampled_rows.tolist()))
+        return VerifiedTokens([[t] for t in token_ids], [[] if lp is None else [lp] for lp in logprobs])

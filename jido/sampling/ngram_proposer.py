@@ -19,17 +19,20 @@ class NgramIndex:
         self._num_indexed = 0  # the n-grams ending at or before this position are in the index
 
     def propose(self, token_ids: np.ndarray, k: int) -> list[int]:
-        """Up to ``k`` tokens that followed the latest earlier match of the longest matching suffix of ``token_ids``.
+        """``k`` tokens that followed the latest earlier match of the longest matching suffix of ``token_ids``.
 
         ``token_ids`` is every known token of the request (prompt and output), the same sequence, grown
-        at the end, on every call.
+        at the end, on every call. A match that ends ``d`` tokens before the end says the sequence repeats
+        with period ``d`` from there: when fewer than ``k`` tokens follow it, the proposal goes on with the
+        period (``a b a b`` proposes ``a b a ...``). No match: no proposal.
         """
         num_tokens = len(token_ids)
         self._index(token_ids, num_tokens - 1)
         for n in range(min(self.max_n, num_tokens - 1), self.min_n - 1, -1):
             end = self._latest[n].get(tuple(token_ids[num_tokens - n:].tolist()))
             if end is not None:
-                return token_ids[end:end + k].tolist()
+                following = token_ids[end:end + k].tolist()
+                return [following[i % len(following)] for i in range(k)]
         return []
 
     def _index(self, token_ids: np.ndarray, upto: int) -> None:

@@ -27,7 +27,7 @@ _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 _REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                     240.0, 480.0, 960.0, 1920.0, 7680.0)
 _STEP_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-_PHASES = ("schedule", "prepare", "model", "sample", "update")
+_PHASES = ("schedule", "prepare", "model", "sample", "propose", "update")
 _FINISH_REASONS = tuple(status.value for status in RequestStatus if status.is_finished)  # stop, length, abort
 REJECT_REASONS = ("overload", "stopped")
 _live_dirs: set[str] = set()  # the directories that servers in this process made and still use
@@ -211,7 +211,7 @@ class ServerMetrics:
         if report.times is not None:
             times = report.times
             for phase, seconds in zip(_PHASES, (times.schedule_s, times.prepare_s, times.model_s, times.sample_s,
-                                                times.update_s)):
+                                                times.propose_s, times.update_s)):
                 self.step_time[phase].observe(seconds)
             self.step_tokens.observe(times.num_tokens)
 

@@ -80,7 +80,7 @@ def test_a_file_that_is_not_a_model_raises_value_error(tmp_path):
     ({"kv_cache_memory": "64KiB", "dtype": "float32"}, "65536 bytes hold no KV block: one block takes 98304 bytes"),
     ({"kv_cache_memory": "64KiB", "dtype": "bfloat16"},
      "'64KiB' of KV cache holds 1 blocks of 49152 bytes; even a 16-token request needs 6: raise kv_cache_memory"),
-    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "runs neither: leave them unset"),
+    ({"kv_transfer_config": {"kv_connector": "shm"}}, "does not transfer KV: leave it unset"),
 ])
 def test_bad_engine_config_raises(kwargs, message):
     with pytest.raises(ValueError, match=message):

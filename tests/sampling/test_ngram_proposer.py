@@ -9,14 +9,18 @@ from jido.sampling.ngram_proposer import NgramProposer
 
 
 def scan_from_scratch(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
-    """The rule stated plainly: longest n first, latest earlier occurrence, up to k tokens after it."""
+    """The rule stated plainly: longest n first, latest earlier occurrence, the k tokens after it, where the
+    sequence is taken to go on repeating from the match to the end."""
     for n in range(max_n, min_n - 1, -1):
         if len(tokens) <= n:
             continue
         suffix = tokens[-n:]
         for start in range(len(tokens) - n - 1, -1, -1):
             if tokens[start:start + n] == suffix:
-                return tokens[start + n:start + n + k]
+                extended = list(tokens)
+                while len(extended) < start + n + k:
+                    extended.append(extended[len(extended) - (len(tokens) - start - n)])
+                return extended[start + n:start + n + k]
     return []
 
 
@@ -25,10 +29,10 @@ def test_the_longest_suffix_with_an_earlier_occurrence_proposes_what_followed_it
     tokens = [1, 2, 3, 4, 1, 2, 3, 9, 9, 1, 2]
     # [9, 1, 2] never occurred before; [1, 2] did, last at 4..5, followed by 3, 9, 9.
     assert proposer.propose("a", np.array(tokens), 3) == [3, 9, 9]
-    # Grown by one token, the suffix [1, 2, 3] matches at 4..6: what followed it, up to the end.
-    assert proposer.propose("a", np.array(tokens + [3]), 5) == [9, 9, 1, 2, 3]
+    # Grown by one token, the suffix [1, 2, 3] matches at 4..6: what followed it to the end, then repeating.
+    assert proposer.propose("a", np.array(tokens + [3]), 7) == [9, 9, 1, 2, 3, 9, 9]
     assert proposer.propose("b", np.array([5, 6, 7]), 3) == []  # no n-gram repeats
-    assert proposer.propose("c", np.array([5, 5]), 3) == [5]  # the suffix itself is no earlier occurrence
+    assert proposer.propose("c", np.array([5, 5]), 3) == [5, 5, 5]  # the suffix itself is no earlier occurrence
 
 
 def test_proposals_kept_incrementally_equal_a_scan_from_scratch():

@@ -48,7 +48,7 @@ BEFORE = {
     "vllm:request_prompt_tokens": ("histogram", "Prompt tokens per finished request.", {}, TOKENS_600),
     "vllm:request_generation_tokens": ("histogram", "Output tokens per finished request.", {}, TOKENS_600),
     "jido:step_time_seconds": ("histogram", "Engine step time by phase.",
-                               {"phase": ("model", "prepare", "sample", "schedule", "update")}, STEP),
+                               {"phase": ("model", "prepare", "propose", "sample", "schedule", "update")}, STEP),
     "jido:step_tokens": ("histogram", "Tokens computed per engine step.", {}, TOKENS_600),
     "jido:requests_rejected": ("counter", "Requests refused before reaching the engine, by reason.",
                                {"reason": ("overload", "stopped")}, ()),
@@ -116,7 +116,7 @@ def test_every_series_is_exported_at_zero_before_any_request(metrics):
     assert parsed.total("vllm:time_to_first_token_seconds_count") == 0
     assert parsed.total("jido:step_time_seconds_count") == 0
     assert {labels["phase"] for labels, _ in parsed.samples["jido:step_time_seconds_count"]} == {
-        "schedule", "prepare", "model", "sample", "update"}
+        "schedule", "prepare", "model", "sample", "propose", "update"}
 
 
 def test_recorded_values_read_back_through_the_exposition(metrics):

@@ -37,3 +37,27 @@ def uniformity_p_value(values: torch.Tensor, num_bins: int = 20) -> float:
     bins = (values.double() * num_bins).long().clamp(0, num_bins - 1)
     counts = torch.bincount(bins, minlength=num_bins)
     return chi_square_p_value(counts, torch.full((num_bins,), 1 / num_bins, dtype=torch.float64))
+
+
+def randomized_pit(probs: torch.Tensor, token_ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """The randomized probability integral transform of each token under its row's distribution: uniform on [0, 1)
+    exactly when the tokens were drawn from those distributions.
+
+    ``probs`` [N, vocab] (rows summing to 1), ``token_ids`` [N]. Tokens are ordered by descending probability,
+    so a sampler that favours likely tokens (or unlikely ones) pushes the values towards 0 (or 1).
+    """
+    order = probs.argsort(dim=-1, descending=True, stable=True)
+    sorted_probs = probs.gather(1, order)
+    rank = (order == token_ids[:, None]).int().argmax(dim=-1)
+    below = (sorted_probs.cumsum(-1) - sorted_probs).gather(1, rank[:, None]).flatten()
+    mass = sorted_probs.gather(1, rank[:, None]).flatten()
+    return below + torch.rand(len(token_ids), generator=generator, dtype=probs.dtype) * mass
+
+
+def nucleus_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """softmax(logits / temperature) over each row's top-p nucleus, renormalised ([N, vocab], in logits' dtype)."""
+    probs = torch.softmax(logits / temperature, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    drop = (sorted_probs.cumsum(-1) - sorted_probs >= top_p) & (top_p < 1)
+    probs = probs.scatter(1, order, sorted_probs.masked_fill(drop, 0.0))
+    return probs / probs.sum(-1, keepdim=True)

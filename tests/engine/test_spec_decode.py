@@ -1,0 +1,99 @@
+"""Speculative decoding gives the tokens the target alone gives: greedy identical, seeded identical, same distribution.
+
+The n-gram proposer is deterministic, so verification draws at each position exactly what a step without
+speculation draws there: greedy and seeded requests must get the very tokens of the plain run (up to a
+near-tie that verifying several positions at once rounds the other way), while the scheduler's bookkeeping
+(lookahead slots, rolled-back proposals, stops inside an accepted run) is exercised by every step.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from near_tie import assert_same_until_a_near_tie
+from tiny_model_folder import write_tiny_model_folder
+
+from jido import LLM, SamplingParams
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+NAMES = ["capital", "story", "korean", "code", "long_argparse", "long_textwrap"]
+# Verifying K + 1 positions multiplies K + 1 rows of activations at once, which rounds in another order than
+# one row (the streaming kernel keeps fewer partial sums per row; measured: about 1e-5 per linear layer on
+# Gemma 3 270M's shapes). A greedy choice may differ only where the top two logits are that close.
+VERIFY_NOISE_LOGIT_GAP = 0.02
+
+
+@pytest.fixture(scope="module")
+def spec_llm() -> LLM:
+    return LLM(kv_cache_memory="160MiB", dtype="float32", speculative_config=NGRAM)
+
+
+def test_greedy_outputs_with_ngram_speculation_equal_the_plain_runs_on_every_fixture_prompt(llm, spec_llm,
+                                                                                           gemma_reference):
+    gens = [next(g for g in gemma_reference["generations"] if g["name"] == name) for name in NAMES]
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    prompts = [g["prompt_ids"] for g in gens]
+    before = spec_llm.llm_engine.get_scheduler_stats().spec_decoding
+    plain = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    spec = [o.outputs[0].token_ids for o in spec_llm.generate(prompts, params, use_tqdm=False)]
+    for name, gen, ours, theirs in zip(NAMES, gens, spec, plain):
+        # The plain run is the reference; the fixture's gaps are transformers' top-2 gaps along it.
+        assert_same_until_a_near_tie(name, ours, {**gen, "output_ids": theirs}, VERIFY_NOISE_LOGIT_GAP)
+    stats = spec_llm.llm_engine.get_scheduler_stats().spec_decoding
+    assert stats.num_accepted_tokens - before.num_accepted_tokens > 20  # the proposals did carry tokens
+
+
+# -- a tiny random model: cheap steps, and the same exactness -----------------------------------------------
+PEAKED = {"weight_scale": 0.2, "final_logit_softcapping": 7.0}  # repeats itself: proposals often hold
+
+
+@pytest.fixture(scope="module")
+def peaked_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model_folder(tmp_path_factory.mktemp("peaked-gemma3"), **PEAKED)
+
+
+def _generate(llm: LLM, prompts: list[str], params: list[SamplingParams] | SamplingParams) -> list[tuple]:
+    return [(c.token_ids, c.text, c.finish_reason, c.stop_reason, c.logprobs)
+            for o in llm.generate(prompts, params, use_tqdm=False) for c in o.outputs]
+
+
+def test_chunked_prefill_prefix_hits_preemption_and_stops_inside_accepted_runs_keep_the_plain_greedy_outputs(
+        tiny_model_folder):
+    # 40 KiB of cache (20 blocks) for six requests forces preemptions; 16 tokens per step chunks every prompt.
+    settings = dict(model=str(tiny_model_folder), dtype="float32", kv_cache_memory="40KiB",
+                    max_num_batched_tokens=16)
+    long = " ".join(f"w{5 + (i * 7) % 40}" for i in range(40))
+    prompts = ["w5 w9 w17 w5 w9 w17 w5 w9", long, long, "w60 w61 w62 w60 w61", "w3", long + " w9 w9"]
+    params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=25, logprobs=2),
+              SamplingParams(temperature=0, max_tokens=30, stop=["w32 w32 w32"]),  # inside an accepted run
+              SamplingParams(temperature=0, max_tokens=9),
+              SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, n=2),
+              SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop_token_ids=[9], min_tokens=3)]
+    plain = _generate(LLM(**settings), prompts, params)
+    spec_llm = LLM(**settings, speculative_config=NGRAM)
+    spec = _generate(spec_llm, prompts, params)
+    for ours, theirs in zip(spec, plain):
+        assert ours[:4] == theirs[:4]
+        assert [lp.sampled_token_id for lp in ours[4] or []] == [lp.sampled_token_id for lp in theirs[4] or []]
+        for a, b in zip(ours[4] or [], theirs[4] or []):  # the target's logprobs, as without speculation
+            assert a.sampled_logprob == pytest.approx(b.sampled_logprob, abs=1e-4) and a.top_token_ids == b.top_token_ids
+    stats = spec_llm.llm_engine.get_scheduler_stats()
+    assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
+    assert stats.spec_decoding.num_accepted_tokens > 40
+    assert {r[2] for r in spec} == {"length", "stop"} and any(r[3] == "w32 w32 w32" for r in spec)
+
+
+def test_seeded_sampling_with_speculation_gives_the_plain_runs_tokens_batched_or_not(peaked_folder):
+    settings = dict(model=str(peaked_folder), dtype="float32")
+    prompts = ["w5 w9 w17 w5 w9 w17 w5 w9", "w40 w83 w83 w83", "w7 w8 w7 w8 w7"]
+    params = [SamplingParams(temperature=0.8, seed=1, max_tokens=24, ignore_eos=True),
+              SamplingParams(temperature=0.7, top_p=0.9, top_k=20, seed=2, max_tokens=24, ignore_eos=True),
+              SamplingParams(temperature=1.0, min_p=0.05, seed=3, max_tokens=24, ignore_eos=True,
+                             frequency_penalty=0.5, presence_penalty=0.3, repetition_penalty=1.2)]
+    plain = _generate(LLM(**settings), prompts, params)
+    spec_llm = LLM(**settings, speculative_config=NGRAM)
+    batched = _generate(spec_llm, prompts, params)
+    alone = [_generate(spec_llm, [p], q)[0] for p, q in zip(prompts, params)]
+    assert [r[0] for r in batched] == [r[0] for r in alone] == [r[0] for r in plain]
+    assert spec_llm.llm_engine.get_scheduler_stats().spec_decoding.num_accepted_tokens > 10
