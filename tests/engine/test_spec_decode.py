@@ -7,11 +7,15 @@ near-tie that verifying several positions at once rounds the other way), while t
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
+from distribution_checks import MIN_P_VALUE, nucleus_probs, randomized_pit, uniformity_p_value
 from near_tie import assert_same_until_a_near_tie
-from tiny_model_folder import write_tiny_model_folder
+from tiny_model_folder import BOS_ID, write_tiny_model_folder
+from transformers import AutoModelForCausalLM
 
 from jido import LLM, SamplingParams
 
@@ -97,3 +101,39 @@ def test_seeded_sampling_with_speculation_gives_the_plain_runs_tokens_batched_or
     alone = [_generate(spec_llm, [p], q)[0] for p, q in zip(prompts, params)]
     assert [r[0] for r in batched] == [r[0] for r in alone] == [r[0] for r in plain]
     assert spec_llm.llm_engine.get_scheduler_stats().spec_decoding.num_accepted_tokens > 10
+
+
+STATISTICAL = {"temperature 0.7": SamplingParams(temperature=0.7), "top-p 0.9": SamplingParams(temperature=0.7, top_p=0.9),
+               "penalties": SamplingParams(temperature=0.7, frequency_penalty=0.4, presence_penalty=0.2)}
+NUM_SAMPLES, NUM_POSITIONS = 1200, 6
+
+
+def _reference_probs(folder: Path, sequences: torch.Tensor, num_prompt: int, params: SamplingParams) -> torch.Tensor:
+    """transformers' float64 distribution at each generated position, shaped by ``params``: [N, T, vocab]."""
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64, attn_implementation="eager").eval()
+    with torch.no_grad():
+        logits = model(sequences).logits[:, num_prompt - 1:-1]
+    outputs = sequences[:, num_prompt:]
+    # Frequency and presence penalties count the output tokens before each position.
+    counts = torch.zeros(*outputs.shape, logits.shape[-1], dtype=torch.float64)
+    counts[:, 1:].scatter_add_(2, outputs[:, :-1, None], torch.ones(*outputs[:, :-1].shape, 1, dtype=torch.float64))
+    counts = counts.cumsum(dim=1)
+    logits = logits - params.frequency_penalty * counts - params.presence_penalty * (counts > 0)
+    return nucleus_probs(logits.flatten(0, 1), params.temperature, params.top_p).view_as(logits)
+
+
+@pytest.mark.parametrize("name", STATISTICAL)
+def test_every_generated_position_follows_the_models_distribution_with_speculation(peaked_folder, name):
+    params = dataclasses.replace(STATISTICAL[name], max_tokens=NUM_POSITIONS, ignore_eos=True)
+    llm = LLM(model=str(peaked_folder), dtype="float32", max_num_seqs=512, speculative_config=NGRAM)
+    prompt = [BOS_ID, 9, 17, 9, 17, 9, 17, 9]
+    outputs = llm.generate([prompt] * NUM_SAMPLES, params, use_tqdm=False)
+    sequences = torch.tensor([prompt + o.outputs[0].token_ids for o in outputs])
+    probs = _reference_probs(peaked_folder, sequences, len(prompt), params)
+    generator = torch.Generator().manual_seed(0)
+    for position in range(NUM_POSITIONS):
+        pit = randomized_pit(probs[:, position], sequences[:, len(prompt) + position], generator)
+        assert uniformity_p_value(pit) > MIN_P_VALUE, position
+    # Proposals held at every depth, so each position was emitted both ways: verified and replaced.
+    per_pos = llm.llm_engine.get_scheduler_stats().spec_decoding.num_accepted_tokens_per_pos
+    assert len(per_pos) == NGRAM["num_speculative_tokens"] and min(per_pos) > 20, per_pos
