@@ -7,7 +7,7 @@ from typing import Literal, get_args
 
 from jido.config import check_positive_int
 
-DatasetName = Literal["random", "conversation", "shared-prefix", "long-doc-qa", "jsonl"]
+DatasetName = Literal["random", "conversation", "shared-prefix", "long-doc-qa", "rewrite", "jsonl"]
 DATASETS: tuple[str, ...] = get_args(DatasetName)
 SLO_KEYS = ("ttft", "tpot", "e2el")
 

@@ -1,4 +1,4 @@
-"""What the server says about the run through vLLM-style /metrics: queue time, KV usage, prefix hits."""
+"""What the server says about the run through vLLM-style /metrics: queue time, KV usage, prefix hits, speculation."""
 from __future__ import annotations
 
 import asyncio
@@ -19,6 +19,8 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 # that is allocated and freed within one step (a long prompt with one output token).
 KV_USAGE_PEAK = "jido:kv_cache_usage_perc_max"
 WAITING, RUNNING = "vllm:num_requests_waiting", "vllm:num_requests_running"
+SPEC_DRAFTS, SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens"
+SPEC_ACCEPTED, SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
 async def scrape(session: aiohttp.ClientSession, url: str) -> Metrics | None:
@@ -68,6 +70,7 @@ def run_metrics(before: Metrics | None, after: Metrics | None, samples: list[Met
     hits, queries = _delta(before, after, PREFIX_HITS), _delta(before, after, PREFIX_QUERIES)
     result["server_prefix_cache_hit_rate"] = hits / queries if hits is not None and queries else None
     result["server_num_preemptions"] = _delta(before, after, PREEMPTIONS)
+    result.update(spec_decode_metrics(before, after))
     for key, names in (("kv_cache_usage", KV_USAGE), ("num_requests_waiting", (WAITING,)),
                        ("num_requests_running", (RUNNING,))):
         values = [v for v in (_gauge(m, names) for m in [*samples, after]) if v is not None]
@@ -78,6 +81,38 @@ def run_metrics(before: Metrics | None, after: Metrics | None, samples: list[Met
         result["server_max_kv_cache_usage"] = max(peaks)
     result["server_max_kv_cache_usage_source"] = KV_USAGE_PEAK if peaks else "sampled every second"
     return result
+
+
+def spec_decode_metrics(before: Metrics, after: Metrics) -> dict[str, Any]:
+    """Speculative decoding over the run, from vLLM's counters; nothing when the server does not speculate.
+
+    Mean acceptance length is vLLM's: tokens a request gains per verifying step, 1 + accepted / drafts.
+    """
+    drafts = _delta(before, after, SPEC_DRAFTS)
+    if drafts is None:
+        return {}
+    draft_tokens, accepted = _delta(before, after, SPEC_DRAFT_TOKENS), _delta(before, after, SPEC_ACCEPTED)
+    per_pos = _by_label(after, SPEC_ACCEPTED_PER_POS, "position")
+    start = _by_label(before, SPEC_ACCEPTED_PER_POS, "position")
+    positions = sorted(per_pos, key=int)
+    return {
+        "server_spec_decode_num_drafts": drafts,
+        "server_spec_decode_num_draft_tokens": draft_tokens,
+        "server_spec_decode_num_accepted_tokens": accepted,
+        "server_spec_decode_acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+        "server_spec_decode_mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "server_spec_decode_acceptance_rate_per_pos": [
+            (per_pos[p] - start.get(p, 0.0)) / drafts if drafts else None for p in positions],
+    }
+
+
+def _by_label(metrics: Metrics, name: str, label: str) -> dict[str, float]:
+    """A counter family's values by one label (summed over the others)."""
+    values: dict[str, float] = {}
+    for candidate in (name, f"{name}_total"):
+        for labels, value in metrics.samples.get(candidate, []):
+            values[labels[label]] = values.get(labels[label], 0.0) + value
+    return values
 
 
 def _delta(before: Metrics, after: Metrics, name: str) -> float | None:

@@ -30,7 +30,8 @@ def create_app(llm: LLMEngine, config: ServerConfig) -> FastAPI:
     """
     model_name = config.model_name(llm.config.model_config.model)
     template = load_chat_template(llm.tokenizer, config.chat_template)
-    metrics = ServerMetrics(model_name, llm.max_model_len)
+    spec = llm.config.speculative_config
+    metrics = ServerMetrics(model_name, llm.max_model_len, 0 if spec is None else spec.max_num_speculative_tokens)
     engine = AsyncEngine(llm, config.max_waiting_requests,
                          on_report=lambda report: metrics.on_report(report, engine.num_waiting))
     serving = OpenAIServing(engine, model_name, template, metrics)

@@ -5,7 +5,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -16,6 +16,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from jido.core.request import RequestStatus
 from jido.engine.async_engine import StepReport
 from jido.engine.outputs import RequestOutput
+from jido.metrics.stats import SpecDecodingStats
 
 logger = logging.getLogger("jido")
 
@@ -102,11 +103,13 @@ class ServerMetrics:
     All series exist from the start, at zero, so dashboards and alerts see a value before the first request.
     """
 
-    def __init__(self, model_name: str, max_model_len: int) -> None:
+    def __init__(self, model_name: str, max_model_len: int, num_speculative_tokens: int = 0) -> None:
         self.dir = MultiprocDir()
         self._registry = CollectorRegistry()
         MultiProcessCollector(self._registry, path=self.dir.path)
         self._engine_totals: dict[str, int] = {}
+        self._spec_totals = SpecDecodingStats()
+        self.num_speculative_tokens = num_speculative_tokens
         self._kv_usage_value = self._kv_peak_value = 0.0  # this process's, for the peak between scrapes
         self._closed = False
         with _values_in_files() as value_class:
@@ -166,6 +169,20 @@ class ServerMetrics:
         self.rejected = counters("jido:requests_rejected", "Requests refused before reaching the engine, by reason.",
                                  "reason", REJECT_REASONS)
         self.aborted = counter("jido:requests_aborted", "Requests abandoned before finishing (client gone).")
+        if self.num_speculative_tokens:
+            self._make_spec_metrics(counter, counters)
+
+    def _make_spec_metrics(self, counter: Callable[[str, str], Counter],
+                           counters: Callable[[str, str, str, tuple[str, ...]], dict[str, Counter]]) -> None:
+        """vLLM's speculative decoding counters, exported when the engine speculates."""
+        self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Requests' proposals verified (one per request "
+                                   "and step).")
+        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Proposed tokens verified.")
+        self.spec_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens", "Proposed tokens accepted.")
+        positions = tuple(str(i) for i in range(self.num_speculative_tokens))
+        self.spec_accepted_per_pos = counters("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                              "Accepted proposals by position in their draft (0: the first).",
+                                              "position", positions)
 
     def render(self) -> bytes:
         """The Prometheus text exposition (format 0.0.4), merged over the processes' files; resets the KV peak.
@@ -206,6 +223,8 @@ class ServerMetrics:
             if total > self._engine_totals.get(key, 0):
                 child.inc(total - self._engine_totals.get(key, 0))
                 self._engine_totals[key] = total
+        if self.num_speculative_tokens:
+            self._advance_spec(stats.spec_decoding)
         for seconds in report.queue_times_s:
             self.queue_time.observe(seconds)
         if report.times is not None:
@@ -214,6 +233,19 @@ class ServerMetrics:
                                                 times.propose_s, times.update_s)):
                 self.step_time[phase].observe(seconds)
             self.step_tokens.observe(times.num_tokens)
+
+    def _advance_spec(self, totals: SpecDecodingStats) -> None:
+        """The scheduler's speculative decoding totals, as counter increments since the last report."""
+        last = self._spec_totals
+        if totals.num_drafts <= last.num_drafts:
+            return
+        self.spec_drafts.inc(totals.num_drafts - last.num_drafts)
+        self.spec_draft_tokens.inc(totals.num_draft_tokens - last.num_draft_tokens)
+        self.spec_accepted_tokens.inc(totals.num_accepted_tokens - last.num_accepted_tokens)
+        before = last.num_accepted_tokens_per_pos
+        for pos, total in enumerate(totals.num_accepted_tokens_per_pos[:self.num_speculative_tokens]):
+            self.spec_accepted_per_pos[str(pos)].inc(total - (before[pos] if pos < len(before) else 0))
+        self._spec_totals = totals
 
     def on_output(self, timer: RequestTimer, output: RequestOutput) -> None:
         """A request's new cumulative output: token timings, and totals once it finished."""
