@@ -138,7 +138,9 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         x = self.embed(input_ids)
         ropes = [rope(positions, attn_metadata.max_seq_len) for rope in self.ropes]
-        for layer, rope_idx, kv_cache, metadata in zip(self.layers, self.layer_rope_idx, kv_caches,
+        # As many layers as caches were given: fewer run only the first ones (a layer-truncated self-draft).
+        layers = self.layers[:len(kv_caches)]
+        for layer, rope_idx, kv_cache, metadata in zip(layers, self.layer_rope_idx, kv_caches,
                                                        attn_metadata.per_layer):
             x = layer(x, ropes[rope_idx], kv_cache, metadata)
         return self.norm(x)
@@ -184,7 +186,9 @@ class LlamaForCausalLM(nn.Module):
         """Run a flat batch ``[num_tokens]`` (token ids and positions); returns hidden states ``[num_tokens, hidden]``.
 
         ``kv_caches[i]`` and ``attn_metadata.per_layer[i]`` are layer ``i``'s cache tensor and backend
-        metadata; the backend writes this step's K/V into the cache in its own layout.
+        metadata; the backend writes this step's K/V into the cache in its own layout. Given caches for
+        only the first ``n`` layers, only those run (then the final norm): the target's early exit, which a
+        layer-truncated self-draft proposes with.
         """
         return self.model(input_ids, positions, kv_caches, attn_metadata)
 

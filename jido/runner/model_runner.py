@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from jido.attention.backend import build_step_metadata
+from jido.attention.backend import AttentionBackend, build_step_metadata
 from jido.attention.kv_quant import SCALE_BYTES, is_quantized, resolve_kv_cache_dtype
 from jido.attention.registry import default_attention_backend, get_attention_backend
 from jido.config import EngineConfig
@@ -20,7 +20,7 @@ from jido.models.loader import gguf_source, iter_quantized_weights, iter_weights
 from jido.models.registry import get_model_class
 from jido.runner.input_batch import InputBatch, ModelInputs
 from jido.runner.prompt_logprobs import PromptLogprobsCollector
-from jido.runner.spec_decode import ProposalStep, SpecDecoder, make_proposer
+from jido.runner.spec_decode import ProposalStep, ProposerContext, SpecDecoder, make_proposer
 from jido.sampling.rejection_sampler import VerifiedTokens
 from jido.sampling.sampler import Sampler
 from jido.utils.cpu import CpuInfo, cpu_info
@@ -66,6 +66,36 @@ def resolve_quantization(quantization: str | None, device: torch.device, from_gg
     return "gguf" if from_gguf and device.type == "cpu" else "none"
 
 
+def layer_kv_specs(arch: ModelArchConfig, block_size: int, kv_cache_dtype: torch.dtype) -> dict[int, KVCacheSpec]:
+    """Each attention layer's KV spec by layer index: full context, or a sliding window."""
+    sizes = dict(dtype_bytes=kv_cache_dtype.itemsize, scale_bytes=SCALE_BYTES if is_quantized(kv_cache_dtype) else 0)
+    specs: dict[int, KVCacheSpec] = {}
+    for layer_id, window in enumerate(arch.sliding_windows):
+        if window is None:
+            specs[layer_id] = FullAttentionSpec(block_size, arch.num_kv_heads, arch.head_dim, **sizes)
+        else:
+            specs[layer_id] = SlidingWindowSpec(block_size, arch.num_kv_heads, arch.head_dim, **sizes,
+                                                sliding_window=window)
+    return specs
+
+
+def load_model(folder: Path, arch: ModelArchConfig, attn_backend: AttentionBackend, device: torch.device,
+               dtype: torch.dtype, quantization: str, quantization_group_size: int | None) -> torch.nn.Module:
+    """A model built on ``device`` in ``dtype`` from its checkpoint folder, weights processed, in eval mode."""
+    start = time.perf_counter()
+    model_class = get_model_class(arch.architecture)
+    quant_config = get_quantization_config(quantization, quantization_group_size)
+    # Built on its device in its dtype: no float32 (or CPU) copy of the whole model is ever made.
+    with default_device_and_dtype(device, dtype):
+        model = model_class(arch, attn_backend, quant_config)
+    model.load_weights(iter_quantized_weights(folder) if quantization == "gguf" else iter_weights(folder))
+    process_weights_after_loading(model)
+    model.eval()
+    logger.info("loaded %s (%s, %s, quantization %s) in %.1f s", folder.name, device, dtype, quantization,
+                time.perf_counter() - start)
+    return model
+
+
 class ModelRunner:
     """Loads a model onto one device and executes :class:`SchedulerOutput` steps on it."""
 
@@ -91,35 +121,23 @@ class ModelRunner:
         self.layer_groups: list[int] = []
         self.input_batch: InputBatch | None = None
         spec = config.speculative_config
-        self.spec_decoder = None if spec is None else SpecDecoder(spec, self.sampler, make_proposer(spec))
+        self.spec_decoder = None
+        if spec is not None:
+            context = ProposerContext(self.model, self.model_arch, self.attn_backend, self.device, self.dtype,
+                                      self.kv_cache_dtype, self.block_size, self.sampler,
+                                      config.model_config.quantization_group_size)
+            self.spec_decoder = SpecDecoder(spec, self.sampler, make_proposer(spec, context))
 
     def _load_model(self) -> torch.nn.Module:
-        start = time.perf_counter()
-        model_class = get_model_class(self.model_arch.architecture)
-        quant_config = get_quantization_config(self.quantization, self.config.model_config.quantization_group_size)
-        # Built on its device in its dtype: no float32 (or CPU) copy of the whole model is ever made.
-        with default_device_and_dtype(self.device, self.dtype):
-            model = model_class(self.model_arch, self.attn_backend, quant_config)
-        gguf_native = self.quantization == "gguf"
-        model.load_weights(iter_quantized_weights(self.model_folder) if gguf_native else iter_weights(self.model_folder))
-        process_weights_after_loading(model)
-        model.eval()
-        logger.info("loaded %s (%s, %s, quantization %s) in %.1f s", self.model_folder.name, self.device, self.dtype,
-                    self.quantization, time.perf_counter() - start)
-        return model
+        return load_model(self.model_folder, self.model_arch, self.attn_backend, self.device, self.dtype,
+                          self.quantization, self.config.model_config.quantization_group_size)
 
     def get_kv_cache_spec(self) -> dict[int, KVCacheSpec]:
-        """What each attention layer keeps per token: full context, or a sliding window."""
-        arch = self.model_arch
-        sizes = dict(dtype_bytes=self.kv_cache_dtype.itemsize,
-                     scale_bytes=SCALE_BYTES if is_quantized(self.kv_cache_dtype) else 0)
-        specs: dict[int, KVCacheSpec] = {}
-        for layer_id, window in enumerate(arch.sliding_windows):
-            if window is None:
-                specs[layer_id] = FullAttentionSpec(self.block_size, arch.num_kv_heads, arch.head_dim, **sizes)
-            else:
-                specs[layer_id] = SlidingWindowSpec(self.block_size, arch.num_kv_heads, arch.head_dim, **sizes,
-                                                    sliding_window=window)
+        """What each attention layer keeps per token (full context, or a sliding window); a draft model's
+        layers follow the target's."""
+        specs = layer_kv_specs(self.model_arch, self.block_size, self.kv_cache_dtype)
+        if self.spec_decoder is not None:
+            specs.update(self.spec_decoder.kv_cache_spec(len(specs)))
         return specs
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
@@ -134,6 +152,8 @@ class ModelRunner:
         layers = range(arch.num_layers)
         self.kv_caches = [tensors[kv_cache_config.tensor_index(i)] for i in layers]
         self.layer_groups = [kv_cache_config.group_index(i) for i in layers]
+        if self.spec_decoder is not None:
+            self.spec_decoder.bind_kv_cache(kv_cache_config, tensors, self.kv_caches, self.layer_groups)
         self.input_batch = InputBatch(self.config.scheduler_config.max_num_seqs, len(kv_cache_config.groups),
                                       self.block_size, arch.vocab_size, self.device)
 
@@ -152,15 +172,16 @@ class ModelRunner:
         start = time.perf_counter()
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn_metadata)
         prompt_logprobs = self.prompt_logprobs.collect(sched, hidden)  # only ever due in a sampling step
-        if not inputs.sampled_req_ids:  # only prefill chunks that have not reached their prompts' ends
-            return ModelRunnerOutput({}, prepare_time_s=start - begin, model_time_s=time.perf_counter() - start)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        verified = VerifiedTokens([], [])
         model_done = time.perf_counter()
-        verified = self._sample(logits, inputs)
-        batch.append_sampled(inputs.sampled_rows, verified.token_ids)
+        if inputs.sampled_req_ids:  # else only prefill chunks that have not reached their prompts' ends
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            model_done = time.perf_counter()
+            verified = self._sample(logits, inputs)
+            batch.append_sampled(inputs.sampled_rows, verified.token_ids)
         sample_done = time.perf_counter()
         spec_token_ids = {}
-        if self.spec_decoder is not None:
+        if self.spec_decoder is not None:  # a draft model computes prefill chunks too, to hold their KV
             spec_token_ids = self.spec_decoder.propose(ProposalStep(sched, inputs, batch, hidden, verified,
                                                                     self.spec_decoder.config.max_num_speculative_tokens))
         req_ids = inputs.sampled_req_ids

@@ -3,18 +3,36 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
 
+from jido.attention.backend import AttentionBackend
 from jido.config.speculative import SpeculativeConfig
+from jido.core.kv_cache_spec import KVCacheConfig, KVCacheSpec
 from jido.core.outputs import SchedulerOutput
+from jido.models.config import ModelArchConfig
 from jido.runner.input_batch import InputBatch, ModelInputs
 from jido.sampling.metadata import shift_metadata
 from jido.sampling.ngram_proposer import NgramProposer
 from jido.sampling.rejection_sampler import Drafts, RejectionSampler, VerifiedTokens
 from jido.sampling.sampler import Sampler
+
+
+@dataclass(frozen=True)
+class ProposerContext:
+    """What a proposer may use of the runner it proposes for."""
+
+    model: torch.nn.Module  # the target
+    model_arch: ModelArchConfig
+    attn_backend: AttentionBackend
+    device: torch.device
+    dtype: torch.dtype
+    kv_cache_dtype: torch.dtype
+    block_size: int
+    sampler: Sampler
+    quantization_group_size: int | None = None
 
 
 @dataclass
@@ -32,22 +50,29 @@ class ProposalStep:
 class Proposer(Protocol):
     """Proposes the tokens that should follow each sampled request's new tokens.
 
-    Contract: ``propose`` is called once per step that sampled something, after the step's verified tokens
+    Contract: ``propose`` is called once per step that computed anything, after the step's verified tokens
     were appended to the batch, and returns :class:`Drafts` for ``step.inputs.sampled_req_ids`` in that
     order, at most ``num_speculative_tokens`` each (none is fine). A proposer with a distribution q returns
     it per proposal: the rejection sampler needs it next step. ``remove`` forgets a request that
-    finished or was preempted (a resumed one comes back as new).
+    finished or was preempted (a resumed one comes back as new). A proposer with KV of its own reports its
+    layers with ``kv_cache_spec`` (ids from ``first_layer_id`` on, before the pool is laid out) and gets
+    their tensors with ``bind_kv_cache``, so the pool holds and frees them with the target's.
     """
 
     def propose(self, step: ProposalStep) -> Drafts: ...
 
     def remove(self, req_id: str) -> None: ...
 
+    def kv_cache_spec(self, first_layer_id: int) -> dict[int, KVCacheSpec]: ...
+
+    def bind_kv_cache(self, kv_cache_config: KVCacheConfig, tensors: list[torch.Tensor],
+                      target_caches: list[torch.Tensor], target_groups: list[int]) -> None: ...
+
 
 class NgramDrafter:
     """The ``ngram`` method on the runner's token rows."""
 
-    def __init__(self, config: SpeculativeConfig, **_: Any) -> None:
+    def __init__(self, config: SpeculativeConfig, context: ProposerContext) -> None:
         self.ngrams = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
 
     def propose(self, step: ProposalStep) -> Drafts:
@@ -59,17 +84,28 @@ class NgramDrafter:
     def remove(self, req_id: str) -> None:
         self.ngrams.remove(req_id)
 
+    def kv_cache_spec(self, first_layer_id: int) -> dict[int, KVCacheSpec]:
+        return {}  # no model, no KV
+
+    def bind_kv_cache(self, kv_cache_config: KVCacheConfig, tensors: list[torch.Tensor],
+                      target_caches: list[torch.Tensor], target_groups: list[int]) -> None:
+        """Nothing to bind."""
+
 
 # method -> (module, class) of its proposer, imported only when asked for.
 _PROPOSERS: dict[str, tuple[str, str]] = {
     "ngram": ("jido.runner.spec_decode", "NgramDrafter"),
+    "draft_model": ("jido.runner.draft_model", "DraftModelProposer"),
 }
 
 
-def make_proposer(config: SpeculativeConfig, **context: Any) -> Proposer:
-    """The proposer of ``config.method``, given what it may need of the runner (model, caches, device)."""
+def make_proposer(config: SpeculativeConfig, context: ProposerContext) -> Proposer:
+    """The proposer of ``config.method``, given what it may use of the runner."""
+    if config.method not in _PROPOSERS:
+        raise ValueError(f"speculative method {config.method!r} has no proposer in this jido; "
+                         f"available: {', '.join(_PROPOSERS)}")
     module_name, class_name = _PROPOSERS[config.method]
-    return getattr(importlib.import_module(module_name), class_name)(config, **context)
+    return getattr(importlib.import_module(module_name), class_name)(config, context)
 
 
 class SpecDecoder:
@@ -84,6 +120,13 @@ class SpecDecoder:
         self.rejection = RejectionSampler(sampler)
         self.proposer = proposer
         self._draft_probs: dict[str, torch.Tensor] = {}
+
+    def kv_cache_spec(self, first_layer_id: int) -> dict[int, KVCacheSpec]:
+        return self.proposer.kv_cache_spec(first_layer_id)
+
+    def bind_kv_cache(self, kv_cache_config: KVCacheConfig, tensors: list[torch.Tensor],
+                      target_caches: list[torch.Tensor], target_groups: list[int]) -> None:
+        self.proposer.bind_kv_cache(kv_cache_config, tensors, target_caches, target_groups)
 
     def update(self, sched: SchedulerOutput) -> None:
         for req_id in sched.finished_req_ids:

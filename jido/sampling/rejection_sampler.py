@@ -175,12 +175,11 @@ def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def _normalized_probs(logits: torch.Tensor, md: SamplingMetadata, rows: torch.Tensor) -> torch.Tensor:
     """Filtered probabilities of ``rows`` ([Q, vocab] ``logits`` of those rows, used up), each summing to 1."""
-    def pick(values: torch.Tensor) -> torch.Tensor:
-        return values[rows]
-
-    temperature = pick(md.temperature).clamp(min=1e-5)  # a greedy row's q is never read; keep it finite
-    probs = filtered_probs(logits, temperature, None if md.no_top_k else pick(md.top_k),
-                           None if md.no_top_p else pick(md.top_p), None if md.no_min_p else pick(md.min_p))
+    temperature = md.temperature[rows].clamp(min=1e-5)  # a greedy row's q is never read; keep it finite
+    top_k, top_p, min_p = md.top_k[rows], md.top_p[rows], md.min_p[rows]
+    # A filter runs only when one of these rows uses it (the batch's flags speak of all its rows).
+    probs = filtered_probs(logits, temperature, top_k if bool((top_k > 0).any()) else None,
+                           top_p if bool((top_p < 1).any()) else None, min_p if bool((min_p > 0).any()) else None)
     full = probs.full_rows(torch.arange(rows.numel(), device=probs.values.device))
     total = full.sum(-1, keepdim=True)
     # A row with nothing left (all filtered or NaN) stays all zero: it can accept nothing and replaces by argmax.
