@@ -119,9 +119,11 @@ class DraftModelProposer:
     def propose(self, step: ProposalStep) -> Drafts:
         k = step.num_speculative_tokens
         sampled = step.inputs.sampled_req_ids
+        if k == 0 and self.shares_target_kv:
+            return Drafts([[] for _ in sampled], [None] * len(sampled))  # the target's KV needs no catching up
         first = self._first_pass(step)
-        if not sampled:
-            return Drafts([], [])
+        if not sampled or k == 0:
+            return Drafts([[] for _ in sampled], [None] * len(sampled))
         md = step.batch.sampling.metadata(step.inputs.sampled_rows.tolist())
         tokens: list[list[int]] = [[] for _ in sampled]
         probs: list[list[torch.Tensor]] = [[] for _ in sampled]

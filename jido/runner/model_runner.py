@@ -20,7 +20,7 @@ from jido.models.loader import gguf_source, iter_quantized_weights, iter_weights
 from jido.models.registry import get_model_class
 from jido.runner.input_batch import InputBatch, ModelInputs
 from jido.runner.prompt_logprobs import PromptLogprobsCollector
-from jido.runner.spec_decode import ProposalStep, ProposerContext, SpecDecoder, make_proposer
+from jido.runner.spec_decode import ProposerContext, SpecDecoder, make_proposer
 from jido.sampling.rejection_sampler import VerifiedTokens
 from jido.sampling.sampler import Sampler
 from jido.utils.cpu import CpuInfo, cpu_info
@@ -182,8 +182,7 @@ class ModelRunner:
         sample_done = time.perf_counter()
         spec_token_ids = {}
         if self.spec_decoder is not None:  # a draft model computes prefill chunks too, to hold their KV
-            spec_token_ids = self.spec_decoder.propose(ProposalStep(sched, inputs, batch, hidden, verified,
-                                                                    self.spec_decoder.config.max_num_speculative_tokens))
+            spec_token_ids = self.spec_decoder.propose(sched, inputs, batch, hidden, verified, model_done - start)
         req_ids = inputs.sampled_req_ids
         return ModelRunnerOutput(
             dict(zip(req_ids, verified.token_ids)), {r: lps for r, lps in zip(req_ids, verified.logprobs) if lps},

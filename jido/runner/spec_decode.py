@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -14,6 +15,7 @@ from jido.core.kv_cache_spec import KVCacheConfig, KVCacheSpec
 from jido.core.outputs import SchedulerOutput
 from jido.models.config import ModelArchConfig
 from jido.runner.input_batch import InputBatch, ModelInputs
+from jido.sampling.auto_k import AutoK
 from jido.sampling.metadata import shift_metadata
 from jido.sampling.ngram_proposer import NgramProposer
 from jido.sampling.rejection_sampler import Drafts, RejectionSampler, VerifiedTokens
@@ -112,14 +114,17 @@ class SpecDecoder:
     """Verifies the proposals a step computed and asks the proposer for the next step's.
 
     Keeps, between steps, the draft distributions q of the proposals it handed out (the scheduler sends
-    back a prefix of them to verify, possibly cut short by the budget or ``max_tokens``).
+    back a prefix of them to verify, possibly cut short by the budget or ``max_tokens``). With
+    ``num_speculative_tokens: "auto"`` an :class:`AutoK` picks each step's K from what the steps measure.
     """
 
     def __init__(self, config: SpeculativeConfig, sampler: Sampler, proposer: Proposer) -> None:
         self.config = config
         self.rejection = RejectionSampler(sampler)
         self.proposer = proposer
+        self.auto_k = AutoK(config.max_num_speculative_tokens) if config.is_auto else None
         self._draft_probs: dict[str, torch.Tensor] = {}
+        self._asked: dict[str, int] = {}  # proposals asked for each request, for AutoK's acceptance counts
 
     def kv_cache_spec(self, first_layer_id: int) -> dict[int, KVCacheSpec]:
         return self.proposer.kv_cache_spec(first_layer_id)
@@ -132,6 +137,7 @@ class SpecDecoder:
         for req_id in sched.finished_req_ids:
             self.proposer.remove(req_id)
             self._draft_probs.pop(req_id, None)
+            self._asked.pop(req_id, None)
 
     def verify(self, logits: torch.Tensor, inputs: ModelInputs, batch: InputBatch) -> VerifiedTokens:
         """The sampled requests' new tokens from ``logits`` at ``inputs.logits_indices`` (used up)."""
@@ -147,12 +153,26 @@ class SpecDecoder:
             probs.append(None if q is None or not ids else q[:len(ids)])
         return self.rejection.verify(logits, md, Drafts(drafts, probs))
 
-    def propose(self, step: ProposalStep) -> dict[str, list[int]]:
-        drafts = self.proposer.propose(step)
+    def propose(self, sched: SchedulerOutput, inputs: ModelInputs, batch: InputBatch, hidden: torch.Tensor,
+                verified: VerifiedTokens, model_s: float) -> dict[str, list[int]]:
+        """The next step's proposals per sampled request (none for the others); ``model_s`` is the step's pass."""
+        k = self._next_k(sched, inputs, verified, model_s)
+        start = time.perf_counter()
+        drafts = self.proposer.propose(ProposalStep(sched, inputs, batch, hidden, verified, k))
+        if self.auto_k is not None:
+            self.auto_k.observe_proposal(len(inputs.sampled_req_ids), k, time.perf_counter() - start)
         proposals = {}
-        for req_id, ids, q in zip(step.inputs.sampled_req_ids, drafts.token_ids, drafts.probs):
+        for req_id, ids, q in zip(inputs.sampled_req_ids, drafts.token_ids, drafts.probs):
+            self._asked[req_id] = k
             if ids:
                 proposals[req_id] = ids
                 if q is not None:
                     self._draft_probs[req_id] = q
         return proposals
+
+    def _next_k(self, sched: SchedulerOutput, inputs: ModelInputs, verified: VerifiedTokens, model_s: float) -> int:
+        if self.auto_k is None:
+            return self.config.max_num_speculative_tokens
+        outcomes = [(self._asked.pop(r, 0), len(ids) - 1) for r, ids in zip(inputs.sampled_req_ids, verified.token_ids)]
+        self.auto_k.observe_step(sched.total_num_scheduled_tokens, model_s, outcomes)
+        return self.auto_k.choose(len(inputs.sampled_req_ids)).k if inputs.sampled_req_ids else 0

@@ -112,6 +112,13 @@ def test_chunked_prefill_prefix_hits_preemption_and_stops_inside_accepted_runs_k
     assert {r[2] for r in spec} == {"length", "stop"} and any(r[3] == "w32 w32 w32" for r in spec)
 
 
+def test_automatic_k_keeps_the_plain_greedy_outputs(tiny_model_folder, plain_greedy):
+    auto = {**NGRAM, "num_speculative_tokens": "auto"}
+    spec_llm = LLM(model=str(tiny_model_folder), **TIGHT, speculative_config=auto)
+    assert [r[:4] for r in _generate(spec_llm, GREEDY_PROMPTS, GREEDY_PARAMS)] == [r[:4] for r in plain_greedy]
+    assert spec_llm.llm_engine.get_scheduler_stats().spec_decoding.num_accepted_tokens > 40
+
+
 @pytest.mark.parametrize("proposer", PROPOSERS)
 def test_seeded_sampling_with_speculation_is_reproducible_batched_or_not(peaked_folder, draft_folder, proposer):
     settings = dict(model=str(peaked_folder), dtype="float32", kv_cache_memory=SMALL_POOL)
