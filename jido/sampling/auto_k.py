@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from dataclasses import dataclass
 
 # Counts decay by this factor per step: the fit follows a workload that changes, over ~100 steps.
@@ -100,6 +101,7 @@ class AutoK:
         self.acceptance = AcceptanceModel(max_k)
         self.verify_cost = CostCurve()  # seconds of the target's pass by tokens computed
         self.draft_cost = CostCurve()  # seconds per proposed token by requests proposed for
+        self.chosen: Counter[tuple[int, int]] = Counter()  # (requests, K) -> steps that chose it
         self._num_steps = 0
 
     def observe_step(self, num_tokens: int, model_s: float, verified: list[tuple[int, int]]) -> None:
@@ -118,6 +120,7 @@ class AutoK:
         best = max(range(self.max_k + 1), key=lambda k: rates[k])
         if self._num_steps % EXPLORE_EVERY == 0:
             best = min(self.max_k, best + 1) if (self._num_steps // EXPLORE_EVERY) % 2 else max(0, best - 1)
+        self.chosen[(num_requests, best)] += 1
         return KChoice(best, tuple(rates))
 
     def _tokens_per_s(self, num_requests: int, k: int) -> float:
