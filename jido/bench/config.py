@@ -7,7 +7,7 @@ from typing import Literal, get_args
 
 from jido.config import check_positive_int
 
-DatasetName = Literal["random", "conversation", "shared-prefix", "long-doc-qa", "mixed", "jsonl"]
+DatasetName = Literal["random", "conversation", "shared-prefix", "long-doc-qa", "mixed", "rewrite", "jsonl"]
 DATASETS: tuple[str, ...] = get_args(DatasetName)
 SLO_KEYS = ("ttft", "tpot", "e2el")
 

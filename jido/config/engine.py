@@ -50,6 +50,19 @@ class EngineConfig:
         if self.kv_transfer_config is not None and self.parallel_config.data_parallel_size > 1:
             raise ValueError("kv_transfer_config takes one replica (data_parallel_size 1): run one jido serve per "
                              "replica and put jido router in front of them")
+        if self.speculative_config is not None:
+            self._check_speculation_alone()
+
+    def _check_speculation_alone(self) -> None:
+        # The proposers and the rejection sampler hold whole-model state on one rank, and a consumer's loaded
+        # KV has never been checked against a draft's catch-up: refused rather than run untested.
+        parallel = self.parallel_config
+        if parallel.tensor_parallel_size > 1 or parallel.pipeline_parallel_size > 1:
+            raise ValueError("speculative_config runs on one rank: tensor_parallel_size and pipeline_parallel_size "
+                             "must be 1 (data_parallel_size may be more)")
+        if self.kv_transfer_config is not None:
+            raise ValueError("speculative_config and kv_transfer_config cannot be combined yet: speculate on a "
+                             "co-located server")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

@@ -14,7 +14,7 @@ from jido.core.outputs import (CachedRequestData, EngineCoreOutput, Logprobs, Mo
 from jido.core.pinned_prefixes import PinnedPrefixes
 from jido.core.request import Request, RequestStatus
 from jido.core.scheduling_policy import order_waiting, preemption_victim
-from jido.metrics.stats import SchedulerStats
+from jido.metrics.stats import SchedulerStats, SpecDecodingStats
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,7 @@ class Scheduler:
         self._dropped: set[str] = set()  # to tell the runner next step
         self._queue_times: list[float] = []  # arrival -> first scheduled, for requests first scheduled now
         self.held: dict[str, Request] = {}  # finished requests whose blocks the connector still needs
+        self.spec_decoding_stats = SpecDecodingStats()
 
     # -- requests in and out -------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -81,7 +82,8 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         return SchedulerStats(len(self.running), len(self.waiting) + len(self.loads or ()), self.kv_cache_usage,
                               self.kv.prefix_cache_queries, self.kv.prefix_cache_hits, self.num_preemptions,
-                              self.connector.stats() if self.connector is not None else (), self.pins.stats())
+                              self.connector.stats() if self.connector is not None else (), self.pins.stats(),
+                              self.spec_decoding_stats)
 
     def take_queue_times(self) -> tuple[float, ...]:
         """Queue times of the requests first scheduled since the last call."""
@@ -217,6 +219,8 @@ class Scheduler:
             num_rejected = max(num_spec + 1 - len(token_ids), 0) if num_spec and token_ids else 0
             request.num_computed_tokens += num_tokens - num_rejected
             request.spec_token_ids = []
+            if num_spec and token_ids:
+                self.spec_decoding_stats = self.spec_decoding_stats.observed(num_spec, num_spec - num_rejected)
             self.kv.cache_full_blocks(request)  # before a stop below frees the blocks
             if token_ids:  # else a prefill chunk that has not reached the end of the prompt yet
                 output = self._append_tokens(request, token_ids, runner_output.logprobs.get(req_id, []))
@@ -225,7 +229,19 @@ class Scheduler:
                 if num_spec and not request.is_finished:
                     # Accepted proposals are computed tokens the request only has after the append.
                     self.kv.cache_full_blocks(request)
+                if not request.is_finished:
+                    request.spec_token_ids = self._useful_proposals(request, runner_output.spec_token_ids.get(req_id))
         return outputs
+
+    def _useful_proposals(self, request: Request, proposals: list[int] | None) -> list[int]:
+        """The runner's proposals that could still become tokens: a step that verifies k gives up to k + 1."""
+        if not proposals:
+            return []
+        room = self.limits.max_model_len - request.num_tokens
+        max_tokens = request.sampling_params.max_tokens
+        if max_tokens is not None:
+            room = min(room, max_tokens - request.num_output_tokens)
+        return list(proposals[:max(room - 1, 0)])
 
     def _append_tokens(self, request: Request, token_ids: list[int], logprobs: list[Logprobs]) -> EngineCoreOutput:
         """Append tokens one by one; a stop ends the request there and drops the tokens after it."""

@@ -94,9 +94,6 @@ class EngineCore:
     def __init__(self, config: EngineConfig, model_folder: Path, model_arch: ModelArchConfig,
                  executor_class: type[Executor] | None = None) -> None:
         self.config = config
-        if config.speculative_config is not None:
-            raise ValueError("speculative_config is accepted by the configuration but this version of jido does not "
-                             "run it: leave it unset")
         if config.kv_offload is not None and not config.cache_config.enable_prefix_caching:
             raise ValueError("kv_offload keeps the blocks the prefix cache evicts: it needs enable_prefix_caching")
         has_connector = connector_name(config) is not None  # raises when both connectors are asked for
@@ -117,8 +114,11 @@ class EngineCore:
         if has_connector:
             self.kv_connector_info = self.executor.collective_rpc("kv_connector_info")[0]
             connector = make_scheduler_connector(config, kv_config, self.kv_connector_info)
+        spec = config.speculative_config
+        # Room after each running request for the proposals the runner may hand back.
+        lookahead = 0 if spec is None else spec.max_num_speculative_tokens
         limits = SchedulerLimits(sched.max_num_seqs, sched.max_num_batched_tokens, self.kv_plan.max_model_len,
-                                 policy=sched.scheduling_policy)
+                                 lookahead, policy=sched.scheduling_policy)
         self.scheduler = Scheduler(limits, kv_manager, connector)
 
     def _initialize_kv_cache(self, model_arch: ModelArchConfig) -> KVCachePlan:
@@ -201,5 +201,6 @@ class EngineCore:
             schedule_s=scheduled - start, prepare_s=runner_output.prepare_time_s, model_s=runner_output.model_time_s,
             sample_s=runner_output.sample_time_s, update_s=time.perf_counter() - ran,
             num_tokens=scheduler_output.total_num_scheduled_tokens, queue_times_s=self.scheduler.take_queue_times(),
-            kv_cache_usage_peak=kv_cache_usage_peak, expert_load=tuple(runner_output.expert_load))
+            kv_cache_usage_peak=kv_cache_usage_peak, propose_s=runner_output.propose_time_s,
+            expert_load=tuple(runner_output.expert_load))
         return EngineCoreOutputs(outputs, self.scheduler.stats(), stats)

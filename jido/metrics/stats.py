@@ -2,8 +2,32 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SpecDecodingStats:
+    """Speculative decoding totals since the start (vLLM's ``SpecDecodingStats``, kept cumulative).
+
+    A draft is one request's proposals verified in one step; ``num_accepted_tokens_per_pos[i]`` counts the
+    drafts whose first ``i + 1`` proposals were all accepted, so position ``i``'s acceptance rate is that
+    count over the drafts that had a position ``i``.
+    """
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: tuple[int, ...] = ()
+
+    def observed(self, num_draft_tokens: int, num_accepted_tokens: int) -> SpecDecodingStats:
+        """These totals with one more draft of ``num_draft_tokens`` of which the first ``num_accepted_tokens`` held."""
+        per_pos = list(self.num_accepted_tokens_per_pos)
+        per_pos.extend([0] * (num_draft_tokens - len(per_pos)))
+        for pos in range(num_accepted_tokens):
+            per_pos[pos] += 1
+        return SpecDecodingStats(self.num_drafts + 1, self.num_draft_tokens + num_draft_tokens,
+                                 self.num_accepted_tokens + num_accepted_tokens, tuple(per_pos))
 
 
 @dataclass(frozen=True)
@@ -18,6 +42,7 @@ class SchedulerStats:
     num_preemptions: int = 0  # cumulative
     kv_connector: tuple = ()  # the KV connector's cumulative records (KVTierStats per offload tier)
     pinned: tuple = ()  # PinnedPrefixStats per pinned prefix (cache-augmented generation)
+    spec_decoding: SpecDecodingStats = field(default_factory=SpecDecodingStats)  # cumulative
 
 
 @dataclass(frozen=True)
@@ -62,6 +87,7 @@ class IterationStats:
     # which SchedulerStats (taken after the step) misses for a request that finishes within it.
     kv_cache_usage_peak: float = 0.0
     expert_load: tuple[int, ...] = ()  # (token, expert) pairs per expert-parallel rank (MoE models)
+    propose_s: float = 0.0  # speculative decoding: proposing the next step's tokens (a draft model's passes)
 
 
 def merge_scheduler_stats(stats: Sequence[SchedulerStats]) -> SchedulerStats:
@@ -69,13 +95,24 @@ def merge_scheduler_stats(stats: Sequence[SchedulerStats]) -> SchedulerStats:
     are equal), the connector's records (offload tiers, transfers) summed by what they name, every replica's
     pinned prefixes listed."""
     summed = {f.name: sum(getattr(s, f.name) for s in stats) for f in dataclasses.fields(SchedulerStats)
-              if f.name not in ("kv_connector", "pinned")}
+              if f.name not in ("kv_connector", "pinned", "spec_decoding")}
     summed["kv_cache_usage"] /= max(len(stats), 1)
+    summed["spec_decoding"] = _merge_spec(s.spec_decoding for s in stats)
     groups: dict[tuple, list] = {}
     for record in (r for s in stats for r in s.kv_connector):
         groups.setdefault(_record_key(record), []).append(record)
     merged = tuple(_merge_records(records) for records in groups.values())
     return SchedulerStats(**summed, kv_connector=merged, pinned=tuple(p for s in stats for p in s.pinned))
+
+
+def _merge_spec(stats: Iterable[SpecDecodingStats]) -> SpecDecodingStats:
+    """Replicas' speculation totals as one's: counts summed, per position too (over the longest drafts)."""
+    stats = list(stats)
+    width = max((len(s.num_accepted_tokens_per_pos) for s in stats), default=0)
+    per_pos = [sum(s.num_accepted_tokens_per_pos[i] for s in stats if i < len(s.num_accepted_tokens_per_pos))
+               for i in range(width)]
+    return SpecDecodingStats(sum(s.num_drafts for s in stats), sum(s.num_draft_tokens for s in stats),
+                             sum(s.num_accepted_tokens for s in stats), tuple(per_pos))
 
 
 def _record_key(record: object) -> tuple:

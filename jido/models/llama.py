@@ -155,7 +155,8 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         x = self.embed(input_ids) if self.is_first_stage else hidden_states
         ropes = [rope(positions, attn_metadata.max_seq_len) for rope in self.ropes]
-        for i in range(self.start_layer, self.end_layer):
+        # As many layers as caches were given: fewer run only the first ones (a layer-truncated self-draft).
+        for i in range(self.start_layer, min(self.end_layer, len(kv_caches))):
             x = self.layers[i](x, ropes[self.layer_rope_idx[i]], kv_caches[i], attn_metadata.per_layer[i])
         return self.norm(x) if self.is_last_stage else x
 
@@ -208,7 +209,8 @@ class LlamaForCausalLM(nn.Module):
         ``kv_caches[i]`` and ``attn_metadata.per_layer[i]`` are layer ``i``'s cache tensor and backend
         metadata; the backend writes this step's K/V into the cache in its own layout. A pipeline stage after
         the first takes the previous stage's ``hidden_states`` instead of embedding ``input_ids``, and a stage
-        before the last returns its hidden states un-normed.
+        before the last returns its hidden states un-normed. Given caches for only the first ``n`` layers, only
+        those run (then the final norm): the target's early exit, which a layer-truncated self-draft proposes with.
         """
         return self.model(input_ids, positions, kv_caches, attn_metadata, hidden_states)
 

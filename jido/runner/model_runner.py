@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from jido.attention.backend import build_step_metadata
+from jido.attention.backend import AttentionBackend, build_step_metadata
 from jido.attention.kv_quant import SCALE_BYTES, is_quantized, resolve_kv_cache_dtype
 from jido.attention.registry import default_attention_backend, get_attention_backend
 from jido.config import EngineConfig
@@ -22,8 +22,10 @@ from jido.models.config import ModelArchConfig
 from jido.models.loader import CODES_FILE, gguf_source, iter_quantized_weights, iter_weights, load_config
 from jido.models.registry import get_model_class
 from jido.parallel.state import ModelParallel, building_for, layer_range, local_kv_heads
-from jido.runner.input_batch import InputBatch
+from jido.runner.input_batch import InputBatch, ModelInputs
 from jido.runner.prompt_logprobs import PromptLogprobsCollector
+from jido.runner.spec_decode import ProposerContext, SpecDecoder, make_proposer
+from jido.sampling.rejection_sampler import VerifiedTokens
 from jido.sampling.sampler import Sampler
 from jido.utils.cpu import CpuInfo, cpu_info
 
@@ -68,6 +70,41 @@ def resolve_quantization(quantization: str | None, device: torch.device, from_gg
     return "gguf" if from_gguf and device.type == "cpu" else "none"
 
 
+def layer_kv_specs(arch: ModelArchConfig, block_size: int, kv_cache_dtype: torch.dtype,
+                   num_kv_heads: int | None = None, layer_ids: range | None = None) -> dict[int, KVCacheSpec]:
+    """The KV spec of each attention layer in ``layer_ids`` (default: all) holding ``num_kv_heads`` (default:
+    all; fewer on a tensor-parallel rank), by layer index: full context, or a sliding window."""
+    sizes = dict(dtype_bytes=kv_cache_dtype.itemsize, scale_bytes=SCALE_BYTES if is_quantized(kv_cache_dtype) else 0)
+    heads = arch.num_kv_heads if num_kv_heads is None else num_kv_heads
+    specs: dict[int, KVCacheSpec] = {}
+    for layer_id in range(arch.num_layers) if layer_ids is None else layer_ids:
+        window = arch.sliding_windows[layer_id]
+        if window is None:
+            specs[layer_id] = FullAttentionSpec(block_size, heads, arch.head_dim, **sizes)
+        else:
+            specs[layer_id] = SlidingWindowSpec(block_size, heads, arch.head_dim, **sizes, sliding_window=window)
+    return specs
+
+
+def load_model(folder: Path, arch: ModelArchConfig, attn_backend: AttentionBackend, device: torch.device,
+               dtype: torch.dtype, quantization: str, quantization_group_size: int | None,
+               parallel: ModelParallel | None = None) -> torch.nn.Module:
+    """A model built on ``device`` in ``dtype`` from its checkpoint folder (``parallel``'s shard of it: its
+    layers, its heads), weights processed, in eval mode."""
+    start = time.perf_counter()
+    model_class = get_model_class(arch.architecture)
+    quant_config = get_quantization_config(quantization, quantization_group_size)
+    # Built on its device in its dtype: no float32 (or CPU) copy of the whole model is ever made.
+    with default_device_and_dtype(device, dtype), building_for(parallel or ModelParallel.single()):
+        model = model_class(arch, attn_backend, quant_config)
+    model.load_weights(iter_quantized_weights(folder) if quantization == "gguf" else iter_weights(folder))
+    process_weights_after_loading(model)
+    model.eval()
+    logger.info("loaded %s (%s, %s, quantization %s) in %.1f s", folder.name, device, dtype, quantization,
+                time.perf_counter() - start)
+    return model
+
+
 class ModelRunner:
     """Loads a model onto one device and executes :class:`SchedulerOutput` steps on it.
 
@@ -102,20 +139,18 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.layer_groups: list[int] = []
         self.input_batch: InputBatch | None = None
+        spec = config.speculative_config
+        self.spec_decoder = None
+        if spec is not None:
+            context = ProposerContext(self.model, self.model_arch, self.attn_backend, self.device, self.dtype,
+                                      self.kv_cache_dtype, self.block_size, self.sampler,
+                                      config.model_config.quantization_group_size)
+            self.spec_decoder = SpecDecoder(spec, self.sampler, make_proposer(spec, context))
 
     def _load_model(self) -> torch.nn.Module:
-        start = time.perf_counter()
-        model_class = get_model_class(self.model_arch.architecture)
-        quant_config = get_quantization_config(self.quantization, self.config.model_config.quantization_group_size)
-        # Built on its device in its dtype: no float32 (or CPU) copy of the whole model is ever made.
-        with default_device_and_dtype(self.device, self.dtype), building_for(self.parallel):
-            model = model_class(self.model_arch, self.layer_hooks or self.attn_backend, quant_config)
-        gguf_native = self.quantization == "gguf"
-        model.load_weights(iter_quantized_weights(self.model_folder) if gguf_native else iter_weights(self.model_folder))
-        process_weights_after_loading(model)
-        model.eval()
-        logger.info("loaded %s (%s, %s, quantization %s) in %.1f s", self.model_folder.name, self.device, self.dtype,
-                    self.quantization, time.perf_counter() - start)
+        model = load_model(self.model_folder, self.model_arch, self.layer_hooks or self.attn_backend, self.device,
+                           self.dtype, self.quantization, self.config.model_config.quantization_group_size,
+                           self.parallel)
         if self.parallel.world_size > 1:
             logger.info("rank %d holds %s of weights: layers %d-%d of %d, %d of %d query heads and %d of %d KV heads "
                         "per layer", self.parallel.rank, _mib(_weight_bytes(model)), self.layer_ids.start,
@@ -125,18 +160,12 @@ class ModelRunner:
         return model
 
     def get_kv_cache_spec(self) -> dict[int, KVCacheSpec]:
-        """What each of this stage's attention layers keeps per token (its KV heads): full context, or a window."""
-        arch = self.model_arch
-        sizes = dict(dtype_bytes=self.kv_cache_dtype.itemsize,
-                     scale_bytes=SCALE_BYTES if is_quantized(self.kv_cache_dtype) else 0)
-        specs: dict[int, KVCacheSpec] = {}
-        for layer_id in self.layer_ids:
-            window = arch.sliding_windows[layer_id]
-            if window is None:
-                specs[layer_id] = FullAttentionSpec(self.block_size, self.num_kv_heads, arch.head_dim, **sizes)
-            else:
-                specs[layer_id] = SlidingWindowSpec(self.block_size, self.num_kv_heads, arch.head_dim, **sizes,
-                                                    sliding_window=window)
+        """What each of this stage's attention layers keeps per token (its KV heads): full context, or a window;
+        a draft model's layers follow the target's."""
+        specs = layer_kv_specs(self.model_arch, self.block_size, self.kv_cache_dtype, self.num_kv_heads,
+                               self.layer_ids)
+        if self.spec_decoder is not None:
+            specs.update(self.spec_decoder.kv_cache_spec(self.model_arch.num_layers))
         return specs
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
@@ -155,6 +184,8 @@ class ModelRunner:
             logger.info("rank %d holds %s of KV cache (%d tensors of %d blocks, %d of %d KV heads)",
                         self.parallel.rank, _mib(sum(t.numel() * t.element_size() for t in tensors.values())),
                         len(tensors), kv_cache_config.num_blocks, self.num_kv_heads, arch.num_kv_heads)
+        if self.spec_decoder is not None:
+            self.spec_decoder.bind_kv_cache(kv_cache_config, tensors, self.kv_caches, self.layer_groups)
         self.input_batch = InputBatch(self.config.scheduler_config.max_num_seqs, len(kv_cache_config.groups),
                                       self.block_size, arch.vocab_size, self.device)
         self.fingerprint = self._kv_fingerprint(kv_cache_config)
@@ -213,6 +244,8 @@ class ModelRunner:
         batch = self.input_batch
         batch.update(sched)
         self.prompt_logprobs.update(sched)
+        if self.spec_decoder is not None:
+            self.spec_decoder.update(sched)
         if sched.is_empty:
             return ModelRunnerOutput({})
         inputs = batch.prepare_inputs(sched)
@@ -220,17 +253,31 @@ class ModelRunner:
         start = time.perf_counter()
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn_metadata)
         prompt_logprobs = self.prompt_logprobs.collect(sched, hidden)  # only ever due in a sampling step
-        if not inputs.sampled_req_ids:  # only prefill chunks that have not reached their prompts' ends
-            return ModelRunnerOutput({}, prepare_time_s=start - begin, model_time_s=time.perf_counter() - start)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        verified = VerifiedTokens([], [])
         model_done = time.perf_counter()
-        token_ids, logprobs = self.sampler.sample(logits, batch.sampling.metadata(inputs.sampled_rows.tolist()))
-        batch.append_sampled(inputs.sampled_rows, token_ids)
+        if inputs.sampled_req_ids:  # else only prefill chunks that have not reached their prompts' ends
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            model_done = time.perf_counter()
+            verified = self._sample(logits, inputs)
+            batch.append_sampled(inputs.sampled_rows, verified.token_ids)
+        sample_done = time.perf_counter()
+        spec_token_ids = {}
+        if self.spec_decoder is not None:  # a draft model computes prefill chunks too, to hold their KV
+            spec_token_ids = self.spec_decoder.propose(sched, inputs, batch, hidden, verified, model_done - start)
+        req_ids = inputs.sampled_req_ids
         return ModelRunnerOutput(
-            {r: [t] for r, t in zip(inputs.sampled_req_ids, token_ids)},
-            {r: [lp] for r, lp in zip(inputs.sampled_req_ids, logprobs) if lp is not None}, prompt_logprobs,
-            prepare_time_s=start - begin, model_time_s=model_done - start,
-            sample_time_s=time.perf_counter() - model_done, expert_load=self.take_expert_load())
+            dict(zip(req_ids, verified.token_ids)), {r: lps for r, lps in zip(req_ids, verified.logprobs) if lps},
+            prompt_logprobs, spec_token_ids=spec_token_ids, prepare_time_s=start - begin,
+            model_time_s=model_done - start,
+            sample_time_s=sample_done - model_done, propose_time_s=time.perf_counter() - sample_done,
+            expert_load=self.take_expert_load())
+
+    def _sample(self, logits: torch.Tensor, inputs: ModelInputs) -> VerifiedTokens:
+        """Each sampled request's new tokens: one drawn by the sampler, or its verified proposals and one more."""
+        if self.spec_decoder is not None:
+            return self.spec_decoder.verify(logits, inputs, self.input_batch)
+        token_ids, logprobs = self.sampler.sample(logits, self.input_batch.sampling.metadata(inputs.sampled_rows.tolist()))
+        return VerifiedTokens([[t] for t in token_ids], [[] if lp is None else [lp] for lp in logprobs])
 
 
 def _weight_bytes(model: torch.nn.Module) -> int:

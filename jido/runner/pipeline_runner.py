@@ -77,7 +77,7 @@ class PipelineModelRunner(ModelRunner):
         sampled = self.pp.broadcast_object(sampled, src=self.pp.world_size - 1)
         if sampled:
             rows = np.fromiter((batch.req_index[r] for r in sampled), dtype=np.int64, count=len(sampled))
-            batch.append_sampled(rows, list(sampled.values()))
+            batch.append_sampled(rows, [[t] for t in sampled.values()])
         # The stages' times overlap: the step's whole time counts as model time.
         return ModelRunnerOutput({r: [t] for r, t in sampled.items()}, logprobs, prompt_logprobs,
                                  model_time_s=time.perf_counter() - begin, expert_load=self.take_expert_load())

@@ -42,8 +42,10 @@ def create_app(llm: LLMEngine | Sequence[LLMEngine], config: ServerConfig,
     parallel = llm.config.parallel_config
     num_expert_ranks = (parallel.tensor_parallel_size if parallel.enable_expert_parallel else 1
                         ) if llm.model_arch.num_experts else 0
+    spec = llm.config.speculative_config
     metrics = ServerMetrics(model_name, llm.max_model_len, tuple(t.name for t in offload.tiers) if offload else (),
-                            llm.kv_block_bytes, num_expert_ranks, llm.config.kv_transfer_config is not None)
+                            llm.kv_block_bytes, num_expert_ranks, llm.config.kv_transfer_config is not None,
+                            0 if spec is None else spec.max_num_speculative_tokens)
     engine_class = AsyncEngine if len(replicas) == 1 else DataParallelEngine
     engine = engine_class(replicas[0] if len(replicas) == 1 else replicas, config.max_waiting_requests,
                           on_report=lambda report: metrics.on_report(report, engine.num_waiting),

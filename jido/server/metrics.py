@@ -5,7 +5,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -16,7 +16,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from jido.core.request import RequestStatus
 from jido.engine.async_engine import StepReport
 from jido.engine.outputs import RequestOutput
-from jido.metrics.stats import KVTierStats, KVTransferStats
+from jido.metrics.stats import KVTierStats, KVTransferStats, SpecDecodingStats
 
 logger = logging.getLogger("jido")
 
@@ -28,7 +28,7 @@ _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 _REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                     240.0, 480.0, 960.0, 1920.0, 7680.0)
 _STEP_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-_PHASES = ("schedule", "prepare", "model", "sample", "update")
+_PHASES = ("schedule", "prepare", "model", "sample", "propose", "update")
 _FINISH_REASONS = tuple(status.value for status in RequestStatus if status.is_finished)  # stop, length, abort
 REJECT_REASONS = ("overload", "stopped")
 # KVTierStats fields exported per offload tier as counters (jido:kv_offload_<field>{tier=...}).
@@ -127,11 +127,14 @@ class ServerMetrics:
     """
 
     def __init__(self, model_name: str, max_model_len: int, offload_tiers: tuple[str, ...] = (),
-                 kv_block_bytes: int = 0, num_expert_ranks: int = 0, kv_transfer: bool = False) -> None:
+                 kv_block_bytes: int = 0, num_expert_ranks: int = 0, kv_transfer: bool = False,
+                 num_speculative_tokens: int = 0) -> None:
         self.dir = MultiprocDir()
         self._registry = CollectorRegistry()
         MultiProcessCollector(self._registry, path=self.dir.path)
         self._engine_totals: dict[str, int] = {}
+        self._spec_totals = SpecDecodingStats()
+        self.num_speculative_tokens = num_speculative_tokens
         self._kv_usage_value = self._kv_peak_value = 0.0  # this process's, for the peak between scrapes
         self._closed = False
         self._model_name, self._kv_block_bytes = model_name, kv_block_bytes
@@ -207,6 +210,20 @@ class ServerMetrics:
         self.pinned_prefixes = gauge("jido:kv_pinned_prefixes", "Prefixes pinned with POST /v1/cache.")
         self.pinned_bytes = gauge("jido:kv_pinned_bytes", "KV bytes the pinned prefixes hold in the device pool.")
         self.pinned_hits = counter("jido:kv_pinned_hits", "Requests admitted whose cached prefix covered a pinned one.")
+        if self.num_speculative_tokens:
+            self._make_spec_metrics(counter, counters)
+
+    def _make_spec_metrics(self, counter: Callable[[str, str], Counter],
+                           counters: Callable[[str, str, str, tuple[str, ...]], dict[str, Counter]]) -> None:
+        """vLLM's speculative decoding counters, exported when the engine speculates."""
+        self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Requests' proposals verified (one per request "
+                                   "and step).")
+        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Proposed tokens verified.")
+        self.spec_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens", "Proposed tokens accepted.")
+        positions = tuple(str(i) for i in range(self.num_speculative_tokens))
+        self.spec_accepted_per_pos = counters("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                              "Accepted proposals by position in their draft (0: the first).",
+                                              "position", positions)
 
     def _make_tier_metrics(self, model_name: str, tiers: tuple[str, ...]) -> None:
         labels = ["model_name", "tier"]
@@ -337,16 +354,31 @@ class ServerMetrics:
         self._record_tiers(stats.kv_connector)
         self._record_transfers(stats.kv_connector)
         self._record_pins(stats.pinned)
+        if self.num_speculative_tokens:
+            self._advance_spec(stats.spec_decoding)
         for seconds in report.queue_times_s:
             self.queue_time.observe(seconds)
         if report.times is not None:
             times = report.times
             for phase, seconds in zip(_PHASES, (times.schedule_s, times.prepare_s, times.model_s, times.sample_s,
-                                                times.update_s)):
+                                                times.propose_s, times.update_s)):
                 self.step_time[phase].observe(seconds)
             self.step_tokens.observe(times.num_tokens)
             for rank, num_pairs in enumerate(times.expert_load):
                 self.expert_load[str(rank)].inc(num_pairs)
+
+    def _advance_spec(self, totals: SpecDecodingStats) -> None:
+        """The scheduler's speculative decoding totals, as counter increments since the last report."""
+        last = self._spec_totals
+        if totals.num_drafts <= last.num_drafts:
+            return
+        self.spec_drafts.inc(totals.num_drafts - last.num_drafts)
+        self.spec_draft_tokens.inc(totals.num_draft_tokens - last.num_draft_tokens)
+        self.spec_accepted_tokens.inc(totals.num_accepted_tokens - last.num_accepted_tokens)
+        before = last.num_accepted_tokens_per_pos
+        for pos, total in enumerate(totals.num_accepted_tokens_per_pos[:self.num_speculative_tokens]):
+            self.spec_accepted_per_pos[str(pos)].inc(total - (before[pos] if pos < len(before) else 0))
+        self._spec_totals = totals
 
     def on_output(self, timer: RequestTimer, output: RequestOutput) -> None:
         """A request's new cumulative output: token timings, and totals once it finished."""

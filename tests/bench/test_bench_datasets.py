@@ -29,7 +29,7 @@ def test_reference_text_is_long_real_prose(corpus):
     assert len(set(words)) > 5_000 and "the" in words  # varied English, not repeated tokens
 
 
-@pytest.mark.parametrize("name", ["random", "conversation", "shared-prefix", "long-doc-qa", "mixed"])
+@pytest.mark.parametrize("name", ["random", "conversation", "shared-prefix", "long-doc-qa", "mixed", "rewrite"])
 def test_every_dataset_repeats_for_a_seed_and_changes_with_it(corpus, name):
     first = sample(corpus, dataset_name=name, num_prompts=12, seed=1, random_input_len=64, document_len=256)
     again = sample(corpus, dataset_name=name, num_prompts=12, seed=1, random_input_len=64, document_len=256)
@@ -42,6 +42,15 @@ def test_random_prompts_have_exactly_the_input_len_when_the_range_is_zero(corpus
     assert [r.prompt_len for r in requests] == [300] * 20
     assert [count_tokens(corpus.counter, r.prompt) for r in requests] == [300] * 20
     assert {r.output_len for r in requests} == {40}
+
+
+def test_rewrite_prompts_hold_a_passage_of_the_input_len_that_the_answer_is_to_reproduce(corpus):
+    requests = sample(corpus, dataset_name="rewrite", num_prompts=20, random_input_len=120, random_output_len=100)
+    for request in requests:
+        passage = request.prompt.split(":\n", 1)[1].rsplit("\n\n", 1)[0]
+        assert passage in corpus.text and count_tokens(corpus.counter, passage) == 120
+        assert request.prompt.endswith(("Rewritten passage:\n", "Copy:\n")) and request.output_len == 100
+    assert len({r.prompt.split("\n", 1)[0] for r in requests}) == 2  # both instructions occur
 
 
 def test_random_lengths_fill_the_range_ratio(corpus):
