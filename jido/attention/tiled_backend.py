@@ -59,9 +59,9 @@ class TiledAttentionBackend(AttentionBackend):
     diagonal are skipped. Query heads that share a KV head are folded into the rows of one matmul, so K/V
     are never repeated per head.
 
-    Decode (one query token per request) runs the C++ kernel of ``csrc/paged_decode.cpp`` on CPU: it reads
-    each request's blocks in place and splits long contexts into pieces of ``decode_split_blocks`` blocks
-    merged by log-sum-exp, so one long request uses every core. Where the kernel cannot be built (or on
+    Decode rows (decodes, and each token of a short query: see ``build_plan``) run the C++ kernel of
+    ``csrc/paged_decode.cpp`` on CPU: it reads each request's blocks in place and splits long contexts into
+    pieces of ``decode_split_blocks`` blocks merged by log-sum-exp, so one long request uses every core. Where the kernel cannot be built (or on
     other devices) decodes run the same online softmax in PyTorch over key tiles gathered for the batch.
 
     Layout: one tensor per layer, ``[2, num_blocks, num_kv_heads, block_size, head_dim]`` (0 keys, 1 values):
@@ -74,6 +74,7 @@ class TiledAttentionBackend(AttentionBackend):
     """
 
     name = "tiled"
+    block_token_dim = 2  # a block is [2, kv_heads, block_size, width]
 
     def __init__(self, query_tile: int = 256, key_tile_blocks: int = 32, decode_split_blocks: int = 32,
                  use_cpp_decode: bool = True, dense_prefill_max_scores: int = DENSE_PREFILL_MAX_SCORES) -> None:

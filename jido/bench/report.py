@@ -18,6 +18,8 @@ _SERVER_ROWS = (("server_mean_queue_time_ms", "Mean queue time (ms)"),
                 ("server_max_kv_cache_usage", "Max KV cache usage"),
                 ("server_prefix_cache_hit_rate", "Prefix cache hit rate"),
                 ("server_num_preemptions", "Preemptions"))
+_SPEC_ROWS = (("server_spec_decode_acceptance_rate", "Spec decode acceptance rate"),
+              ("server_spec_decode_mean_acceptance_length", "Mean acceptance length"))
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -44,6 +46,13 @@ def format_table(result: dict[str, Any]) -> str:
     if result.get("server_metrics_available"):
         rows.append(_banner("Server /metrics over the run", "-"))
         rows += [_row(label, result.get(key)) for key, label in _SERVER_ROWS]
+        for tier, counters in result.get("server_kv_offload", {}).items():
+            rows += [_row(f"KV offload {tier}: hit rate", counters["hit_rate"]),
+                     _row(f"KV offload {tier}: loaded MiB", counters.get("loaded_bytes", 0) / 2**20),
+                     _row(f"KV offload {tier}: mean load (ms/block)", counters["mean_load_ms"]),
+                     _row(f"KV offload {tier}: errors", counters.get("errors"))]
+        if "server_spec_decode_num_drafts" in result:  # only from a server that speculates
+            rows += [_row(label, result.get(key)) for key, label in _SPEC_ROWS]
     rows += [f"error ({e['count']}x): {e['error'][:200]}" for e in result.get("first_errors", [])]
     if result.get("machine"):
         rows.append(f"Machine: {describe_machine(result['machine'])}")

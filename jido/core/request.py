@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import Any
 
 from jido.core.sampling_params import SamplingParams
 from jido.utils.hashing import BlockHash
@@ -10,6 +11,7 @@ from jido.utils.hashing import BlockHash
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"  # holds blocks a connector is loading into
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_STOPPED = "stop"
@@ -31,7 +33,8 @@ class Request:
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                 eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None) -> None:
+                 eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None, priority: int = 0,
+                 kv_transfer_params: Any = None) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -47,6 +50,12 @@ class Request:
         self.block_hashes: list[BlockHash] = []
         self.first_scheduled_time: float | None = None
         self.spec_token_ids: list[int] = []  # proposed next tokens, verified in the next step
+        self.priority = priority  # vLLM's: lower is served first under the priority policy
+        self.num_bypasses = 0  # under lpm, scheduling passes spent ranked behind later arrivals
+        # What a KV connector is asked to do with this request (a producer's hold, a consumer's handle);
+        # opaque to the core, read only by the connector.
+        self.kv_transfer_params = kv_transfer_params
+        self.kv_load_s = 0.0  # time spent waiting for an external load (WAITING_FOR_REMOTE_KVS)
 
     @property
     def num_tokens_with_spec(self) -> int:

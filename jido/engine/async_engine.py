@@ -45,11 +45,19 @@ class _Add:
     prompt: PromptType
     params: SamplingParams
     arrival_time: float
+    priority: int = 0
+    pin: bool = False  # prefill the prompt and pin its KV blocks (LLMEngine.add_pin_request)
+    kv_transfer_params: dict | None = None
 
 
 @dataclass(frozen=True)
 class _Abort:
     request_id: str
+
+
+@dataclass(frozen=True)
+class _Unpin:
+    pin_id: str
 
 
 _STOP = object()
@@ -117,13 +125,15 @@ class AsyncEngine:
     """
 
     def __init__(self, engine: LLMEngine, max_waiting_requests: int,
-                 on_report: Callable[[StepReport], None] | None = None) -> None:
+                 on_report: Callable[[StepReport], None] | None = None,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
         if not isinstance(max_waiting_requests, int) or max_waiting_requests < 1:
             raise ValueError(f"max_waiting_requests must be a positive integer, got {max_waiting_requests!r}")
         self.engine = engine
         self.max_waiting_requests = max_waiting_requests
         self.max_num_seqs = engine.config.scheduler_config.max_num_seqs
         self._on_report = on_report
+        self._on_failure = on_failure  # called on the event loop once the engine loop died
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -152,12 +162,14 @@ class AsyncEngine:
         return max(0, self.max_num_seqs - self.last_report.stats.num_running)
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    arrival_time: float | None = None) -> RequestStream:
+                    arrival_time: float | None = None, priority: int = 0, pin: bool = False,
+                    kv_transfer_params: dict | None = None) -> RequestStream:
         """Queue a request and return its stream.
 
         Raises EngineStoppedError while draining or after a failure, and EngineOverloadedError when
         the sequences not yet running would exceed ``max_waiting_requests`` plus the free running
-        slots. Invalid input surfaces as a ValueError raised by the stream.
+        slots. Invalid input surfaces as a ValueError raised by the stream. With ``pin`` the request
+        prefills its prompt and pins its KV blocks under ``request_id`` (``LLMEngine.add_pin_request``).
         """
         if not self.accepting or self.error is not None:
             raise EngineStoppedError("the engine is shutting down" if self.error is None
@@ -167,7 +179,7 @@ class AsyncEngine:
         self._streams[request_id] = stream
         self._num_submitted += params.n
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        self._inbox.put(_Add(request_id, prompt, params, arrival))
+        self._inbox.put(_Add(request_id, prompt, params, arrival, priority, pin, kv_transfer_params))
         return stream
 
     def _check_room(self, num_seqs: int) -> None:
@@ -178,6 +190,10 @@ class AsyncEngine:
             raise EngineOverloadedError(f"{waiting} sequences are already waiting and {free} of "
                                         f"{self.max_num_seqs} running slots are free (the waiting limit is "
                                         f"{self.max_waiting_requests}); retry later")
+
+    def unpin(self, pin_id: str) -> None:
+        """Release a pinned prefix's blocks on the engine thread (an unknown id is ignored there)."""
+        self._inbox.put(_Unpin(pin_id))
 
     def release(self, request_id: str, abort: bool) -> None:
         """Forget a stream; with ``abort`` also stop the request and free its KV blocks."""
@@ -232,12 +248,15 @@ class AsyncEngine:
         self.error = error
         for stream in self._streams.values():
             stream.put(EngineStoppedError(f"the engine loop failed: {error}"))
+        if self._on_failure is not None:
+            self._on_failure(error)
 
     # -- engine thread ----------------------------------------------------------------------------
     def _run(self) -> None:
         try:
-            while self._take_commands(block=not self.engine.has_unfinished_requests()):
-                if self.engine.has_unfinished_requests():
+            # Held and loading KV keep the loop stepping: their ends arrive in the steps' reports.
+            while self._take_commands(block=not self.engine.has_engine_work()):
+                if self.engine.has_engine_work():
                     self._step()
                 else:
                     self._report([], None)  # idle: publish the state an abort just left
@@ -260,13 +279,23 @@ class AsyncEngine:
             except queue.Empty:
                 return True
 
-    def _apply(self, command: _Add | _Abort) -> None:
+    def _apply(self, command: _Add | _Abort | _Unpin) -> None:
         if isinstance(command, _Abort):
             self.engine.abort_request([command.request_id])
             return
+        if isinstance(command, _Unpin):
+            try:
+                self.engine.unpin(command.pin_id)
+            except KeyError:
+                pass  # deleted twice: the first one freed it
+            return
         self._num_added += command.params.n
         try:
-            self.engine.add_request(command.request_id, command.prompt, command.params, command.arrival_time)
+            if command.pin:
+                self.engine.add_pin_request(command.request_id, command.prompt, command.arrival_time)
+            else:
+                self.engine.add_request(command.request_id, command.prompt, command.params, command.arrival_time,
+                                        command.priority, command.kv_transfer_params)
         except ValueError as exc:
             self._call(self._fail, command.request_id, exc)
 

@@ -13,9 +13,11 @@ from jido.core.kv_cache_manager import KVCacheManager
 from jido.core.kv_cache_spec import (KVCacheConfig, SlidingWindowSpec, blocks_per_request, make_kv_cache_config,
                                     peak_blocks_per_request)
 from jido.core.outputs import EngineCoreOutputs
+from jido.core.pinned_prefixes import PinTooLargeError
 from jido.core.request import Request, RequestStatus
 from jido.core.scheduler import Scheduler, SchedulerLimits
 from jido.executor.abstract import Executor, get_executor_class
+from jido.kvtransfer.factory import connector_name, make_scheduler_connector
 from jido.metrics.stats import IterationStats, SchedulerStats
 from jido.models.config import ModelArchConfig
 
@@ -92,10 +94,10 @@ class EngineCore:
     def __init__(self, config: EngineConfig, model_folder: Path, model_arch: ModelArchConfig,
                  executor_class: type[Executor] | None = None) -> None:
         self.config = config
-        if config.speculative_config is not None or config.kv_transfer_config is not None:
-            raise ValueError("speculative_config and kv_transfer_config are accepted by the configuration but "
-                             "this version of jido runs neither: leave them unset")
-        executor_class = executor_class or get_executor_class(config.parallel_config.distributed_executor_backend)
+        if config.kv_offload is not None and not config.cache_config.enable_prefix_caching:
+            raise ValueError("kv_offload keeps the blocks the prefix cache evicts: it needs enable_prefix_caching")
+        has_connector = connector_name(config) is not None  # raises when both connectors are asked for
+        executor_class = executor_class or get_executor_class(config.parallel_config.executor_backend)
         self.executor = executor_class(config, model_folder)
         try:
             self.kv_plan = self._initialize_kv_cache(model_arch)
@@ -107,8 +109,17 @@ class EngineCore:
         kv_manager = KVCacheManager(kv_config.num_blocks, kv_config.block_size,
                                     config.cache_config.enable_prefix_caching, windows)
         sched = config.scheduler_config
-        self.scheduler = Scheduler(SchedulerLimits(sched.max_num_seqs, sched.max_num_batched_tokens,
-                                                   self.kv_plan.max_model_len), kv_manager)
+        connector = None
+        self.kv_connector_info: dict = {}
+        if has_connector:
+            self.kv_connector_info = self.executor.collective_rpc("kv_connector_info")[0]
+            connector = make_scheduler_connector(config, kv_config, self.kv_connector_info)
+        spec = config.speculative_config
+        # Room after each running request for the proposals the runner may hand back.
+        lookahead = 0 if spec is None else spec.max_num_speculative_tokens
+        limits = SchedulerLimits(sched.max_num_seqs, sched.max_num_batched_tokens, self.kv_plan.max_model_len,
+                                 lookahead, policy=sched.scheduling_policy)
+        self.scheduler = Scheduler(limits, kv_manager, connector)
 
     def _initialize_kv_cache(self, model_arch: ModelArchConfig) -> KVCachePlan:
         specs = self.executor.get_kv_cache_spec()
@@ -137,6 +148,34 @@ class EngineCore:
     def get_scheduler_stats(self) -> SchedulerStats:
         return self.scheduler.stats()
 
+    def check_pin_fits(self, num_tokens: int, reserved_blocks: int = 0) -> int:
+        """The pool blocks a pin of ``num_tokens`` tokens holds once prefilled.
+
+        A pin is taken only if a request of ``max_model_len`` tokens still fits beside every pin, so pins never
+        starve, preempt or evict running work (the pin's own prefill waits for room as any request does).
+
+        Raises:
+            PinTooLargeError: it does not fit beside the pins held and ``reserved_blocks`` still prefilling.
+        """
+        kv = self.kv_plan.kv_cache_config
+        needed = blocks_per_request(kv, num_tokens + 1)
+        peak = peak_blocks_per_request(kv, self.kv_plan.max_model_len, self.config.scheduler_config.max_num_batched_tokens)
+        room = self.scheduler.pins.room(peak) - reserved_blocks
+        if needed > room:
+            raise PinTooLargeError(
+                f"pinning {num_tokens} tokens holds {needed} KV blocks, but only {max(room, 0)} of the pool's "
+                f"{kv.num_blocks} can be pinned while a {self.kv_plan.max_model_len}-token request still fits "
+                f"beside the pins ({self.scheduler.pins.num_blocks} blocks are pinned): unpin a prefix, lower "
+                "max_model_len or raise kv_cache_memory")
+        return needed
+
+    def pin_prefix(self, pin_id: str, token_ids: list[int]) -> int:
+        """Pin the cached blocks of a prefix just prefilled; returns the tokens they cover."""
+        return self.scheduler.pins.pin(pin_id, token_ids)
+
+    def unpin_prefix(self, pin_id: str) -> None:
+        self.scheduler.pins.unpin(pin_id)
+
     def reset_prefix_cache(self) -> None:
         self.scheduler.kv.reset_prefix_cache()
 
@@ -162,5 +201,6 @@ class EngineCore:
             schedule_s=scheduled - start, prepare_s=runner_output.prepare_time_s, model_s=runner_output.model_time_s,
             sample_s=runner_output.sample_time_s, update_s=time.perf_counter() - ran,
             num_tokens=scheduler_output.total_num_scheduled_tokens, queue_times_s=self.scheduler.take_queue_times(),
-            kv_cache_usage_peak=kv_cache_usage_peak)
+            kv_cache_usage_peak=kv_cache_usage_peak, propose_s=runner_output.propose_time_s,
+            expert_load=tuple(runner_output.expert_load))
         return EngineCoreOutputs(outputs, self.scheduler.stats(), stats)

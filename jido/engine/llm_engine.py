@@ -14,6 +14,7 @@ from jido.core.sampling_params import SamplingParams
 from jido.engine.detokenizer import IncrementalDetokenizer
 from jido.engine.engine_core import EngineCore
 from jido.engine.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
+from jido.kvtransfer.handoff import ProduceRequest, parse_transfer_params
 from jido.executor.abstract import Executor
 from jido.metrics.stats import IterationStats, SchedulerStats
 from jido.models.config import ModelArchConfig
@@ -54,7 +55,10 @@ class _Parent:
     sequences: list[_Sequence]
     arrival_time: float
     first_token_time: float | None = None
+    first_scheduled_time: float | None = None
+    kv_load_s: float = 0.0
     num_cached_tokens: int = 0
+    kv_transfer_params: dict | None = None  # for the next delta
     has_prompt_logprobs: bool = False  # every child computes them; the first to report is kept
     new_prompt_logprobs: PromptLogprobs | None = None  # for the next delta
 
@@ -79,6 +83,8 @@ class LLMEngine:
         self.last_iteration_stats: IterationStats | None = None
         self._parents: dict[str, _Parent] = {}
         self._child_to_parent: dict[str, tuple[str, int]] = {}
+        self._pending_pins: dict[str, tuple[list[int], int]] = {}  # pin id -> (prompt ids, blocks reserved)
+        self.kv_block_bytes = self.core.kv_plan.kv_cache_config.block_bytes
 
     # -- input ----------------------------------------------------------------------------------
     def process_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
@@ -130,8 +136,17 @@ class LLMEngine:
                              "tokens, leaving room for one generated token")
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
-        """Validate and queue a request; on ValueError nothing was queued."""
+                    arrival_time: float | None = None, priority: int = 0,
+                    kv_transfer_params: dict | None = None) -> None:
+        """Validate and queue a request; on ValueError nothing was queued.
+
+        ``priority`` orders admission under ``scheduling_policy="priority"`` (lower first), as in vLLM.
+        ``kv_transfer_params`` (vLLM's) asks a KV producer to prefill and hold the KV for a consumer
+        (``{"do_remote_decode": true}``), or brings a consumer the handle a producer returned.
+        """
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        transfer = self.check_transfer_params(kv_transfer_params, params)
         if request_id in self._parents:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not isinstance(params, SamplingParams):
@@ -146,7 +161,33 @@ class LLMEngine:
         for i, child_params in enumerate(children):
             child_id = request_id if params.n == 1 else f"{i}_{request_id}"
             self._child_to_parent[child_id] = (request_id, i)
-            self.core.add_request(Request(child_id, ids, child_params, self.eos_token_ids, arrival))
+            self.core.add_request(Request(child_id, ids, child_params, self.eos_token_ids, arrival, priority,
+                                          transfer))
+
+    def check_transfer_params(self, params: dict | None, sampling: SamplingParams | None = None) -> object:
+        """A request's ``kv_transfer_params`` parsed and checked against this engine's role (and ``sampling``).
+
+        Raises ValueError saying why this engine cannot serve them; read-only, safe from any thread.
+        """
+        if params is None:
+            return None
+        config = self.config.kv_transfer_config
+        if config is None:
+            raise ValueError("kv_transfer_params needs an engine with a kv_transfer_config (a KV producer or consumer)")
+        parsed = parse_transfer_params(params, config.is_producer, config.is_consumer)
+        if isinstance(parsed, ProduceRequest) and sampling is not None and (sampling.max_tokens != 1 or sampling.n != 1):
+            # Its blocks are exported once its prompt is computed: they must not change (decode, preemption) after.
+            raise ValueError("a do_remote_decode request prefills for a consumer: it needs max_tokens 1 and n 1")
+        return parsed
+
+    @property
+    def kv_connector_info(self) -> dict:
+        """The KV connector's worker-side facts: the KV endpoint's address and format (empty without one)."""
+        return self.core.kv_connector_info
+
+    def has_engine_work(self) -> bool:
+        """Requests, or KV transfers the engine keeps stepping for: held for a consumer, or loading."""
+        return bool(self._parents) or self.core.has_unfinished_requests()
 
     @staticmethod
     def _child_params(params: SamplingParams) -> list[SamplingParams]:
@@ -157,6 +198,26 @@ class LLMEngine:
         return [dataclasses.replace(params, n=1, seed=None if params.seed is None else _wrap_int64(params.seed + i))
                 for i in range(params.n)]
 
+    def add_pin_request(self, pin_id: str, prompt: PromptType, arrival_time: float | None = None) -> None:
+        """Prefill ``prompt`` and pin its KV blocks once done (cache-augmented generation), as request ``pin_id``.
+
+        Later prompts that start with it reuse its blocks, which the pool never evicts until
+        :meth:`unpin`. Raises ValueError for a bad prompt or a used id, and ``PinTooLargeError`` (a
+        ValueError) when pins may not hold that many blocks; then nothing was queued.
+        """
+        if pin_id in self._pending_pins or pin_id in self.core.scheduler.pins:
+            raise ValueError(f"pinned prefix id {pin_id!r} is already in use")
+        if not isinstance(prompt, ProcessedPrompt):
+            prompt = self.prepare_prompt(prompt)
+        reserved = sum(blocks for _, blocks in self._pending_pins.values())
+        needed = self.core.check_pin_fits(len(prompt.token_ids), reserved)
+        self.add_request(pin_id, prompt, SamplingParams(max_tokens=1, temperature=0), arrival_time)
+        self._pending_pins[pin_id] = (prompt.token_ids, needed)
+
+    def unpin(self, pin_id: str) -> None:
+        """Release a pinned prefix's blocks to the cache. Raises KeyError for an id that is not pinned."""
+        self.core.unpin_prefix(pin_id)
+
     def abort_request(self, request_ids: list[str]) -> None:
         child_ids = [c for c, (parent, _) in self._child_to_parent.items() if parent in request_ids]
         self.core.abort_requests(child_ids)
@@ -164,6 +225,7 @@ class LLMEngine:
             del self._child_to_parent[child_id]
         for request_id in request_ids:
             self._parents.pop(request_id, None)
+            self._pending_pins.pop(request_id, None)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._parents)
@@ -211,12 +273,17 @@ class LLMEngine:
             results.append(self._make_output(parent))
             if parent.finished:
                 del self._parents[parent_id]
+                if parent_id in self._pending_pins:  # its blocks are cached and free: hold them before any step
+                    self.core.pin_prefix(parent_id, self._pending_pins.pop(parent_id)[0])
         return results
 
     def _apply(self, parent: _Parent, seq: _Sequence, out: EngineCoreOutput, now: float) -> None:
         if parent.first_token_time is None:
             parent.first_token_time = now
             parent.num_cached_tokens = out.num_cached_tokens
+            parent.first_scheduled_time, parent.kv_load_s = out.first_scheduled_time, out.kv_load_s
+        if out.kv_transfer_params is not None:
+            parent.kv_transfer_params = out.kv_transfer_params
         if out.prompt_logprobs is not None and not parent.has_prompt_logprobs:
             parent.has_prompt_logprobs = True
             parent.new_prompt_logprobs = self._prompt_logprob_list(parent.prompt_token_ids, out.prompt_logprobs)
@@ -235,10 +302,12 @@ class LLMEngine:
     def _make_output(self, parent: _Parent) -> RequestOutput:
         """The request's delta: what each completion gained since its last output (see ``RequestOutput.add``)."""
         completions = [self._delta(s, parent.params.logprobs is not None) for s in parent.sequences]
-        metrics = {"arrival_time": parent.arrival_time, "first_token_time": parent.first_token_time or 0.0}
+        metrics = {"arrival_time": parent.arrival_time, "first_token_time": parent.first_token_time or 0.0,
+                   "first_scheduled_time": parent.first_scheduled_time or 0.0, "kv_transfer_time": parent.kv_load_s}
         output = RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, completions,
-                               parent.finished, parent.num_cached_tokens, metrics, parent.new_prompt_logprobs)
-        parent.new_prompt_logprobs = None
+                               parent.finished, parent.num_cached_tokens, metrics, parent.new_prompt_logprobs,
+                               parent.kv_transfer_params)
+        parent.new_prompt_logprobs = parent.kv_transfer_params = None
         return output
 
     def _prompt_logprob_list(self, prompt_token_ids: list[int], scores: PromptLogprobsLists) -> PromptLogprobs:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -12,7 +12,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from jido.engine.async_engine import AsyncEngine, EngineStoppedError
 from jido.engine.chat_template import load_chat_template
+from jido.engine.data_parallel import DataParallelEngine
 from jido.engine.llm_engine import LLMEngine
+from jido.server.cache_serving import CacheServing
 from jido.server.config import ServerConfig
 from jido.server.errors import APIError, http_error
 from jido.server.metrics import ServerMetrics
@@ -23,17 +25,33 @@ logger = logging.getLogger("jido")
 _PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def create_app(llm: LLMEngine, config: ServerConfig) -> FastAPI:
-    """An app serving ``llm``; the engine thread starts and stops with the app's lifespan.
+def create_app(llm: LLMEngine | Sequence[LLMEngine], config: ServerConfig,
+               on_engine_failure: Callable[[BaseException], None] | None = None) -> FastAPI:
+    """An app serving ``llm`` (or data-parallel replicas of one model, each request routed to one); the engine
+    threads start and stop with the app's lifespan.
 
-    Raises FileNotFoundError or ValueError when the chat template cannot be loaded.
+    ``on_engine_failure`` is called (on the event loop) if the engine loop dies, e.g. when a worker is killed;
+    every open request has then been ended with the error. Raises FileNotFoundError or ValueError when the
+    chat template cannot be loaded.
     """
+    replicas = [llm] if isinstance(llm, LLMEngine) else list(llm)
+    llm = replicas[0]
     model_name = config.model_name(llm.config.model_config.model)
     template = load_chat_template(llm.tokenizer, config.chat_template)
-    metrics = ServerMetrics(model_name, llm.max_model_len)
-    engine = AsyncEngine(llm, config.max_waiting_requests,
-                         on_report=lambda report: metrics.on_report(report, engine.num_waiting))
+    offload = llm.config.kv_offload
+    parallel = llm.config.parallel_config
+    num_expert_ranks = (parallel.tensor_parallel_size if parallel.enable_expert_parallel else 1
+                        ) if llm.model_arch.num_experts else 0
+    spec = llm.config.speculative_config
+    metrics = ServerMetrics(model_name, llm.max_model_len, tuple(t.name for t in offload.tiers) if offload else (),
+                            llm.kv_block_bytes, num_expert_ranks, llm.config.kv_transfer_config is not None,
+                            0 if spec is None else spec.max_num_speculative_tokens)
+    engine_class = AsyncEngine if len(replicas) == 1 else DataParallelEngine
+    engine = engine_class(replicas[0] if len(replicas) == 1 else replicas, config.max_waiting_requests,
+                          on_report=lambda report: metrics.on_report(report, engine.num_waiting),
+                          on_failure=on_engine_failure)
     serving = OpenAIServing(engine, model_name, template, metrics)
+    cache = CacheServing(serving)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -47,6 +65,7 @@ def create_app(llm: LLMEngine, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="jido", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serving = serving
     _add_routes(app, serving)
+    _add_cache_routes(app, cache)
     _add_error_handlers(app)
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_request_body_bytes,
                        read_timeout_s=config.request_read_timeout_s)
@@ -75,6 +94,10 @@ def _add_routes(app: FastAPI, serving: OpenAIServing) -> None:
     async def models() -> Response:
         return JSONResponse(serving.models())
 
+    @_get(app, "/kv_transfer")
+    async def kv_transfer() -> Response:
+        return JSONResponse(serving.kv_transfer())
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await serving.completions(request)
@@ -90,6 +113,21 @@ def _add_routes(app: FastAPI, serving: OpenAIServing) -> None:
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
         return await serving.detokenize(request)
+
+
+def _add_cache_routes(app: FastAPI, cache: CacheServing) -> None:
+    """Cache-augmented generation: pin a prompt's KV (POST), list the pins (GET), release one (DELETE)."""
+    @app.post("/v1/cache")
+    async def create_cache(request: Request) -> Response:
+        return await cache.create(request)
+
+    @_get(app, "/v1/cache")
+    async def list_cache() -> Response:
+        return cache.list()
+
+    @app.delete("/v1/cache/{pin_id}")
+    async def delete_cache(pin_id: str) -> Response:
+        return cache.delete(pin_id)
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -12,6 +12,8 @@ from http.server import BaseHTTPRequestHandler
 # Each completed request adds these to the fake server's vLLM-style counters.
 PREFIX_QUERIES_PER_REQUEST, PREFIX_HITS_PER_REQUEST = 100, 25
 QUEUE_SECONDS_PER_REQUEST = 0.010
+# Speculative decoding per request: 3 drafts of 3 proposals, 6 accepted (3 at position 0, 2 at 1, 1 at 2).
+SPEC_ACCEPTED_PER_POS_PER_REQUEST = (3, 2, 1)
 KV_USAGE = 0.5
 
 
@@ -120,6 +122,11 @@ def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
                 f'vllm:request_queue_time_seconds_count{{model_name="fake-model"}} {n}',
                 f'vllm:kv_cache_usage_perc{{model_name="fake-model"}} {KV_USAGE}',
                 'vllm:num_requests_running{model_name="fake-model"} 1',
+                f'vllm:spec_decode_num_drafts_total{{model_name="fake-model"}} {n * 3}',
+                f'vllm:spec_decode_num_draft_tokens_total{{model_name="fake-model"}} {n * 9}',
+                f'vllm:spec_decode_num_accepted_tokens_total{{model_name="fake-model"}} {n * 6}',
+                *(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="fake-model",position="{pos}"}} '
+                  f'{n * count}' for pos, count in enumerate(SPEC_ACCEPTED_PER_POS_PER_REQUEST)),
                 "",
             ])
 
