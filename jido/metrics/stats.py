@@ -14,6 +14,9 @@ class SchedulerStats:
     prefix_cache_queries: int = 0  # cumulative prompt tokens looked up
     prefix_cache_hits: int = 0  # cumulative, of which found
     num_preemptions: int = 0  # cumulative
+    # Seconds the batching mode holds waiting requests back while nothing runs (dynamic batching waiting for its
+    # batch to fill), unless more arrive; 0 when a step would admit them.
+    admission_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -30,3 +33,4 @@ class IterationStats:
     # KV usage once the step's blocks were allocated, before finished requests freed theirs: the step's peak,
     # which SchedulerStats (taken after the step) misses for a request that finishes within it.
     kv_cache_usage_peak: float = 0.0
+    num_reqs: int = 0  # requests the step computed tokens for: the batch size

@@ -163,6 +163,9 @@ class ServerMetrics:
                               registry=None, buckets=_STEP_BUCKETS)
         self.step_time = {phase: step_time.labels(**labels, phase=phase) for phase in _PHASES}
         self.step_tokens = histogram("jido:step_tokens", "Tokens computed per engine step.", token_buckets)
+        self.step_reqs = histogram("jido:step_num_requests",
+                                   "Requests computed per engine step that computed any (the batch size).",
+                                   token_buckets)
         self.rejected = counters("jido:requests_rejected", "Requests refused before reaching the engine, by reason.",
                                  "reason", REJECT_REASONS)
         self.aborted = counter("jido:requests_aborted", "Requests abandoned before finishing (client gone).")
@@ -214,6 +217,8 @@ class ServerMetrics:
                                                 times.update_s)):
                 self.step_time[phase].observe(seconds)
             self.step_tokens.observe(times.num_tokens)
+            if times.num_reqs:
+                self.step_reqs.observe(times.num_reqs)
 
     def on_output(self, timer: RequestTimer, output: RequestOutput) -> None:
         """A request's new cumulative output: token timings, and totals once it finished."""
