@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler
 PREFIX_QUERIES_PER_REQUEST, PREFIX_HITS_PER_REQUEST = 100, 25
 QUEUE_SECONDS_PER_REQUEST = 0.010
 KV_USAGE = 0.5
+STEP_REQUESTS_PER_REQUEST, STEPS_PER_REQUEST = 3, 2  # jido:step_num_requests: 1.5 requests per step
 
 
 class FakeState:
@@ -120,6 +121,8 @@ def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
                 f'vllm:request_queue_time_seconds_count{{model_name="fake-model"}} {n}',
                 f'vllm:kv_cache_usage_perc{{model_name="fake-model"}} {KV_USAGE}',
                 'vllm:num_requests_running{model_name="fake-model"} 1',
+                f'jido:step_num_requests_sum{{model_name="fake-model"}} {n * STEP_REQUESTS_PER_REQUEST}',
+                f'jido:step_num_requests_count{{model_name="fake-model"}} {n * STEPS_PER_REQUEST}',
                 "",
             ])
 
