@@ -1,13 +1,15 @@
 """A fake OpenAI-compatible server on 127.0.0.1 that streams tokens on a schedule the prompt dictates."""
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
 import struct
 import threading
 import time
-from http.server import BaseHTTPRequestHandler
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 # Each completed request adds these to the fake server's vLLM-style counters.
 PREFIX_QUERIES_PER_REQUEST, PREFIX_HITS_PER_REQUEST = 100, 25
@@ -135,3 +137,17 @@ def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
     return Handler
+
+
+@contextlib.contextmanager
+def fake_server_running(state: FakeState) -> Iterator[str]:
+    """The fake server on a free loopback port: yields its base URL, shuts it down after."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(state))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
