@@ -147,10 +147,12 @@ def test_unknown_techniques_and_bad_settings_are_refused_with_what_is_allowed():
 @pytest.fixture
 def fake_serving(monkeypatch: pytest.MonkeyPatch):
     """`jido serve` replaced by the fake OpenAI server: every start records its flags (``starts``); a start
-    whose flags contain a key of ``refuse`` raises that, as a server that will not start."""
+    whose flags contain a key of ``refuse`` raises that, as a server that will not start; one whose flags
+    contain a key of ``slow`` answers /metrics that many seconds late."""
     state = FakeState()
     starts: list[tuple[str, ...]] = []
     refuse: dict[str, BaseException] = {}
+    slow: dict[str, float] = {}
 
     @contextlib.contextmanager
     def serving(serve_args, log_path, start_timeout_s):
@@ -158,12 +160,13 @@ def fake_serving(monkeypatch: pytest.MonkeyPatch):
         for flag, error in refuse.items():
             if flag in serve_args:
                 raise error
+        state.metrics_delay_s = max([delay for flag, delay in slow.items() if flag in serve_args], default=0.0)
         with fake_server_running(state) as base_url:
             yield base_url
 
     monkeypatch.setattr(ablate_runner, "serving", serving)
     monkeypatch.setattr(ablate_cli, "serve_options", lambda: SERVE_OPTIONS)
-    return state, starts, refuse
+    return state, starts, refuse, slow
 
 
 def ablate(tmp_path: Path, *extra: str) -> tuple[int, dict]:
@@ -175,7 +178,7 @@ def ablate(tmp_path: Path, *extra: str) -> tuple[int, dict]:
 
 
 def test_every_server_gets_the_same_prompts_after_warm_ups_that_are_not_among_them(tmp_path, fake_serving):
-    state, starts, _ = fake_serving
+    state, starts, _, _ = fake_serving
     status, result = ablate(tmp_path, "--techniques", "prefix-caching", "--repeats", "2", "--num-warmups", "2")
     assert status == 0 and len(starts) == 4  # baseline and prefix-caching=off, twice, one at a time
     # Each server: the warm-up run (the bench's first request, then 2 warm-ups), then the timed run (the bench's
@@ -195,7 +198,7 @@ def test_every_server_gets_the_same_prompts_after_warm_ups_that_are_not_among_th
 
 
 def test_a_variant_whose_server_will_not_start_is_unavailable_with_its_reason(tmp_path, fake_serving):
-    _, _, refuse = fake_serving
+    _, _, refuse, _ = fake_serving
     refuse["--speculative-config"] = ServerStartError("jido serve exited with 2 before listening: jido: error: no")
     status, result = ablate(tmp_path, "--techniques", "speculative", "--repeats", "2")
     assert status == 0 and result["variants"] == []
@@ -206,17 +209,30 @@ def test_a_variant_whose_server_will_not_start_is_unavailable_with_its_reason(tm
 
 
 def test_a_baseline_that_will_not_start_stops_the_ablation_with_its_reason(tmp_path, fake_serving, capsys):
-    _, _, refuse = fake_serving
+    _, _, refuse, _ = fake_serving
     refuse["--model"] = ServerStartError("jido serve exited with 1 before listening: no such model")
     status, _ = ablate(tmp_path, "--techniques", "prefix-caching", "--model", "missing.gguf")
     assert status == 2 and "the baseline server" in capsys.readouterr().err
 
 
 def test_ctrl_c_keeps_and_writes_the_runs_measured_so_far(tmp_path, fake_serving):
-    _, starts, refuse = fake_serving
+    _, starts, refuse, _ = fake_serving
     refuse["--no-enable-prefix-caching"] = KeyboardInterrupt()
     status, result = ablate(tmp_path, "--techniques", "prefix-caching,batching", "--repeats", "1")
     assert status == 130 and result["interrupted"] is True
     # baseline, batching=static, batching=dynamic, then the interrupted prefix-caching=off start.
     assert len(starts) == 4 and len(result["baseline_runs"]) == 1
     assert {(v["value"], len(v["runs"])) for v in result["variants"]} == {("static", 1), ("dynamic", 1), ("off", 0)}
+
+
+def test_a_value_that_runs_past_the_run_timeout_is_recorded_and_not_run_again(tmp_path, fake_serving, capsys):
+    _, starts, _, slow = fake_serving
+    slow["static"] = 3.0
+    status, result = ablate(tmp_path, "--techniques", "batching", "--repeats", "2", "--run-timeout-s", "1")
+    assert status == 0
+    # Round 1: baseline, static (timed out), dynamic; round 2 without static.
+    assert [dict(zip(s[::2], s[1::2]))["--scheduling-mode"] for s in starts] == [
+        "continuous", "static", "dynamic", "continuous", "dynamic"]
+    static = next(v for v in result["variants"] if v["value"] == "static")
+    assert static["runs"] == [] and static["errors"][0].startswith("warm-up and run took longer than 1 s")
+    assert "batching=static: 1 run(s) failed: warm-up and run took longer than 1 s" in capsys.readouterr().out

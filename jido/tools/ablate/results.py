@@ -20,7 +20,7 @@ HIGHER_IS_BETTER = frozenset({"request_throughput", "request_goodput", "output_t
                               "server_prefix_cache_hit_rate", "completed", "server_mean_batch_size"})
 
 
-@dataclass
+@dataclass(eq=False)  # one arm is one server configuration: equal only to itself
 class Arm:
     """The baseline (``technique`` None) or one technique's value, with the runs of its server."""
 

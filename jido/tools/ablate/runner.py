@@ -75,6 +75,7 @@ class Runner:
         self.requests: list[SampleRequest] | None = None  # drawn once, from the first server's tokenizer
         self.warmups: list[SampleRequest] = []
         self._durations: list[float] = []
+        self._timed_out: list[Arm] = []  # not run again: a later round would only wait as long
 
     def run(self) -> Ablation:
         """Every round's runs; a Ctrl-C stops the server running and keeps what was measured (``interrupted``)."""
@@ -82,9 +83,9 @@ class Runner:
                     for arm in (self.ablation.baseline, *self.ablation.variants)]
         try:
             for index, (repeat, arm) in enumerate(schedule):
-                if arm is not self.ablation.baseline and arm not in self.ablation.variants:
-                    continue  # found unavailable in an earlier round
-                self._progress(index, len(schedule), arm, repeat)
+                if not self._will_run(arm):
+                    continue  # timed out, or found unavailable, in an earlier round
+                self._progress(sum(self._will_run(a) for _, a in schedule[index:]), arm, repeat)
                 self._measure(arm, repeat, index)
                 self.on_run(self.ablation)
         except KeyboardInterrupt:
@@ -92,11 +93,15 @@ class Runner:
             print("\njido ablate: interrupted; keeping the runs measured so far", file=sys.stderr)
         return self.ablation
 
-    def _progress(self, index: int, total: int, arm: Arm, repeat: int) -> None:
-        done = sum(self._durations)
-        eta = f", about {_clock(done / len(self._durations) * (total - index))} left" if self._durations else ""
-        print(f"jido ablate: run {index + 1} of {total}: {arm.label} (repeat {repeat + 1} of {self.config.repeats}); "
-              f"{_clock(done)} elapsed{eta}", file=sys.stderr, flush=True)
+    def _will_run(self, arm: Arm) -> bool:
+        return arm not in self._timed_out and arm in (self.ablation.baseline, *self.ablation.variants)
+
+    def _progress(self, num_left: int, arm: Arm, repeat: int) -> None:
+        """The run starting, and the time so far and to go (the mean run so far times the runs left)."""
+        elapsed, num_done = sum(self._durations), len(self._durations)
+        eta = f", about {_clock(elapsed / num_done * num_left)} left" if num_done else ""
+        print(f"jido ablate: run {num_done + 1} of {num_done + num_left}: {arm.label} (repeat {repeat + 1} of "
+              f"{self.config.repeats}); {_clock(elapsed)} elapsed{eta}", file=sys.stderr, flush=True)
 
     def _measure(self, arm: Arm, repeat: int, index: int) -> None:
         start = time.monotonic()
@@ -109,7 +114,11 @@ class Runner:
         except (ServerStartError, BenchError) as exc:
             self._refused(arm, f"{exc} (log: {log})")
         except TimeoutError:
-            arm.errors.append(f"warm-up and run took longer than {self.config.run_timeout_s:g} s (log: {log})")
+            reason = f"warm-up and run took longer than {self.config.run_timeout_s:g} s (log: {log})"
+            if arm is self.ablation.baseline and not arm.runs:
+                raise AblateError(f"the baseline server timed out: {reason}") from None
+            arm.errors.append(reason)
+            self._timed_out.append(arm)
         finally:
             self._durations.append(time.monotonic() - start)
 
@@ -125,9 +134,10 @@ class Runner:
             print(f"jido ablate: {arm.label} is unavailable: {reason}", file=sys.stderr, flush=True)
 
     async def _timed(self, bench: BenchConfig, arm: Arm, repeat: int) -> dict[str, Any]:
+        if self.requests is None:
+            await asyncio.to_thread(self._draw_requests, bench)
+
         async def warm_then_run() -> dict[str, Any]:
-            if self.requests is None:
-                await asyncio.to_thread(self._draw_requests, bench)
             if self.warmups:
                 await run_benchmark(replace(bench, disable_tqdm=True, goodput=None), self.warmups)
             return await run_benchmark(bench, self.requests, f"{arm.label} [{repeat + 1}/{self.config.repeats}]")

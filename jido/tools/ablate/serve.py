@@ -13,7 +13,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-SERVE_COMMAND = (sys.executable, "-m", "jido.cli", "serve")
+# The `jido` command installed beside this interpreter (a venv's bin/), as a user would run it.
+SERVE_COMMAND = (str(Path(sys.executable).with_name("jido")), "serve")
 _LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
 # A flag in argparse's usage line, with its choices when it lists them: "--dtype {auto,float32}".
 _USAGE_FLAG = re.compile(r"(--[a-z0-9][a-z0-9-]*)(?: \{([^}]*)\})?")
@@ -31,7 +32,11 @@ def serve_options(command: Sequence[str] = SERVE_COMMAND) -> dict[str, tuple[str
     """
     # A wide terminal keeps each flag and its choices on one line; no colour codes in the text.
     env = {**os.environ, "COLUMNS": "10000", "NO_COLOR": "1"}
-    done = subprocess.run([*command, "--help"], capture_output=True, text=True, env=env, timeout=300)
+    try:
+        done = subprocess.run([*command, "--help"], capture_output=True, text=True, env=env, timeout=300)
+    except FileNotFoundError:
+        raise ServerStartError(f"no {command[0]}: install jido into this Python's environment "
+                               "(pip install -e .) so that its `jido` command sits beside the interpreter") from None
     if done.returncode != 0:
         raise ServerStartError(f"{' '.join(command)} --help exited with {done.returncode}: {done.stderr[-500:]}")
     usage = done.stdout.split("\n\n", 1)[0]
