@@ -141,6 +141,8 @@ def test_unknown_techniques_and_bad_settings_are_refused_with_what_is_allowed():
         Technique("t", "scheduler", "", (Setting("off"), Setting("1")), "on")
     with pytest.raises(ValueError, match="serve_args"):
         AblateConfig(serve_args="--model 'unclosed")
+    with pytest.raises(ValueError, match="gain_metric must be one of completed, failed, .*, got 'speed'"):
+        AblateConfig(gain_metric="speed")
 
 
 # -- the runner, against the fake server ------------------------------------------------------------------

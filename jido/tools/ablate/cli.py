@@ -55,7 +55,7 @@ def ablate_main(argv: list[str]) -> int:
     except (ValueError, AblateError, ServerStartError) as exc:
         print(f"jido ablate: error: {exc}", file=sys.stderr)
         return 2
-    summary = summarize(ablation, bench, config.min_gain)
+    summary = summarize(ablation, bench, config)
     _write(ablation, config, bench, header, result_path)
     print(format_report(ablation, summary, config.min_gain, header["machine"]))
     written = [result_path]
@@ -68,7 +68,7 @@ def ablate_main(argv: list[str]) -> int:
 
 
 def _write(ablation: Ablation, config: AblateConfig, bench: BenchConfig, header: dict[str, Any], path: Path) -> None:
-    save_result(path, to_json(ablation, summarize(ablation, bench, config.min_gain), header))
+    save_result(path, to_json(ablation, summarize(ablation, bench, config), header))
 
 
 def _header(config: AblateConfig, bench: BenchConfig, log_dir: Path) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import shlex
 from dataclasses import dataclass
 
 from jido.config import check_positive_int
+from jido.tools.ablate.results import METRICS
 from jido.tools.ablate.techniques import select
 
 
@@ -24,6 +25,9 @@ class AblateConfig:
     num_warmups: int | None = None
     """Warm-up requests (short random prompts, not the run's) before each timed run (default: --max-concurrency,
     else 8)."""
+    gain_metric: str | None = None
+    """The figure a technique must improve to pay, a metric key like output_throughput or p99_ttft_ms (default:
+    request_goodput under --goodput, else output_throughput)."""
     min_gain: float = 0.05
     """A technique pays when its best value beats the technique off by this fraction (and, with repeats, every
     run of it beats every run off)."""
@@ -42,6 +46,8 @@ class AblateConfig:
     def __post_init__(self) -> None:
         select(self.techniques)
         check_positive_int("repeats", self.repeats)
+        if self.gain_metric is not None and self.gain_metric not in METRICS:
+            raise ValueError(f"gain_metric must be one of {', '.join(METRICS)}, got {self.gain_metric!r}")
         if self.num_warmups is not None and (isinstance(self.num_warmups, bool) or self.num_warmups < 0):
             raise ValueError(f"num_warmups must be an integer >= 0, got {self.num_warmups!r}")
         if not 0 <= self.min_gain < math.inf:

@@ -8,7 +8,8 @@ from jido.bench.config import BenchConfig
 from jido.bench.machine import describe_machine
 from jido.planner.doctor import DEFAULT_SLO, diagnose, findings_to_dict, format_findings, observations_from_bench
 from jido.planner.workloads import Slo
-from jido.tools.ablate.results import Ablation, Arm, Step, application_order, gain, gain_metric, ratios
+from jido.tools.ablate.config import AblateConfig
+from jido.tools.ablate.results import Ablation, Arm, Step, application_order, default_gain_metric, gain, ratios
 from jido.tools.ablate.techniques import STAGES
 
 # The table's (and the plot's) columns: metric key, title.
@@ -28,9 +29,9 @@ class Summary:
     doctor: dict[str, Any] | None  # None until the baseline has a run
 
 
-def summarize(ablation: Ablation, bench: BenchConfig, min_gain: float) -> Summary:
-    metric = gain_metric(bench.slos_ms)
-    paid, unpaid = application_order(ablation.techniques, ablation.arms(), metric, min_gain)
+def summarize(ablation: Ablation, bench: BenchConfig, config: AblateConfig) -> Summary:
+    metric = config.gain_metric or default_gain_metric(bench.slos_ms)
+    paid, unpaid = application_order(ablation.techniques, ablation.arms(), metric, config.min_gain)
     doctor = None
     if ablation.baseline.runs:
         slo = Slo(bench.slos_ms.get("ttft", DEFAULT_SLO.ttft_ms), bench.slos_ms.get("tpot", DEFAULT_SLO.tpot_ms))
@@ -116,9 +117,9 @@ def format_doctor(summary: Summary) -> str:
 
 def format_order(ablation: Ablation, summary: Summary, min_gain: float) -> str:
     """seed 004's order of application with the measured gain of each technique that paid."""
-    name = _METRIC_NAMES[summary.metric]
+    name = _METRIC_NAMES.get(summary.metric, summary.metric)
     lines = [f"Order to apply what paid ({' -> '.join(['measure', *STAGES.values()])}), with each one's gain in "
-             f"{name} over the technique off:"]
+             f"{name} over the technique off (times better):"]
     baseline = ablation.baseline.medians().get(summary.metric)
     lines.append(f"  0. measure: the baseline, {'n/a' if baseline is None else f'{baseline:.2f}'} {name}")
     for number, (stage, title) in enumerate(STAGES.items(), start=1):

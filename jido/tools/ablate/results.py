@@ -86,8 +86,9 @@ def ratios(medians: Mapping[str, float | None], baseline: Mapping[str, float | N
     return {key: ratio(medians.get(key), baseline.get(key)) for key in METRICS}
 
 
-def gain_metric(slos_ms: Mapping[str, float]) -> str:
-    """The figure a technique must improve to pay: goodput under the SLOs given, else output throughput."""
+def default_gain_metric(slos_ms: Mapping[str, float]) -> str:
+    """The figure a technique must improve to pay unless told: goodput under the SLOs given, else output
+    throughput."""
     return "request_goodput" if slos_ms else "output_throughput"
 
 

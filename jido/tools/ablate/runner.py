@@ -42,7 +42,7 @@ def plan(config: AblateConfig, options: dict[str, tuple[str, ...] | None]) -> Ab
     common = (*(("--model", config.model) if config.model else ()), *config.common_serve_args)
     techniques, variants, unavailable = [], [], []
     for technique in select(config.techniques):
-        needed = {technique.baseline, technique.off.value}
+        needed = dict.fromkeys((technique.off.value, technique.baseline))
         reason = next(filter(None, (missing(technique.setting(v).serve_args, options) for v in needed)), None)
         if reason is not None:
             unavailable += [{"technique": technique.name, "value": s.value, "reason": reason}
