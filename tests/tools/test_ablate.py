@@ -56,6 +56,14 @@ def test_a_value_with_failed_requests_never_pays_and_goodput_from_nothing_does()
                  "request_goodput", 0.05)
 
 
+def test_among_values_that_score_where_off_scored_nothing_the_best_is_chosen():
+    technique = TECHNIQUES["kv-cache-dtype"]
+    arms = {("kv-cache-dtype", value): arm("kv-cache-dtype", value, 1.0, request_goodput=goodput)
+            for value, goodput in (("auto", 0.0), ("int8", 0.5), ("fp8_e4m3", 0.8), ("fp8_e5m2", 0.0))}
+    paid, _ = application_order([technique], arms, "request_goodput", 0.05)
+    assert [(s.value, s.gain) for s in paid] == [("fp8_e4m3", None)]
+
+
 def example_arms() -> tuple[list[Technique], dict[tuple[str, str], Arm]]:
     """The baseline at 100 tok/s (continuous, chunked prefill, prefix caching, gguf, auto KV) and variants."""
     techniques = select("batching,chunked-prefill,prefix-caching,quantization,kv-cache-dtype")

@@ -1,6 +1,7 @@
 """What an ablation measured: medians and spreads over repeats, ratios to the baseline, gains, the order to apply."""
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -144,9 +145,20 @@ def application_order(techniques: Sequence[Technique], arms: Mapping[tuple[str, 
                     if (arm := arms.get((technique.name, s.value))) is not None and arm.runs}
         if off is None or not off.runs or not measured:
             continue
-        value, best = max(measured.items(), key=lambda item: gain(item[1], off, metric) or 0.0)
+        value, best = max(measured.items(), key=lambda item: _rank(item[1], off, metric))
         step = Step(technique.stage, technique.name, value, gain(best, off, metric), value == technique.baseline)
         (paid if beats(best, off, metric, min_gain) else unpaid).append(step)
     stage_rank = {stage: i for i, stage in enumerate(STAGES)}
     paid.sort(key=lambda s: (stage_rank[s.stage], -(s.gain or float("inf"))))
     return paid, unpaid
+
+
+
+def _rank(arm: Arm, off: Arm, metric: str) -> tuple[float, float]:
+    """The gain to sort values by, then the figure itself: something from nothing (off scored 0) ranks above
+    any ratio, and the larger something first."""
+    value = arm.medians()[metric] or 0.0
+    measured = gain(arm, off, metric)
+    if measured is None:
+        measured = math.inf if value and off.medians()[metric] == 0 and metric in HIGHER_IS_BETTER else 0.0
+    return measured, value if metric in HIGHER_IS_BETTER else -value
