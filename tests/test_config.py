@@ -36,6 +36,17 @@ def test_an_unknown_keyword_names_the_accepted_ones():
     ({"speculative_config": {"method": "ngram"}}, "missing 1 required positional argument: 'num_speculative_tokens'"),
     ({"speculative_config": {"method": "lookahead", "num_speculative_tokens": 2}}, "speculative method must be"),
     ({"kv_transfer_config": {"kv_connector": "shm", "kv_role": "sender"}}, "kv_role must be one of"),
+    ({"kv_offload": {}}, "kv_offload needs at least one tier: 'cpu', 'disk' or 'remote'"),
+    ({"kv_offload": {"gpu": "1GiB"}}, r"kv_offload: unknown key\(s\) \['gpu'\]"),
+    ({"kv_offload": {"cpu": "lots"}}, "kv_offload.cpu: cannot read size 'lots'"),
+    ({"kv_offload": {"cpu": {"size": "1GiB", "codec": "zip"}}}, "kv_offload.cpu.codec must be one of raw, int8, "
+                                                                 "cachegen, got 'zip'"),
+    ({"kv_offload": {"disk": {"size": "1GiB"}}}, r"kv_offload.disk needs a 'path'"),
+    ({"kv_offload": {"disk": "/tmp/kv"}}, "kv_offload.disk must be an object like"),
+    ({"kv_offload": {"remote": "http://127.0.0.1:6379"}}, "kv_offload.remote must be a redis://host:port URL"),
+    ({"kv_offload": {"remote": {"url": "redis://h:1", "timeout_s": 0}}}, "timeout_s must be a positive number"),
+    ({"scheduling_policy": "sjf"}, r"scheduling_policy must be one of \['fcfs', 'lpm', 'priority'\], got 'sjf'"),
+    ({"preemption_mode": "drop"}, r"preemption_mode must be one of \['recompute', 'swap'\], got 'drop'"),
 ])
 def test_bad_values_are_refused_with_what_is_allowed(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -45,6 +56,14 @@ def test_bad_values_are_refused_with_what_is_allowed(kwargs, message):
 def test_json_configs_are_read_from_text_or_dicts():
     config = EngineConfig.from_kwargs(speculative_config='{"method": "ngram", "num_speculative_tokens": 3}')
     assert config.speculative_config == SpeculativeConfig("ngram", 3)
+
+
+def test_kv_offload_tiers_come_in_search_order_with_their_codecs():
+    config = EngineConfig.from_kwargs(kv_offload='{"remote": "redis://127.0.0.1:6379", "codec": "int8", '
+                                                 '"disk": {"path": "/tmp/kv", "size": "1GiB", "codec": "cachegen"}, '
+                                                 '"cpu": "2GiB"}')
+    assert [(t.name, t.size_bytes, t.codec) for t in config.kv_offload.tiers] == [
+        ("cpu", 2 * 2**30, "int8"), ("disk", 2**30, "cachegen"), ("remote", None, "int8")]
 
 
 def test_serve_has_one_flag_per_engine_setting():

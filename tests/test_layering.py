@@ -26,6 +26,8 @@ ALLOWED_SAME_LAYER: set[tuple[str, str]] = {
     ("jido.models", "jido.layers"),  # model families are built from the shared layers
     ("jido.models", "jido.attention"),  # and call the attention backend interface
     ("jido.engine", "jido.executor"),  # the engine core drives the executor seam
+    ("jido.runner", "jido.kvtransfer"),  # the model runner calls its KV connector's worker side
+    ("jido.kvtransfer", "jido.offload"),  # the offload connector keeps blocks in the offload stores
     ("jido.cli", "jido.server"),  # the `jido` command: serve,
     ("jido.cli", "jido.bench"),  # bench,
     ("jido.cli", "jido.tools"),  # roofline, ablate (delegates named by "module:function" strings)

@@ -80,6 +80,9 @@ class AttentionBackend(ABC):
     """
 
     name: str
+    # The token axis of one block, ``kv_cache[:, block_id]``: 1 for ``[2, block_size, kv_heads, width]``. KV
+    # connectors move blocks in a layout of their own (tokens on axis 1) and turn them with this.
+    block_token_dim: int = 1
 
     @staticmethod
     @abstractmethod

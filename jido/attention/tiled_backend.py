@@ -74,6 +74,7 @@ class TiledAttentionBackend(AttentionBackend):
     """
 
     name = "tiled"
+    block_token_dim = 2  # a block is [2, kv_heads, block_size, width]
 
     def __init__(self, query_tile: int = 256, key_tile_blocks: int = 32, decode_split_blocks: int = 32,
                  use_cpp_decode: bool = True, dense_prefill_max_scores: int = DENSE_PREFILL_MAX_SCORES) -> None:

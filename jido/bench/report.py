@@ -45,6 +45,11 @@ def format_table(result: dict[str, Any]) -> str:
     if result.get("server_metrics_available"):
         rows.append(_banner("Server /metrics over the run", "-"))
         rows += [_row(label, result.get(key)) for key, label in _SERVER_ROWS]
+        for tier, counters in result.get("server_kv_offload", {}).items():
+            rows += [_row(f"KV offload {tier}: hit rate", counters["hit_rate"]),
+                     _row(f"KV offload {tier}: loaded MiB", counters.get("loaded_bytes", 0) / 2**20),
+                     _row(f"KV offload {tier}: mean load (ms/block)", counters["mean_load_ms"]),
+                     _row(f"KV offload {tier}: errors", counters.get("errors"))]
     rows += [f"error ({e['count']}x): {e['error'][:200]}" for e in result.get("first_errors", [])]
     if result.get("machine"):
         rows.append(f"Machine: {describe_machine(result['machine'])}")

@@ -20,6 +20,9 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 KV_USAGE_PEAK = "jido:kv_cache_usage_perc_max"
 WAITING, RUNNING = "vllm:num_requests_waiting", "vllm:num_requests_running"
 BATCH_SIZE = "jido:step_num_requests"  # requests per engine step that computed any
+# jido's KV offload tiers, one series per tier label (docs/kv_cache.md).
+OFFLOAD = "jido:kv_offload_"
+OFFLOAD_COUNTERS = ("hits", "misses", "stored_bytes", "loaded_blocks", "loaded_bytes", "load_seconds", "errors")
 
 
 async def scrape(session: aiohttp.ClientSession, url: str) -> Metrics | None:
@@ -80,7 +83,32 @@ def run_metrics(before: Metrics | None, after: Metrics | None, samples: list[Met
     if peaks:  # the scrape before the run reset the peak, so these cover the run alone
         result["server_max_kv_cache_usage"] = max(peaks)
     result["server_max_kv_cache_usage_source"] = KV_USAGE_PEAK if peaks else "sampled every second"
+    tiers = offload_deltas(before, after)
+    if tiers:
+        result["server_kv_offload"] = tiers
     return result
+
+
+def offload_deltas(before: Metrics, after: Metrics) -> dict[str, dict[str, float | None]]:
+    """Per KV offload tier over the run: its counters' deltas, hit rate and mean load latency (ms)."""
+    tiers: dict[str, dict[str, float | None]] = {}
+    for key in OFFLOAD_COUNTERS:
+        for tier, value in _by_tier(after, key).items():
+            tiers.setdefault(tier, {})[key] = value - _by_tier(before, key).get(tier, 0.0)
+    for counters in tiers.values():
+        looked_up = counters.get("hits", 0) + counters.get("misses", 0)
+        counters["hit_rate"] = counters.get("hits", 0) / looked_up if looked_up else None
+        loaded = counters.get("loaded_blocks", 0)
+        counters["mean_load_ms"] = counters.get("load_seconds", 0) / loaded * 1000 if loaded else None
+    return tiers
+
+
+def _by_tier(metrics: Metrics, key: str) -> dict[str, float]:
+    samples = metrics.samples.get(f"{OFFLOAD}{key}_total", [])
+    totals: dict[str, float] = {}
+    for labels, value in samples:
+        totals[labels.get("tier", "")] = totals.get(labels.get("tier", ""), 0.0) + value
+    return totals
 
 
 def _delta(before: Metrics, after: Metrics, name: str) -> float | None:

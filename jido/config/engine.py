@@ -7,16 +7,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jido.config.cache import CacheConfig
+from jido.config.kv_offload import KVOffloadConfig
 from jido.config.kv_transfer import KVTransferConfig
 from jido.config.model import DeviceConfig, ModelConfig
 from jido.config.parallel import ParallelConfig
 from jido.config.scheduler import SchedulerConfig
 from jido.config.speculative import SpeculativeConfig
 
+DEFAULT_SWAP_SPACE = "4GiB"  # the CPU tier preemption_mode="swap" adds when kv_offload has none
 # The configs whose fields are flat flags (``--block-size``) and ``LLM(...)`` keywords.
 FLAT_CONFIGS: tuple[type, ...] = (ModelConfig, DeviceConfig, CacheConfig, SchedulerConfig, ParallelConfig)
 # The configs given whole, as a dict or JSON text (``--speculative-config '{"method": ...}'``).
-JSON_CONFIGS: dict[str, type] = {"speculative_config": SpeculativeConfig, "kv_transfer_config": KVTransferConfig}
+JSON_CONFIGS: dict[str, type] = {"speculative_config": SpeculativeConfig, "kv_transfer_config": KVTransferConfig,
+                                 "kv_offload": KVOffloadConfig}
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,18 @@ class EngineConfig:
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     speculative_config: SpeculativeConfig | None = None
     kv_transfer_config: KVTransferConfig | None = None
+    kv_offload: KVOffloadConfig | None = None
+
+    def __post_init__(self) -> None:
+        # Swapping preempted requests out needs a CPU tier to swap to: vLLM's default swap space, 4 GiB (a
+        # budget, not an allocation). A tier the size of the pool was too small: every decode step releases
+        # the blocks sliding windows passed, and the tier's LRU dropped the preempted request's before it resumed.
+        if self.scheduler_config.preemption_mode == "swap":
+            offload = self.kv_offload
+            if offload is None:
+                object.__setattr__(self, "kv_offload", KVOffloadConfig(cpu=DEFAULT_SWAP_SPACE))
+            elif offload.cpu is None:
+                raise ValueError("preemption_mode='swap' swaps to kv_offload's cpu tier: add \"cpu\": SIZE to it")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

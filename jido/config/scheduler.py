@@ -7,6 +7,8 @@ from typing import Literal, get_args
 
 from jido.config.size import check_positive_int
 
+SchedulingPolicy = Literal["fcfs", "lpm", "priority"]
+PreemptionMode = Literal["recompute", "swap"]
 SchedulingMode = Literal["continuous", "dynamic", "static"]
 SCHEDULING_MODES: tuple[str, ...] = get_args(SchedulingMode)
 
@@ -19,6 +21,14 @@ class SchedulerConfig:
     """Requests running at once (one step computes a token or a prompt chunk for each)."""
     max_num_batched_tokens: int = 2048
     """Tokens one step computes; longer prompts are prefilled in chunks."""
+    scheduling_policy: SchedulingPolicy = "fcfs"
+    """Order of admission: fcfs (arrival), lpm (longest cached prefix first, bounded so none starves), priority
+    (each request's priority, lower first; under memory pressure the least urgent is preempted)."""
+
+    preemption_mode: PreemptionMode = "recompute"
+    """What a request preempted for lack of blocks loses: recompute (its blocks go back to the cache; what was
+    evicted meanwhile is recomputed) or swap (its blocks are copied to a CPU tier and loaded back: kv_offload's
+    cpu tier, or a 4 GiB one when kv_offload is unset)."""
     enable_chunked_prefill: bool = True
     """Split a prompt longer than the step's token budget across steps; off, every prompt is computed whole in
     one step, so max_model_len is capped at max_num_batched_tokens."""
@@ -30,6 +40,12 @@ class SchedulerConfig:
     """dynamic: how long the oldest waiting request waits for its batch to fill before it runs part-full."""
 
     def __post_init__(self) -> None:
+        if self.preemption_mode not in get_args(PreemptionMode):
+            raise ValueError(f"preemption_mode must be one of {list(get_args(PreemptionMode))}, "
+                             f"got {self.preemption_mode!r}")
+        if self.scheduling_policy not in get_args(SchedulingPolicy):
+            raise ValueError(f"scheduling_policy must be one of {list(get_args(SchedulingPolicy))}, "
+                             f"got {self.scheduling_policy!r}")
         check_positive_int("max_num_seqs", self.max_num_seqs)
         check_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
         if self.scheduling_mode not in SCHEDULING_MODES:

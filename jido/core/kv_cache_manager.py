@@ -1,9 +1,10 @@
 """KVCacheManager: each request's block tables (one per layer group), prefix-cache lookups and slot allocation."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from jido.core.block_pool import BlockPool, KVCacheBlock
+from jido.core.kv_connector import ReleasedBlock
 from jido.core.request import Request
 from jido.utils.hashing import BlockHash, hash_block_tokens
 
@@ -59,7 +60,7 @@ class KVCacheManager:
         from computing every prompt token. Nothing is taken: call :meth:`allocate_slots` with the blocks
         to keep them.
         """
-        if not self._reads_prefix_cache(request):
+        if not self.reads_prefix_cache(request):
             return [[] for _ in self.sliding_windows], 0
         self._update_block_hashes(request)
         limit = (request.num_tokens - 1) // self.block_size
@@ -73,7 +74,8 @@ class KVCacheManager:
         hits = [self._hit_table(g, blocks, num_hit) for g, blocks in enumerate(cached)]
         return hits, num_hit * self.block_size
 
-    def _reads_prefix_cache(self, request: Request) -> bool:
+    def reads_prefix_cache(self, request: Request) -> bool:
+        """Whether the request may start from cached KV (device or external): not while it owes prompt logprobs."""
         # NOTE: the runner takes a new request with outputs as one whose prompt logprobs were sent.
         owes_prompt_logprobs = request.sampling_params.prompt_logprobs is not None and not request.output_token_ids
         return self.enable_caching and not owes_prompt_logprobs
@@ -145,7 +147,7 @@ class KVCacheManager:
         return new_blocks
 
     def _start_tables(self, request: Request, computed: list[BlockTable]) -> list[BlockTable]:
-        if self._reads_prefix_cache(request):
+        if self.reads_prefix_cache(request):
             self.prefix_cache_queries += request.num_tokens
             self.prefix_cache_hits += len(computed[0]) * self.block_size
         self.pool.touch(b for blocks in computed for b in blocks if b is not None)
@@ -156,6 +158,18 @@ class KVCacheManager:
         self._num_released[request.request_id] = [next((i for i, b in enumerate(t) if b is not None), len(t))
                                                   for t in tables]
         return tables
+
+    def has_blocks(self, request_id: str) -> bool:
+        """Whether the request holds block tables (it was allocated and not freed since)."""
+        return request_id in self.req_to_blocks
+
+    def set_release_listener(self, listener: Callable[[ReleasedBlock], None]) -> None:
+        """Call ``listener`` with each cached block no request holds any more (the pool may reuse it from then on)."""
+        self.pool.on_release = lambda block: listener(ReleasedBlock(block.block_id, block.block_hash, block.token_ids))
+
+    def release_dead_blocks(self, request: Request) -> None:
+        """Free the sliding-window blocks ``request.num_computed_tokens`` has passed (after an external load)."""
+        self._release_dead_blocks(request, self.req_to_blocks[request.request_id])
 
     def _release_dead_blocks(self, request: Request, tables: list[BlockTable]) -> None:
         # Only positions that died since the last call are looked at: the work per step stays constant.

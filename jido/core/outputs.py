@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from jido.core.kv_connector import KVConnectorOutput
 from jido.core.sampling_params import SamplingParams
 from jido.metrics.stats import IterationStats, SchedulerStats
 
@@ -40,6 +42,8 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)  # finished, aborted or preempted since last step
     # Proposed tokens to verify this step, after each request's last known token (speculative decoding).
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # The KV connector's instructions to the workers for this step (jido.core.kv_connector); None without one.
+    kv_connector_metadata: Any = None
 
     @property
     def is_empty(self) -> bool:
@@ -82,6 +86,7 @@ class ModelRunnerOutput:
     logprobs: dict[str, list[Logprobs]] = field(default_factory=dict)  # one per sampled token
     # For requests that asked, in the step that computed the end of their prompt.
     prompt_logprobs: dict[str, PromptLogprobsLists] = field(default_factory=dict)
+    kv_connector_output: KVConnectorOutput | None = None  # the workers' transfers, with a KV connector
     prepare_time_s: float = 0.0
     model_time_s: float = 0.0
     sample_time_s: float = 0.0

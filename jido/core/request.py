@@ -10,6 +10,7 @@ from jido.utils.hashing import BlockHash
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"  # holds blocks a connector is loading into
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_STOPPED = "stop"
@@ -31,7 +32,7 @@ class Request:
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                 eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None) -> None:
+                 eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None, priority: int = 0) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -47,6 +48,8 @@ class Request:
         self.block_hashes: list[BlockHash] = []
         self.first_scheduled_time: float | None = None
         self.spec_token_ids: list[int] = []  # proposed next tokens, verified in the next step
+        self.priority = priority  # vLLM's: lower is served first under the priority policy
+        self.num_bypasses = 0  # under lpm, scheduling passes spent ranked behind later arrivals
 
     @property
     def num_tokens_with_spec(self) -> int:

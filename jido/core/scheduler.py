@@ -8,9 +8,13 @@ from dataclasses import dataclass
 from jido.core.batching_mode import make_batching_mode
 from jido.core.block_pool import KVCacheBlock
 from jido.core.kv_cache_manager import KVCacheManager
+from jido.core.kv_connector import KVConnectorScheduler
+from jido.core.kv_loading import ExternalKVLoads
 from jido.core.outputs import (CachedRequestData, EngineCoreOutput, Logprobs, ModelRunnerOutput, NewRequestData,
                                SchedulerOutput)
+from jido.core.pinned_prefixes import PinnedPrefixes
 from jido.core.request import Request, RequestStatus
+from jido.core.scheduling_policy import order_waiting, preemption_victim
 from jido.metrics.stats import SchedulerStats
 
 
@@ -20,6 +24,7 @@ class SchedulerLimits:
     max_num_batched_tokens: int
     max_model_len: int
     num_lookahead_tokens: int = 0  # slots kept free after each running request for next step's proposals
+    policy: str = "fcfs"  # fcfs | lpm | priority (jido.core.scheduling_policy)
     enable_chunked_prefill: bool = True  # off: a prompt is admitted only when it fits the budget whole
     scheduling_mode: str = "continuous"  # continuous | dynamic | static (jido.core.batching_mode)
     max_batch_wait_s: float = 0.1  # dynamic: how long a batch waits to fill
@@ -31,12 +36,19 @@ class Scheduler:
     Each step first serves running requests (decodes before prefill chunks), preempting the newest
     running request when blocks run out, then admits waiting requests in arrival order while the token
     budget, ``max_num_seqs``, free blocks and the batching mode allow. Prompts longer than the budget are
-    prefilled in chunks.
+    prefilled in chunks. With a KV connector, a waiting request whose prefix the connector holds beyond the
+    device's cache first waits for it to be loaded (``ExternalKVLoads``), outside the step.
     """
 
-    def __init__(self, limits: SchedulerLimits, kv_cache_manager: KVCacheManager) -> None:
+    def __init__(self, limits: SchedulerLimits, kv_cache_manager: KVCacheManager,
+                 connector: KVConnectorScheduler | None = None) -> None:
         self.limits = limits
         self.kv = kv_cache_manager
+        self.connector = connector
+        self.loads = ExternalKVLoads(connector, kv_cache_manager) if connector is not None else None
+        self.pins = PinnedPrefixes(kv_cache_manager)
+        if connector is not None:
+            kv_cache_manager.set_release_listener(lambda block: connector.on_blocks_released([block]))
         self.batching = make_batching_mode(limits.scheduling_mode, limits.max_num_seqs, limits.max_batch_wait_s)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
@@ -62,7 +74,7 @@ class Scheduler:
                 self._finish(request, status)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.loads)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -70,8 +82,9 @@ class Scheduler:
         return self.kv.usage
 
     def stats(self) -> SchedulerStats:
-        return SchedulerStats(len(self.running), len(self.waiting), self.kv_cache_usage,
+        return SchedulerStats(len(self.running), len(self.waiting) + len(self.loads or ()), self.kv_cache_usage,
                               self.kv.prefix_cache_queries, self.kv.prefix_cache_hits, self.num_preemptions,
+                              self.connector.stats() if self.connector is not None else (), self.pins.stats(),
                               admission_wait_s=self.batching.wait_s(len(self.running), self.waiting,
                                                                     time.monotonic()))
 
@@ -116,7 +129,7 @@ class Scheduler:
             blocks = self.kv.allocate_slots(request, num_new, num_lookahead_tokens=self.limits.num_lookahead_tokens)
             if blocks is not None:
                 return blocks
-            victim = self.running[-1]
+            victim = preemption_victim(self.running, self.limits.policy)
             num_scheduled.pop(victim.request_id, None)
             new_block_ids.pop(victim.request_id, None)
             self._preempt(victim)
@@ -125,10 +138,21 @@ class Scheduler:
 
     def _schedule_waiting(self, num_scheduled: dict[str, int], new_block_ids: dict[str, list[list[int]]],
                           budget: int) -> None:
+        self.waiting = order_waiting(self.waiting, self.limits.policy, self._cached_len)
         num_admissible = self.batching.num_admissible(len(self.running), self.waiting, time.monotonic())
         while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs and num_admissible > 0:
             request = self.waiting[0]
-            hits, num_hit_tokens = self.kv.get_computed_blocks(request)
+            if self.kv.has_blocks(request.request_id):  # back from an external load: its blocks are attached
+                hits, num_hit_tokens = None, request.num_computed_tokens
+            else:
+                hits, num_hit_tokens = self.kv.get_computed_blocks(request)
+                if self.loads is not None:
+                    started = self.loads.try_start(request, hits, num_hit_tokens)
+                    if started is None:
+                        break
+                    if started:
+                        self.waiting.popleft()
+                        continue
             if not self.limits.enable_chunked_prefill and request.num_tokens - num_hit_tokens > budget:
                 break
             num_new = min(request.num_tokens - num_hit_tokens, budget)
@@ -143,11 +167,16 @@ class Scheduler:
             request.num_computed_tokens = num_hit_tokens
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit_tokens
+                self.pins.count_hit(request, num_hit_tokens)
                 request.first_scheduled_time = time.monotonic()
                 self._queue_times.append(request.first_scheduled_time - request.arrival_time)
             num_scheduled[request.request_id] = num_new
             new_block_ids[request.request_id] = _ids(blocks)
             budget -= num_new
+
+    def _cached_len(self, request: Request) -> int:
+        return request.num_computed_tokens if self.kv.has_blocks(request.request_id) \
+            else self.kv.get_computed_blocks(request)[1]
 
     def _make_output(self, num_scheduled: dict[str, int],
                      new_block_ids: dict[str, list[list[int]]]) -> SchedulerOutput:
@@ -165,8 +194,9 @@ class Scheduler:
                 req_id, list(request.all_token_ids), request.num_prompt_tokens, request.sampling_params,
                 request.eos_token_ids, self.kv.get_block_ids(req_id), request.num_computed_tokens))
         dropped, self._dropped = self._dropped, set()
+        meta = self.connector.build_connector_meta() if self.connector is not None else None
         return SchedulerOutput(new_reqs, cached_reqs, num_scheduled, sum(num_scheduled.values()), dropped,
-                               spec_tokens)
+                               spec_tokens, meta)
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
@@ -177,6 +207,9 @@ class Scheduler:
         first rejected proposal.
         """
         outputs = []
+        if self.loads is not None and runner_output.kv_connector_output is not None:
+            # Requests whose loads ended go back to the front of the queue, in the order they arrived.
+            self.waiting.extendleft(reversed(self.loads.finish(runner_output.kv_connector_output)))
         for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
             request = self.requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING:
@@ -250,7 +283,10 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         request.status = status
-        self.kv.free(request)
+        if self.connector is not None:
+            self.connector.request_finished(request)
+        if self.loads is None or not self.loads.abandon(request):
+            self.kv.free(request)
         self._forget_in_runner(request.request_id)
         del self.requests[request.request_id]
 

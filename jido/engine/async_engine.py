@@ -45,11 +45,18 @@ class _Add:
     prompt: PromptType
     params: SamplingParams
     arrival_time: float
+    priority: int = 0
+    pin: bool = False  # prefill the prompt and pin its KV blocks (LLMEngine.add_pin_request)
 
 
 @dataclass(frozen=True)
 class _Abort:
     request_id: str
+
+
+@dataclass(frozen=True)
+class _Unpin:
+    pin_id: str
 
 
 _STOP = object()
@@ -152,12 +159,13 @@ class AsyncEngine:
         return max(0, self.max_num_seqs - self.last_report.stats.num_running)
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    arrival_time: float | None = None) -> RequestStream:
+                    arrival_time: float | None = None, priority: int = 0, pin: bool = False) -> RequestStream:
         """Queue a request and return its stream.
 
         Raises EngineStoppedError while draining or after a failure, and EngineOverloadedError when
         the sequences not yet running would exceed ``max_waiting_requests`` plus the free running
-        slots. Invalid input surfaces as a ValueError raised by the stream.
+        slots. Invalid input surfaces as a ValueError raised by the stream. With ``pin`` the request
+        prefills its prompt and pins its KV blocks under ``request_id`` (``LLMEngine.add_pin_request``).
         """
         if not self.accepting or self.error is not None:
             raise EngineStoppedError("the engine is shutting down" if self.error is None
@@ -167,7 +175,7 @@ class AsyncEngine:
         self._streams[request_id] = stream
         self._num_submitted += params.n
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        self._inbox.put(_Add(request_id, prompt, params, arrival))
+        self._inbox.put(_Add(request_id, prompt, params, arrival, priority, pin))
         return stream
 
     def _check_room(self, num_seqs: int) -> None:
@@ -178,6 +186,10 @@ class AsyncEngine:
             raise EngineOverloadedError(f"{waiting} sequences are already waiting and {free} of "
                                         f"{self.max_num_seqs} running slots are free (the waiting limit is "
                                         f"{self.max_waiting_requests}); retry later")
+
+    def unpin(self, pin_id: str) -> None:
+        """Release a pinned prefix's blocks on the engine thread (an unknown id is ignored there)."""
+        self._inbox.put(_Unpin(pin_id))
 
     def release(self, request_id: str, abort: bool) -> None:
         """Forget a stream; with ``abort`` also stop the request and free its KV blocks."""
@@ -268,13 +280,23 @@ class AsyncEngine:
             except queue.Empty:
                 return True
 
-    def _apply(self, command: _Add | _Abort) -> None:
+    def _apply(self, command: _Add | _Abort | _Unpin) -> None:
         if isinstance(command, _Abort):
             self.engine.abort_request([command.request_id])
             return
+        if isinstance(command, _Unpin):
+            try:
+                self.engine.unpin(command.pin_id)
+            except KeyError:
+                pass  # deleted twice: the first one freed it
+            return
         self._num_added += command.params.n
         try:
-            self.engine.add_request(command.request_id, command.prompt, command.params, command.arrival_time)
+            if command.pin:
+                self.engine.add_pin_request(command.request_id, command.prompt, command.arrival_time)
+            else:
+                self.engine.add_request(command.request_id, command.prompt, command.params, command.arrival_time,
+                                        command.priority)
         except ValueError as exc:
             self._call(self._fail, command.request_id, exc)
 

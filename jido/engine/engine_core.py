@@ -13,9 +13,11 @@ from jido.core.kv_cache_manager import KVCacheManager
 from jido.core.kv_cache_spec import (KVCacheConfig, SlidingWindowSpec, blocks_per_request, make_kv_cache_config,
                                     peak_blocks_per_request)
 from jido.core.outputs import EngineCoreOutputs
+from jido.core.pinned_prefixes import PinTooLargeError
 from jido.core.request import Request, RequestStatus
 from jido.core.scheduler import Scheduler, SchedulerLimits
 from jido.executor.abstract import Executor, get_executor_class
+from jido.kvtransfer.factory import make_scheduler_connector
 from jido.metrics.stats import IterationStats, SchedulerStats
 from jido.models.config import ModelArchConfig
 
@@ -102,6 +104,8 @@ class EngineCore:
         if config.speculative_config is not None or config.kv_transfer_config is not None:
             raise ValueError("speculative_config and kv_transfer_config are accepted by the configuration but "
                              "this version of jido runs neither: leave them unset")
+        if config.kv_offload is not None and not config.cache_config.enable_prefix_caching:
+            raise ValueError("kv_offload keeps the blocks the prefix cache evicts: it needs enable_prefix_caching")
         executor_class = executor_class or get_executor_class(config.parallel_config.distributed_executor_backend)
         self.executor = executor_class(config, model_folder)
         try:
@@ -114,10 +118,14 @@ class EngineCore:
         kv_manager = KVCacheManager(kv_config.num_blocks, kv_config.block_size,
                                     config.cache_config.enable_prefix_caching, windows)
         sched = config.scheduler_config
-        self.scheduler = Scheduler(SchedulerLimits(
-            sched.max_num_seqs, sched.max_num_batched_tokens, self.kv_plan.max_model_len,
-            enable_chunked_prefill=sched.enable_chunked_prefill, scheduling_mode=sched.scheduling_mode,
-            max_batch_wait_s=sched.max_batch_wait_ms / 1000), kv_manager)
+        connector = None
+        if config.kv_offload is not None:
+            fingerprint = self.executor.collective_rpc("kv_fingerprint")[0]
+            connector = make_scheduler_connector(config, kv_config, fingerprint)
+        limits = SchedulerLimits(sched.max_num_seqs, sched.max_num_batched_tokens, self.kv_plan.max_model_len,
+                                 policy=sched.scheduling_policy, enable_chunked_prefill=sched.enable_chunked_prefill,
+                                 scheduling_mode=sched.scheduling_mode, max_batch_wait_s=sched.max_batch_wait_ms / 1000)
+        self.scheduler = Scheduler(limits, kv_manager, connector)
 
     def _initialize_kv_cache(self, model_arch: ModelArchConfig) -> KVCachePlan:
         specs = self.executor.get_kv_cache_spec()
@@ -145,6 +153,34 @@ class EngineCore:
 
     def get_scheduler_stats(self) -> SchedulerStats:
         return self.scheduler.stats()
+
+    def check_pin_fits(self, num_tokens: int, reserved_blocks: int = 0) -> int:
+        """The pool blocks a pin of ``num_tokens`` tokens holds once prefilled.
+
+        A pin is taken only if a request of ``max_model_len`` tokens still fits beside every pin, so pins never
+        starve, preempt or evict running work (the pin's own prefill waits for room as any request does).
+
+        Raises:
+            PinTooLargeError: it does not fit beside the pins held and ``reserved_blocks`` still prefilling.
+        """
+        kv = self.kv_plan.kv_cache_config
+        needed = blocks_per_request(kv, num_tokens + 1)
+        peak = peak_blocks_per_request(kv, self.kv_plan.max_model_len, self.config.scheduler_config.max_num_batched_tokens)
+        room = self.scheduler.pins.room(peak) - reserved_blocks
+        if needed > room:
+            raise PinTooLargeError(
+                f"pinning {num_tokens} tokens holds {needed} KV blocks, but only {max(room, 0)} of the pool's "
+                f"{kv.num_blocks} can be pinned while a {self.kv_plan.max_model_len}-token request still fits "
+                f"beside the pins ({self.scheduler.pins.num_blocks} blocks are pinned): unpin a prefix, lower "
+                "max_model_len or raise kv_cache_memory")
+        return needed
+
+    def pin_prefix(self, pin_id: str, token_ids: list[int]) -> int:
+        """Pin the cached blocks of a prefix just prefilled; returns the tokens they cover."""
+        return self.scheduler.pins.pin(pin_id, token_ids)
+
+    def unpin_prefix(self, pin_id: str) -> None:
+        self.scheduler.pins.unpin(pin_id)
 
     def reset_prefix_cache(self) -> None:
         self.scheduler.kv.reset_prefix_cache()

@@ -34,6 +34,23 @@ class LLM:
         """Forget every cached prefix (as vLLM's ``LLM.reset_prefix_cache``); running requests keep their blocks."""
         self.llm_engine.reset_prefix_cache()
 
+    def pin_prefix(self, prompt: PromptType) -> dict:
+        """Prefill ``prompt`` and pin its KV in the device pool (cache-augmented generation); later prompts that
+        start with it reuse it until :meth:`unpin_prefix`. Returns ``{"id", "num_tokens", "num_pinned_tokens"}``.
+
+        Raises ValueError (``PinTooLargeError``) when pins may not hold that many blocks.
+        """
+        pin_id = f"pin-{next(self._request_counter)}"
+        processed = self._tokenize(prompt)
+        self.llm_engine.add_pin_request(pin_id, processed)
+        self._run([pin_id], use_tqdm=False)
+        pinned = next(p for p in self.llm_engine.get_scheduler_stats().pinned if p.pin_id == pin_id)
+        return {"id": pin_id, "num_tokens": len(processed.token_ids), "num_pinned_tokens": pinned.num_tokens}
+
+    def unpin_prefix(self, pin_id: str) -> None:
+        """Release a pinned prefix (its blocks stay cached until evicted). Raises KeyError for an unknown id."""
+        self.llm_engine.unpin(pin_id)
+
     def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
                        kwargs: dict[str, Any] | None = None) -> list[Any]:
         """Call a worker method (or ``fn(worker, ...)``) on every worker, as vLLM's ``LLM.collective_rpc``."""
@@ -45,19 +62,24 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order.
+
+        ``priority`` (one per prompt, lower first) orders admission under ``scheduling_policy="priority"``.
 
         Every prompt is validated before any is queued, so a bad one raises ValueError and leaves the
         engine as it was.
         """
         prompt_list = _as_prompt_list(prompts)
         params_list = _as_params_list(sampling_params, len(prompt_list))
+        priorities = list(priority) if priority is not None else [0] * len(prompt_list)
+        if len(priorities) != len(prompt_list):
+            raise ValueError(f"got {len(priorities)} priorities for {len(prompt_list)} prompts: give one per prompt")
         tokenized = [self._tokenize(prompt) for prompt in prompt_list]
         request_ids = [str(next(self._request_counter)) for _ in prompt_list]
         try:
-            for request_id, prompt, params in zip(request_ids, tokenized, params_list):
-                self.llm_engine.add_request(request_id, prompt, params)
+            for request_id, prompt, params, rank in zip(request_ids, tokenized, params_list, priorities):
+                self.llm_engine.add_request(request_id, prompt, params, priority=rank)
             return self._run(request_ids, use_tqdm)
         except BaseException:
             self.llm_engine.abort_request(request_ids)

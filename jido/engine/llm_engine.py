@@ -79,6 +79,8 @@ class LLMEngine:
         self.last_iteration_stats: IterationStats | None = None
         self._parents: dict[str, _Parent] = {}
         self._child_to_parent: dict[str, tuple[str, int]] = {}
+        self._pending_pins: dict[str, tuple[list[int], int]] = {}  # pin id -> (prompt ids, blocks reserved)
+        self.kv_block_bytes = self.core.kv_plan.kv_cache_config.block_bytes
 
     # -- input ----------------------------------------------------------------------------------
     def process_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
@@ -130,8 +132,13 @@ class LLMEngine:
                              "tokens, leaving room for one generated token")
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
-        """Validate and queue a request; on ValueError nothing was queued."""
+                    arrival_time: float | None = None, priority: int = 0) -> None:
+        """Validate and queue a request; on ValueError nothing was queued.
+
+        ``priority`` orders admission under ``scheduling_policy="priority"`` (lower first), as in vLLM.
+        """
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
         if request_id in self._parents:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not isinstance(params, SamplingParams):
@@ -146,7 +153,7 @@ class LLMEngine:
         for i, child_params in enumerate(children):
             child_id = request_id if params.n == 1 else f"{i}_{request_id}"
             self._child_to_parent[child_id] = (request_id, i)
-            self.core.add_request(Request(child_id, ids, child_params, self.eos_token_ids, arrival))
+            self.core.add_request(Request(child_id, ids, child_params, self.eos_token_ids, arrival, priority))
 
     @staticmethod
     def _child_params(params: SamplingParams) -> list[SamplingParams]:
@@ -157,6 +164,26 @@ class LLMEngine:
         return [dataclasses.replace(params, n=1, seed=None if params.seed is None else _wrap_int64(params.seed + i))
                 for i in range(params.n)]
 
+    def add_pin_request(self, pin_id: str, prompt: PromptType, arrival_time: float | None = None) -> None:
+        """Prefill ``prompt`` and pin its KV blocks once done (cache-augmented generation), as request ``pin_id``.
+
+        Later prompts that start with it reuse its blocks, which the pool never evicts until
+        :meth:`unpin`. Raises ValueError for a bad prompt or a used id, and ``PinTooLargeError`` (a
+        ValueError) when pins may not hold that many blocks; then nothing was queued.
+        """
+        if pin_id in self._pending_pins or pin_id in self.core.scheduler.pins:
+            raise ValueError(f"pinned prefix id {pin_id!r} is already in use")
+        if not isinstance(prompt, ProcessedPrompt):
+            prompt = self.prepare_prompt(prompt)
+        reserved = sum(blocks for _, blocks in self._pending_pins.values())
+        needed = self.core.check_pin_fits(len(prompt.token_ids), reserved)
+        self.add_request(pin_id, prompt, SamplingParams(max_tokens=1, temperature=0), arrival_time)
+        self._pending_pins[pin_id] = (prompt.token_ids, needed)
+
+    def unpin(self, pin_id: str) -> None:
+        """Release a pinned prefix's blocks to the cache. Raises KeyError for an id that is not pinned."""
+        self.core.unpin_prefix(pin_id)
+
     def abort_request(self, request_ids: list[str]) -> None:
         child_ids = [c for c, (parent, _) in self._child_to_parent.items() if parent in request_ids]
         self.core.abort_requests(child_ids)
@@ -164,6 +191,7 @@ class LLMEngine:
             del self._child_to_parent[child_id]
         for request_id in request_ids:
             self._parents.pop(request_id, None)
+            self._pending_pins.pop(request_id, None)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._parents)
@@ -217,6 +245,8 @@ class LLMEngine:
             results.append(self._make_output(parent))
             if parent.finished:
                 del self._parents[parent_id]
+                if parent_id in self._pending_pins:  # its blocks are cached and free: hold them before any step
+                    self.core.pin_prefix(parent_id, self._pending_pins.pop(parent_id)[0])
         return results
 
     def _apply(self, parent: _Parent, seq: _Sequence, out: EngineCoreOutput, now: float) -> None:

@@ -36,4 +36,5 @@ class UniprocExecutor(Executor):
         self.worker.check_health()
 
     def shutdown(self) -> None:
-        """Nothing to stop: the worker lives and dies with this process."""
+        """The worker lives and dies with this process; only its background transfers stop here."""
+        self.worker.shutdown()

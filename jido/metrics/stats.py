@@ -14,9 +14,38 @@ class SchedulerStats:
     prefix_cache_queries: int = 0  # cumulative prompt tokens looked up
     prefix_cache_hits: int = 0  # cumulative, of which found
     num_preemptions: int = 0  # cumulative
+    kv_connector: tuple = ()  # the KV connector's cumulative records (KVTierStats per offload tier)
+    pinned: tuple = ()  # PinnedPrefixStats per pinned prefix (cache-augmented generation)
     # Seconds the batching mode holds waiting requests back while nothing runs (dynamic batching waiting for its
     # batch to fill), unless more arrive; 0 when a step would admit them.
     admission_wait_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class PinnedPrefixStats:
+    """One pinned prefix: its blocks stay in the device pool until it is unpinned."""
+
+    pin_id: str
+    num_tokens: int  # tokens whose KV is pinned (whole blocks of the prompt)
+    num_blocks: int  # pool blocks held, over every layer group
+    hits: int = 0  # requests admitted whose cached prefix covered it
+
+
+@dataclass(frozen=True)
+class KVTierStats:
+    """One KV offload tier since the engine started: lookups, transfers and faults, all cumulative."""
+
+    tier: str  # cpu | disk | remote
+    hits: int = 0  # blocks looked up and found here
+    misses: int = 0  # blocks looked up here and not found
+    stored_blocks: int = 0
+    stored_bytes: int = 0
+    loaded_blocks: int = 0
+    loaded_bytes: int = 0
+    load_seconds: float = 0.0  # summed over loaded blocks, reading and decoding
+    errors: int = 0  # failed lookups, writes and reads, corrupt entries
+    used_bytes: int = 0  # held now (local tiers)
+    enabled: bool = True
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ class Observations:
     mean_output_len: float | None = None
     num_requests_waiting: float | None = None
     num_requests_running: float | None = None
+    kv_offload_hit_rate: float | None = None  # blocks found in the offload tiers / looked up; None: no tier
 
     def __post_init__(self) -> None:
         if self.kv_cache_usage is not None and not 0 <= self.kv_cache_usage <= 1:
@@ -63,6 +64,11 @@ def observations_from_bench(result: Mapping[str, Any]) -> Observations:
         values["mean_input_len"] = result["total_input_tokens"] / completed
     if "mean_output_len" not in values and completed and "total_output_tokens" in result:
         values["mean_output_len"] = result["total_output_tokens"] / completed
+    tiers = result.get("server_kv_offload") or {}
+    hits = sum(t.get("hits") or 0 for t in tiers.values())
+    looked_up = hits + sum(t.get("misses") or 0 for t in tiers.values())
+    if looked_up:
+        values["kv_offload_hit_rate"] = hits / looked_up
     if values.get("kv_cache_usage", 0) > 1:  # given in percent
         values["kv_cache_usage"] /= 100
     return Observations(**values)
@@ -81,7 +87,10 @@ def observations_from_metrics(m: Metrics) -> Observations:
     usage = m.total("vllm:gpu_cache_usage_perc") if usage is None else usage
     queries = m.total("vllm:prefix_cache_queries") or m.total("vllm:gpu_prefix_cache_queries")
     hits = m.total("vllm:prefix_cache_hits") or m.total("vllm:gpu_prefix_cache_hits")
+    offload_hits, offload_misses = m.total("jido:kv_offload_hits"), m.total("jido:kv_offload_misses")
+    offload_looked_up = (offload_hits or 0) + (offload_misses or 0)
     return Observations(
+        kv_offload_hit_rate=offload_hits / offload_looked_up if offload_looked_up else None,
         completed=m.total("vllm:request_success"),
         mean_ttft_ms=_ms(m.histogram_mean(ttft)),
         p99_ttft_ms=_ms(m.histogram_quantile(ttft, 0.99)),
@@ -206,8 +215,31 @@ def _tail_latency(o: Observations, slo: Slo) -> Finding | None:
                     "isolate long requests (a separate pool, or P/D disaggregation)"))
 
 
+def _evicted_prefixes(o: Observations, slo: Slo) -> Finding | None:
+    """Long prompts that miss the prefix cache while the pool is full: repeated prefixes are being evicted."""
+    long_prompts = (o.mean_input_len or 0) >= LONG_PROMPT_TOKENS / 2
+    missing = o.prefix_cache_hit_rate is not None and o.prefix_cache_hit_rate < 0.5
+    full = (o.kv_cache_usage or 0) >= 0.8 or (o.num_preemptions or 0) > 0
+    if not (long_prompts and missing and full):
+        return None
+    if o.kv_offload_hit_rate is None:
+        knobs = ("--kv-offload '{\"cpu\": \"4GiB\"}': evicted prefixes come back from host memory instead of "
+                 "being recomputed (add \"disk\" or a shared \"remote\" Redis for more)",
+                 "POST /v1/cache to pin documents that many requests ask about (cache-augmented generation)",
+                 "--scheduling-policy lpm: serve the requests whose prefix is cached first")
+    else:
+        knobs = ("raise the offload tiers' sizes (--kv-offload): their hit rate is low",
+                 "POST /v1/cache to pin the documents asked about most",
+                 "--scheduling-policy lpm: serve the requests whose prefix is cached first")
+    return Finding("prefixes-evicted", 1.0 + (0.5 - o.prefix_cache_hit_rate),
+                   "long prompts miss the prefix cache while the KV pool is full: shared prefixes are evicted "
+                   "before they are asked for again",
+                   _fmt(o, "mean_input_len", "prefix_cache_hit_rate", "kv_cache_usage", "num_preemptions",
+                        "kv_offload_hit_rate"), knobs)
+
+
 RULES: tuple[Callable[[Observations, Slo], Finding | None], ...] = (
-    _memory_pressure, _batching_limit, _slow_first_token, _slow_decode, _tail_latency)
+    _memory_pressure, _batching_limit, _slow_first_token, _slow_decode, _tail_latency, _evicted_prefixes)
 
 
 def diagnose(obs: Observations, slo: Slo = DEFAULT_SLO) -> list[Finding]:

@@ -13,6 +13,9 @@ from jido.attention.registry import default_attention_backend, get_attention_bac
 from jido.config import EngineConfig
 from jido.core.kv_cache_spec import FullAttentionSpec, KVCacheConfig, KVCacheSpec, SlidingWindowSpec
 from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
+from jido.kvtransfer.base import KVConnectorWorker, kv_fingerprint
+from jido.kvtransfer.factory import connector_name, make_worker_connector
+from jido.kvtransfer.layerwise import LayerwiseHooks
 from jido.layers.parameter import default_device_and_dtype
 from jido.layers.quantization import get_quantization_config, process_weights_after_loading
 from jido.models.config import ModelArchConfig
@@ -81,6 +84,9 @@ class ModelRunner:
         self.quantization = resolve_quantization(config.model_config.quantization, self.device,
                                                  gguf_source(self.model_folder) is not None)
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache_config.kv_cache_dtype, self.dtype)
+        # With a KV connector the model's attention calls its per-layer hooks (bound once the cache exists).
+        self.layer_hooks = LayerwiseHooks(self.attn_backend, None) if connector_name(config) else None
+        self.kv_connector: KVConnectorWorker | None = None
         self.model = self._load_model()
         self.sampler = Sampler(config.model_config.seed, self.device)
         self.prompt_logprobs = PromptLogprobsCollector(self.model.compute_logits, self.model_arch.vocab_size,
@@ -95,7 +101,7 @@ class ModelRunner:
         quant_config = get_quantization_config(self.quantization, self.config.model_config.quantization_group_size)
         # Built on its device in its dtype: no float32 (or CPU) copy of the whole model is ever made.
         with default_device_and_dtype(self.device, self.dtype):
-            model = model_class(self.model_arch, self.attn_backend, quant_config)
+            model = model_class(self.model_arch, self.layer_hooks or self.attn_backend, quant_config)
         gguf_native = self.quantization == "gguf"
         model.load_weights(iter_quantized_weights(self.model_folder) if gguf_native else iter_weights(self.model_folder))
         process_weights_after_loading(model)
@@ -132,9 +138,39 @@ class ModelRunner:
         self.layer_groups = [kv_cache_config.group_index(i) for i in layers]
         self.input_batch = InputBatch(self.config.scheduler_config.max_num_seqs, len(kv_cache_config.groups),
                                       self.block_size, arch.vocab_size, self.device)
+        self.fingerprint = self._kv_fingerprint(kv_cache_config)
+        self.kv_connector = make_worker_connector(self.config, self.fingerprint, arch.num_layers, self.kv_cache_dtype)
+        if self.kv_connector is not None:
+            self.kv_connector.register_kv_caches(self.kv_caches, kv_cache_config, self.attn_backend.block_token_dim)
+            self.layer_hooks.connector = self.kv_connector
+
+    def _kv_fingerprint(self, kv_cache_config: KVCacheConfig) -> str:
+        """What another engine must match to reuse this one's stored KV blocks (see ``kv_fingerprint``)."""
+        config_text = (self.model_folder / "config.json").read_text(encoding="utf-8")
+        return kv_fingerprint({"model": self.model_folder.name, "config": config_text,
+                               "quantization": self.quantization, "dtype": str(self.dtype),
+                               "kv_cache_dtype": str(self.kv_cache_dtype), "layout": self.attn_backend.name,
+                               "block_size": self.block_size,
+                               "groups": [g.layer_ids for g in kv_cache_config.groups]})
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        connector = self.kv_connector
+        if connector is None:
+            return self._execute(sched)
+        connector.bind_connector_metadata(sched.kv_connector_metadata)
+        connector.start_load_kv()  # NOTE: before the forward writes blocks evicted this step
+        self.layer_hooks.begin_step()
+        output = self._execute(sched)
+        connector.wait_for_save()
+        output.kv_connector_output = connector.get_finished(idle=sched.is_empty)
+        return output
+
+    def shutdown(self) -> None:
+        if self.kv_connector is not None:
+            self.kv_connector.shutdown()
+
+    def _execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         begin = time.perf_counter()
         batch = self.input_batch
         batch.update(sched)

@@ -30,5 +30,13 @@ class Worker:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(scheduler_output)
 
+    def kv_fingerprint(self) -> str:
+        """What names this worker's stored KV (model, dtype, layout, block size, groups), once the cache exists."""
+        return self.runner.fingerprint
+
+    def shutdown(self) -> None:
+        """Stop the KV connector's background transfers."""
+        self.runner.shutdown()
+
     def check_health(self) -> None:
         """Raise if this worker cannot serve; a live in-process worker always can."""

@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from jido.engine.async_engine import AsyncEngine, EngineStoppedError
 from jido.engine.chat_template import load_chat_template
 from jido.engine.llm_engine import LLMEngine
+from jido.server.cache_serving import CacheServing
 from jido.server.config import ServerConfig
 from jido.server.errors import APIError, http_error
 from jido.server.metrics import ServerMetrics
@@ -30,10 +31,13 @@ def create_app(llm: LLMEngine, config: ServerConfig) -> FastAPI:
     """
     model_name = config.model_name(llm.config.model_config.model)
     template = load_chat_template(llm.tokenizer, config.chat_template)
-    metrics = ServerMetrics(model_name, llm.max_model_len)
+    offload = llm.config.kv_offload
+    metrics = ServerMetrics(model_name, llm.max_model_len, tuple(t.name for t in offload.tiers) if offload else (),
+                            llm.kv_block_bytes)
     engine = AsyncEngine(llm, config.max_waiting_requests,
                          on_report=lambda report: metrics.on_report(report, engine.num_waiting))
     serving = OpenAIServing(engine, model_name, template, metrics)
+    cache = CacheServing(serving)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -47,6 +51,7 @@ def create_app(llm: LLMEngine, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="jido", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serving = serving
     _add_routes(app, serving)
+    _add_cache_routes(app, cache)
     _add_error_handlers(app)
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_request_body_bytes,
                        read_timeout_s=config.request_read_timeout_s)
@@ -90,6 +95,21 @@ def _add_routes(app: FastAPI, serving: OpenAIServing) -> None:
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
         return await serving.detokenize(request)
+
+
+def _add_cache_routes(app: FastAPI, cache: CacheServing) -> None:
+    """Cache-augmented generation: pin a prompt's KV (POST), list the pins (GET), release one (DELETE)."""
+    @app.post("/v1/cache")
+    async def create_cache(request: Request) -> Response:
+        return await cache.create(request)
+
+    @_get(app, "/v1/cache")
+    async def list_cache() -> Response:
+        return cache.list()
+
+    @app.delete("/v1/cache/{pin_id}")
+    async def delete_cache(pin_id: str) -> Response:
+        return cache.delete(pin_id)
 
 
 def _add_error_handlers(app: FastAPI) -> None:

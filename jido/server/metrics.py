@@ -30,6 +30,16 @@ _STEP_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 _PHASES = ("schedule", "prepare", "model", "sample", "update")
 _FINISH_REASONS = tuple(status.value for status in RequestStatus if status.is_finished)  # stop, length, abort
 REJECT_REASONS = ("overload", "stopped")
+# KVTierStats fields exported per offload tier as counters (jido:kv_offload_<field>{tier=...}).
+_TIER_COUNTERS = {
+    "hits": "Blocks of a prompt's prefix found in this tier.",
+    "misses": "Blocks of a prompt's prefix looked up in this tier and not found.",
+    "stored_blocks": "Blocks written to this tier.", "stored_bytes": "Bytes written to this tier.",
+    "loaded_blocks": "Blocks loaded from this tier into the device pool.",
+    "loaded_bytes": "Bytes loaded from this tier (decoded).",
+    "load_seconds": "Seconds spent reading and decoding loaded blocks (over loaded_blocks: mean load latency).",
+    "errors": "Failed lookups, writes and reads, and corrupt entries dropped; each one is recomputed.",
+}
 _live_dirs: set[str] = set()  # the directories that servers in this process made and still use
 
 
@@ -102,16 +112,21 @@ class ServerMetrics:
     All series exist from the start, at zero, so dashboards and alerts see a value before the first request.
     """
 
-    def __init__(self, model_name: str, max_model_len: int) -> None:
+    def __init__(self, model_name: str, max_model_len: int, offload_tiers: tuple[str, ...] = (),
+                 kv_block_bytes: int = 0) -> None:
         self.dir = MultiprocDir()
         self._registry = CollectorRegistry()
         MultiProcessCollector(self._registry, path=self.dir.path)
         self._engine_totals: dict[str, int] = {}
         self._kv_usage_value = self._kv_peak_value = 0.0  # this process's, for the peak between scrapes
         self._closed = False
+        self._model_name, self._kv_block_bytes = model_name, kv_block_bytes
+        self._pins: tuple = ()  # the pinned prefixes as of the last report, rendered per id
+        self._pin_hits: dict[str, int] = {}
         with _values_in_files() as value_class:
             self._value_class = value_class
             self._make_metrics(model_name, _one_two_five(max_model_len))
+            self._make_tier_metrics(model_name, offload_tiers)
 
     def _make_metrics(self, model_name: str, token_buckets: tuple[float, ...]) -> None:
         labels = {"model_name": model_name}
@@ -169,6 +184,37 @@ class ServerMetrics:
         self.rejected = counters("jido:requests_rejected", "Requests refused before reaching the engine, by reason.",
                                  "reason", REJECT_REASONS)
         self.aborted = counter("jido:requests_aborted", "Requests abandoned before finishing (client gone).")
+        self.pinned_prefixes = gauge("jido:kv_pinned_prefixes", "Prefixes pinned with POST /v1/cache.")
+        self.pinned_bytes = gauge("jido:kv_pinned_bytes", "KV bytes the pinned prefixes hold in the device pool.")
+        self.pinned_hits = counter("jido:kv_pinned_hits", "Requests admitted whose cached prefix covered a pinned one.")
+
+    def _make_tier_metrics(self, model_name: str, tiers: tuple[str, ...]) -> None:
+        labels = ["model_name", "tier"]
+        self.tier_counters = {
+            key: {t: Counter(f"jido:kv_offload_{key}", text, labels, registry=None).labels(model_name, t) for t in tiers}
+            for key, text in _TIER_COUNTERS.items()}
+        used = Gauge("jido:kv_offload_used_bytes", "Bytes held in this (local) tier now.", labels, registry=None,
+                     multiprocess_mode="livemostrecent")
+        enabled = Gauge("jido:kv_offload_tier_enabled", "1 while the tier takes writes (a full disk turns it off).",
+                        labels, registry=None, multiprocess_mode="livemostrecent")
+        self.tier_used = {t: used.labels(model_name, t) for t in tiers}
+        self.tier_enabled = {t: enabled.labels(model_name, t) for t in tiers}
+        for t in tiers:
+            self.tier_used[t].set(0)
+            self.tier_enabled[t].set(1)
+        self._tier_totals: dict[tuple[str, str], float] = {}
+
+    def _record_tiers(self, tiers: tuple) -> None:
+        for tier in tiers:
+            if tier.tier not in self.tier_used:
+                continue
+            for key, children in self.tier_counters.items():
+                total, seen = getattr(tier, key), self._tier_totals.get((tier.tier, key), 0)
+                if total > seen:
+                    children[tier.tier].inc(total - seen)
+                    self._tier_totals[(tier.tier, key)] = total
+            self.tier_used[tier.tier].set(tier.used_bytes)
+            self.tier_enabled[tier.tier].set(1 if tier.enabled else 0)
 
     def render(self) -> bytes:
         """The Prometheus text exposition (format 0.0.4), merged over the processes' files; resets the KV peak.
@@ -176,11 +222,35 @@ class ServerMetrics:
         Never OpenMetrics: prometheus_client escapes the colons of its sample names to underscores there
         (vllm_..., under HELP lines that keep vllm:...), which would rename every metric.
         """
-        text = generate_latest(self._registry)
+        text = generate_latest(self._registry) + self._render_pins()
         # A peak since the last scrape: start the next window from the usage now.
         self._kv_peak_value = self._kv_usage_value
         self.kv_peak.set(self._kv_peak_value)
         return text
+
+    def _render_pins(self) -> bytes:
+        """Per pinned prefix, its tokens and hits, labelled by id (pins come and go, so they are not series
+        kept in files: they are rendered from the last report)."""
+        if not self._pins:
+            return b""
+        name = self._model_name.replace("\\", "\\\\").replace('"', '\\"')
+        lines = ["# HELP jido:kv_pinned_prefix_tokens Tokens whose KV a pinned prefix holds, by id.",
+                 "# TYPE jido:kv_pinned_prefix_tokens gauge"]
+        lines += [f'jido:kv_pinned_prefix_tokens{{model_name="{name}",id="{p.pin_id}"}} {p.num_tokens}'
+                  for p in self._pins]
+        lines += ["# HELP jido:kv_pinned_prefix_hits Requests that reused a pinned prefix, by id.",
+                  "# TYPE jido:kv_pinned_prefix_hits gauge"]
+        lines += [f'jido:kv_pinned_prefix_hits{{model_name="{name}",id="{p.pin_id}"}} {p.hits}' for p in self._pins]
+        return ("\n".join(lines) + "\n").encode()
+
+    def _record_pins(self, pins: tuple) -> None:
+        self._pins = pins
+        self.pinned_prefixes.set(len(pins))
+        self.pinned_bytes.set(sum(p.num_blocks for p in pins) * self._kv_block_bytes)
+        for pin in pins:
+            if pin.hits > self._pin_hits.get(pin.pin_id, 0):
+                self.pinned_hits.inc(pin.hits - self._pin_hits.get(pin.pin_id, 0))
+        self._pin_hits = {p.pin_id: p.hits for p in pins}
 
     def close(self) -> None:
         """At shutdown: close and remove the files. Requests still finishing after this record nothing."""
@@ -209,6 +279,8 @@ class ServerMetrics:
             if total > self._engine_totals.get(key, 0):
                 child.inc(total - self._engine_totals.get(key, 0))
                 self._engine_totals[key] = total
+        self._record_tiers(stats.kv_connector)
+        self._record_pins(stats.pinned)
         for seconds in report.queue_times_s:
             self.queue_time.observe(seconds)
         if report.times is not None:

@@ -118,6 +118,7 @@ class _SamplingBody(_Body):
     min_tokens: int | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
+    priority: int = 0  # vLLM's: admission order under --scheduling-policy priority, lower first
 
     def client_name(self, name: str) -> str:
         """The request field that set SamplingParams' ``name``, for error messages and ``param``."""
@@ -210,6 +211,14 @@ def _text_content(content: str | list[dict[str, Any]] | None, index: int) -> str
         return "".join(p["text"] for p in content)
     raise ValueError(f"messages[{index}].content must be a string or a list of "
                      '{"type": "text", "text": "..."} parts (jido serves text-only models)')
+
+
+class CacheRequest(_Body):
+    """POST /v1/cache: prefill ``prompt`` (text or token ids) once and pin its KV until DELETE /v1/cache/{id}."""
+
+    model: str | None = None
+    prompt: Annotated[str | list[int], _one_of("a string or an array of token ids",
+                                               lambda v: isinstance(v, str) or _is_list_of(v, int))]
 
 
 class TokenizeRequest(_Body):

@@ -49,8 +49,8 @@ class OpenAIServing:
 
     async def completions(self, http_request: Request) -> Response:
         timer = RequestTimer()
-        body = _validate(CompletionRequest, parse_json(await http_request.body()))
-        self._check_model(body.model)
+        body = validate_body(CompletionRequest, parse_json(await http_request.body()))
+        self.check_model(body.model)
         prompts = _batch_of_prompts(body.prompt)
         # Tokenized on a worker thread: a long prompt must not stall the event loop (every stream, /health).
         prompt_ids = await asyncio.to_thread(self._batch_prompt_ids, prompts)
@@ -61,14 +61,13 @@ class OpenAIServing:
                                  echo_text=self._echo_text(p, ids) if body.echo else None)
                 for p, ids in zip(prompts, prompt_ids)]
         if len(prompts) == 1:
-            return await self._respond(http_request, fmts[0], prompt_ids[0], params[0], body.stream,
-                                       body.include_usage, timer)
+            return await self._respond(http_request, fmts[0], prompt_ids[0], params[0], body, timer)
         return await self._respond_batch(http_request, fmts, prompt_ids, params, body, timer)
 
     async def chat(self, http_request: Request) -> Response:
         timer = RequestTimer()
-        body = _validate(ChatCompletionRequest, parse_json(await http_request.body()))
-        self._check_model(body.model)
+        body = validate_body(ChatCompletionRequest, parse_json(await http_request.body()))
+        self.check_model(body.model)
         if self.chat_template is None:
             raise bad_request(NO_TEMPLATE)
         if not body.messages:
@@ -76,12 +75,12 @@ class OpenAIServing:
         prompt_ids = await asyncio.to_thread(self._chat_prompt_ids, body)  # off the event loop, as above
         params = self._params(body, prompt_ids, body.requested_max_tokens, body.num_logprobs)
         fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer)
-        return await self._respond(http_request, fmt, prompt_ids, params, body.stream, body.include_usage, timer)
+        return await self._respond(http_request, fmt, prompt_ids, params, body, timer)
 
     async def tokenize(self, http_request: Request) -> Response:
         """vLLM's /tokenize: ``{"tokens", "count", "max_model_len", "token_strs"}``."""
-        body = _validate(TokenizeRequest, parse_json(await http_request.body()))
-        self._check_model(body.model)
+        body = validate_body(TokenizeRequest, parse_json(await http_request.body()))
+        self.check_model(body.model)
         tokenizer = self.llm.tokenizer
         try:
             ids = await asyncio.to_thread(tokenizer.encode, body.prompt, body.add_special_tokens)
@@ -93,8 +92,8 @@ class OpenAIServing:
 
     async def detokenize(self, http_request: Request) -> Response:
         """vLLM's /detokenize: ``{"prompt"}``, the text of the ids with special tokens kept."""
-        body = _validate(DetokenizeRequest, parse_json(await http_request.body()))
-        self._check_model(body.model)
+        body = validate_body(DetokenizeRequest, parse_json(await http_request.body()))
+        self.check_model(body.model)
         vocab_size = self.llm.tokenizer.vocab_size
         bad = next((i for i, t in enumerate(body.tokens) if not 0 <= t < vocab_size), None)
         if bad is not None:
@@ -104,15 +103,15 @@ class OpenAIServing:
         return JSONResponse({"prompt": text})
 
     # -- request checks ---------------------------------------------------------------------------
-    def _check_model(self, model: str | None) -> None:
+    def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
             raise APIError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
     def _batch_prompt_ids(self, prompts: list[object]) -> list[list[int]]:
-        return [_in_batch(i, len(prompts), self._completion_prompt_ids, p) for i, p in enumerate(prompts)]
+        return [_in_batch(i, len(prompts), self.completion_prompt_ids, p) for i, p in enumerate(prompts)]
 
-    def _completion_prompt_ids(self, prompt: object) -> list[int]:
+    def completion_prompt_ids(self, prompt: object) -> list[int]:
         if isinstance(prompt, str):
             self._check_prompt_bytes(_utf8_len(prompt), "prompt")
         return self._prompt_ids(prompt)
@@ -165,11 +164,12 @@ class OpenAIServing:
 
     # -- running ----------------------------------------------------------------------------------
     async def _respond(self, http_request: Request, fmt: ResponseFormat, prompt_ids: list[int],
-                       params: SamplingParams, stream: bool, include_usage: bool, timer: RequestTimer) -> Response:
-        outputs = self._submit(fmt.request_id, prompt_ids, params, timer)
-        if stream:
+                       params: SamplingParams, body: CompletionRequest | ChatCompletionRequest,
+                       timer: RequestTimer) -> Response:
+        outputs = self.submit(fmt.request_id, prompt_ids, params, timer, body.priority)
+        if body.stream:
             chunks = _numbered(self._chunks(outputs, fmt, params, timer), 0)
-            return StreamingResponse(self._sse(chunks, include_usage), media_type="text/event-stream")
+            return StreamingResponse(self._sse(chunks, body.include_usage), media_type="text/event-stream")
         final = await self._collect(http_request, self._last(outputs, timer))
         return JSONResponse(fmt.response(final))
 
@@ -181,7 +181,7 @@ class OpenAIServing:
         streams: list[RequestStream] = []
         try:
             for i, (ids, p, t) in enumerate(zip(prompt_ids, params, timers)):
-                streams.append(self._submit(f"{fmts[i].request_id}-{i}", ids, p, t))
+                streams.append(self.submit(f"{fmts[i].request_id}-{i}", ids, p, t, body.priority))
         except APIError:
             for submitted in streams:
                 submitted.close()  # aborts the prompts already queued
@@ -200,11 +200,13 @@ class OpenAIServing:
         merged["usage"] = usage(*finals)
         return JSONResponse(merged)
 
-    def _submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                timer: RequestTimer) -> RequestStream:
+    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, timer: RequestTimer,
+               priority: int = 0, pin: bool = False) -> RequestStream:
+        """Queue a request (``pin``: a prefix to pin, see /v1/cache); overload and drain are 503s."""
         try:
             # Validated and tokenized once, in _prompt_ids: the engine takes the ids as they are.
-            return self.engine.add_request(request_id, ProcessedPrompt(None, prompt_ids), params, timer.arrival)
+            return self.engine.add_request(request_id, ProcessedPrompt(None, prompt_ids), params, timer.arrival,
+                                           priority, pin)
         except EngineOverloadedError as exc:
             self.metrics.on_rejected("overload")
             raise APIError(503, str(exc), "service_unavailable", code="overloaded",
@@ -349,7 +351,7 @@ async def _merged(streams: list[AsyncIterator[_Chunk]]) -> AsyncIterator[_Number
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _validate(model: type[_Body], data: dict) -> _Body:
+def validate_body(model: type[_Body], data: dict) -> _Body:
     unsupported = check_supported(data, model.model_fields)
     if unsupported is not None:
         raise bad_request(unsupported[1], unsupported[0])

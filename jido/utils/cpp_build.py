@@ -3,12 +3,20 @@
 The build runs at first use with ``torch.utils.cpp_extension.load`` (g++ and ninja) into
 ``~/.cache/jido/torch_extensions/<key>``, so a machine compiles each version once. A build that fails (no
 compiler, no ninja, a compile error) logs a warning and reports False, leaving the caller on its PyTorch path.
+
+torch guards a build folder with a ``lock`` file that a process killed inside ``load`` (a timeout, Ctrl-C)
+leaves behind, and every later ``load`` of that folder then waits for it forever. jido's processes take an
+``flock`` on ``<key>.flock`` around ``load`` (the kernel drops it when its holder dies), so a ``lock`` file
+found while holding it is such a leftover, and is removed.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -54,11 +62,25 @@ def load_ops_library(prefix: str, source: Path, purpose: str, fallback: str, isa
         build_dir.mkdir(parents=True, exist_ok=True)
         from torch.utils.cpp_extension import load
 
-        load(name=key, sources=[str(source)], build_directory=str(build_dir), is_python_module=False,
-             extra_cflags=["-O3", "-fopenmp-simd", *ISA_FLAGS[isa]], verbose=False)
+        with _build_lock(build_dir):
+            load(name=key, sources=[str(source)], build_directory=str(build_dir), is_python_module=False,
+                 extra_cflags=["-O3", "-fopenmp-simd", *ISA_FLAGS[isa]], verbose=False)
         return True
     except Exception as exc:  # noqa: BLE001 - any failure to build or load means: use the PyTorch path
         message = str(exc).strip()
         logger.warning("%s unavailable (%s: %s); using %s", purpose, type(exc).__name__,
                        message.splitlines()[-1] if message else "", fallback)
         return False
+
+
+@contextlib.contextmanager
+def _build_lock(build_dir: Path) -> Iterator[None]:
+    """Hold ``<build_dir>.flock`` and clear a ``lock`` file that a process killed mid-build left in ``build_dir``."""
+    with open(build_dir.with_name(build_dir.name + ".flock"), "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        stale = build_dir / "lock"
+        if stale.exists():
+            # No live jido process is inside torch's build without our flock: its holder died.
+            logger.warning("removing %s, left by a process that died while building or loading there", stale)
+            stale.unlink(missing_ok=True)
+        yield

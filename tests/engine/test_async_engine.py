@@ -34,7 +34,7 @@ class FakeEngine:
     def check_health(self) -> None:
         """A scripted engine has no workers to lose."""
 
-    def add_request(self, request_id, prompt, params, arrival_time=None) -> None:
+    def add_request(self, request_id, prompt, params, arrival_time=None, priority=0) -> None:
         if prompt == "bad":
             raise ValueError("prompt is bad")
         self.pending.append(request_id)

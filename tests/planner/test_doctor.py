@@ -163,3 +163,22 @@ def test_doctor_needs_exactly_one_source(capsys):
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass
+
+
+def test_long_prompts_missing_the_cache_in_a_full_pool_suggest_offload_and_pinning():
+    findings = _diagnose(mean_input_len=2000.0, prefix_cache_hit_rate=0.1, kv_cache_usage=0.95)
+    evicted = next(f for f in findings if f.name == "prefixes-evicted")
+    assert "prefix_cache_hit_rate=0.1" in evicted.evidence and "kv_cache_usage=0.95" in evicted.evidence
+    assert evicted.knobs[0].startswith("--kv-offload") and "POST /v1/cache" in evicted.knobs[1]
+    with_tiers = next(f for f in _diagnose(mean_input_len=2000.0, prefix_cache_hit_rate=0.1, kv_cache_usage=0.95,
+                                           kv_offload_hit_rate=0.2) if f.name == "prefixes-evicted")
+    assert with_tiers.knobs[0].startswith("raise the offload tiers' sizes")
+    assert "prefixes-evicted" not in {f.name for f in _diagnose(mean_input_len=2000.0, prefix_cache_hit_rate=0.1)}
+
+
+def test_offload_hit_rate_is_read_from_bench_deltas_and_metrics():
+    bench = {"server_kv_offload": {"cpu": {"hits": 30, "misses": 10}, "remote": {"hits": 0, "misses": 10}}}
+    assert observations_from_bench(bench).kv_offload_hit_rate == 0.6
+    text = ('jido:kv_offload_hits_total{model_name="m",tier="cpu"} 3\n'
+            'jido:kv_offload_misses_total{model_name="m",tier="cpu"} 1\n')
+    assert observations_from_metrics(parse_metrics(text)).kv_offload_hit_rate == 0.75

@@ -55,6 +55,9 @@ BEFORE = {
     "jido:requests_rejected": ("counter", "Requests refused before reaching the engine, by reason.",
                                {"reason": ("overload", "stopped")}, ()),
     "jido:requests_aborted": ("counter", "Requests abandoned before finishing (client gone).", {}, ()),
+    "jido:kv_pinned_prefixes": ("gauge", "Prefixes pinned with POST /v1/cache.", {}, ()),
+    "jido:kv_pinned_bytes": ("gauge", "KV bytes the pinned prefixes hold in the device pool.", {}, ()),
+    "jido:kv_pinned_hits": ("counter", "Requests admitted whose cached prefix covered a pinned one.", {}, ()),
 }
 
 

@@ -83,6 +83,8 @@ TECHNIQUES: dict[str, Technique] = {t.name: t for t in (
               _flag("--max-num-batched-tokens", ("2048", "512", "8192")), "2048"),
     Technique("scheduling-policy", "scheduler", "which waiting request goes first",
               _flag("--scheduling-policy", ("fcfs", "lpm")), "fcfs"),
+    Technique("preemption-mode", "scheduler", "what a request preempted for KV blocks loses (swap: a CPU copy)",
+              _flag("--preemption-mode", ("recompute", "swap")), "recompute"),
     Technique("attention-backend", "scheduler", "the attention kernels (torch: the readable reference)",
               _flag("--attention-backend", ("torch", "tiled", "triton")), "tiled"),
     Technique("compilation", "scheduler", "compiled steps and CUDA graphs (off: --enforce-eager)",
