@@ -13,16 +13,16 @@ from test_scheduler import run_step
 
 
 def make_scheduler(mode: str, max_num_seqs: int = 2, num_blocks: int = 64, max_wait_s: float = 60.0,
-                   budget: int = 64, chunked: bool = True) -> Scheduler:
-    limits = SchedulerLimits(max_num_seqs, budget, 256, enable_chunked_prefill=chunked, scheduling_mode=mode,
-                             max_batch_wait_s=max_wait_s)
+                   budget: int = 64, chunked: bool = True, policy: str = "fcfs") -> Scheduler:
+    limits = SchedulerLimits(max_num_seqs, budget, 256, policy=policy, enable_chunked_prefill=chunked,
+                             scheduling_mode=mode, max_batch_wait_s=max_wait_s)
     return Scheduler(limits, KVCacheManager(num_blocks, 4, True))
 
 
 def add(scheduler: Scheduler, req_id: str, num_tokens: int = 4, max_tokens: int = 2, first: int = 0,
-        waited_s: float = 0.0) -> Request:
+        waited_s: float = 0.0, priority: int = 0) -> Request:
     request = Request(req_id, list(range(first, first + num_tokens)), SamplingParams(max_tokens=max_tokens),
-                      arrival_time=time.monotonic() - waited_s)
+                      arrival_time=time.monotonic() - waited_s, priority=priority)
     scheduler.add_request(request)
     return request
 
@@ -73,6 +73,21 @@ def test_dynamic_runs_a_part_full_batch_once_its_oldest_request_waited_max_wait(
     add(scheduler, "b", max_tokens=1, waited_s=0.6)
     assert scheduler.stats().admission_wait_s == 0
     assert scheduled_sets(scheduler) == [{"a", "b"}]
+
+
+def test_the_policy_chooses_who_fills_a_static_batch_and_the_mode_how_many():
+    scheduler = make_scheduler("static", policy="priority")
+    add(scheduler, "a", max_tokens=1, priority=5), add(scheduler, "b", max_tokens=3, priority=1)
+    add(scheduler, "c", max_tokens=1, priority=0)
+    run_step(scheduler)
+    add(scheduler, "d", max_tokens=1, priority=-1)  # more urgent than a, but the batch {b, c} is closed
+    assert scheduled_sets(scheduler) == [{"b"}, {"b"}, {"a", "d"}]
+    scheduler = make_scheduler("continuous", policy="priority")
+    for name, priority in (("a", 5), ("b", 1), ("c", 0)):
+        add(scheduler, name, max_tokens=1 if name != "b" else 3, priority=priority)
+    run_step(scheduler)
+    add(scheduler, "d", max_tokens=1, priority=-1)
+    assert scheduled_sets(scheduler) == [{"b", "d"}, {"b", "a"}]
 
 
 def test_a_preempted_member_of_a_static_batch_gets_its_seat_back_before_any_newcomer():
