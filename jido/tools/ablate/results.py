@@ -149,9 +149,8 @@ def application_order(techniques: Sequence[Technique], arms: Mapping[tuple[str, 
         step = Step(technique.stage, technique.name, value, gain(best, off, metric), value == technique.baseline)
         (paid if beats(best, off, metric, min_gain) else unpaid).append(step)
     stage_rank = {stage: i for i, stage in enumerate(STAGES)}
-    paid.sort(key=lambda s: (stage_rank[s.stage], -(s.gain or float("inf"))))
+    paid.sort(key=lambda s: (stage_rank[s.stage], -(s.gain or math.inf)))
     return paid, unpaid
-
 
 
 def _rank(arm: Arm, off: Arm, metric: str) -> tuple[float, float]:

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TextIO
 
 # The `jido` command installed beside this interpreter (a venv's bin/), as a user would run it.
 SERVE_COMMAND = (str(Path(sys.executable).with_name("jido")), "serve")
@@ -74,7 +75,7 @@ def serving(serve_args: Sequence[str], log_path: Path, start_timeout_s: float,
             reader.join(10)
 
 
-def _copy_lines(process: subprocess.Popen, log, lines: queue.Queue) -> None:
+def _copy_lines(process: subprocess.Popen, log: TextIO, lines: queue.Queue) -> None:
     # NOTE: the pipe must be read to the end, or the server blocks once its log fills it.
     for line in process.stderr:
         log.write(line)
