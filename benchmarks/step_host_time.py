@@ -97,7 +97,7 @@ def _running_scheduler(params: SamplingParams) -> tuple[Scheduler, InputBatch, d
                                n.num_computed_tokens + len(n.token_ids)) for n in sched.scheduled_new_reqs}
     first = {r: [1] for r in sched.num_scheduled_tokens}
     rows = np.array([batch.req_index[r] for r in first])
-    batch.append_sampled(rows, [1] * len(rows))
+    batch.append_sampled(rows, [[1]] * len(rows))
     for state in old.values():
         state.token_ids.append(1)
     scheduler.update_from_output(sched, ModelRunnerOutput(first))
@@ -115,7 +115,7 @@ def time_steps(params: SamplingParams, steps: int) -> dict[str, float]:
         batch.update(sched)
         inputs = batch.prepare_inputs(sched)
         batch.sampling.metadata(inputs.sampled_rows.tolist())
-        batch.append_sampled(inputs.sampled_rows, [token] * len(inputs.sampled_rows))
+        batch.append_sampled(inputs.sampled_rows, [[token]] * len(inputs.sampled_rows))
         t2 = time.perf_counter()
         _old_step(old, sched, [token] * len(inputs.sampled_rows))
         t3 = time.perf_counter()

@@ -14,6 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 # Each completed request adds these to the fake server's vLLM-style counters.
 PREFIX_QUERIES_PER_REQUEST, PREFIX_HITS_PER_REQUEST = 100, 25
 QUEUE_SECONDS_PER_REQUEST = 0.010
+# Speculative decoding per request: 3 drafts of 3 proposals, 6 accepted (3 at position 0, 2 at 1, 1 at 2).
+SPEC_ACCEPTED_PER_POS_PER_REQUEST = (3, 2, 1)
 KV_USAGE = 0.5
 STEP_REQUESTS_PER_REQUEST, STEPS_PER_REQUEST = 3, 2  # jido:step_num_requests: 1.5 requests per step
 
@@ -125,6 +127,11 @@ def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
                 'vllm:num_requests_running{model_name="fake-model"} 1',
                 f'jido:step_num_requests_sum{{model_name="fake-model"}} {n * STEP_REQUESTS_PER_REQUEST}',
                 f'jido:step_num_requests_count{{model_name="fake-model"}} {n * STEPS_PER_REQUEST}',
+                f'vllm:spec_decode_num_drafts_total{{model_name="fake-model"}} {n * 3}',
+                f'vllm:spec_decode_num_draft_tokens_total{{model_name="fake-model"}} {n * 9}',
+                f'vllm:spec_decode_num_accepted_tokens_total{{model_name="fake-model"}} {n * 6}',
+                *(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="fake-model",position="{pos}"}} '
+                  f'{n * count}' for pos, count in enumerate(SPEC_ACCEPTED_PER_POS_PER_REQUEST)),
                 "",
             ])
 

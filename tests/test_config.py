@@ -26,16 +26,35 @@ def test_an_unknown_keyword_names_the_accepted_ones():
     ({"block_size": 0}, "block_size must be a positive integer, got 0"),
     ({"kv_cache_memory": "2 parsecs"}, "cannot read size '2 parsecs'"),
     ({"max_num_batched_tokens": True}, "max_num_batched_tokens must be a positive integer, got True"),
-    ({"distributed_executor_backend": "ray"}, "distributed_executor_backend must be one of uni, mp, got 'ray'"),
+    ({"distributed_executor_backend": "slurm"}, "distributed_executor_backend must be one of uni, mp, ray, got 'slurm'"),
     ({"scheduling_mode": "eager"}, "scheduling_mode must be one of continuous, dynamic, static, got 'eager'"),
     ({"max_batch_wait_ms": -1}, "max_batch_wait_ms must be a finite number of milliseconds >= 0, got -1"),
     ({"max_batch_wait_ms": float("nan")}, "max_batch_wait_ms must be a finite number of milliseconds >= 0"),
-    ({"tensor_parallel_size": 2}, "tensor_parallel_size=2 is not supported yet"),
+    ({"tensor_parallel_size": 2, "distributed_executor_backend": "uni"},
+     r"tensor_parallel_size \* pipeline_parallel_size = 2 workers need distributed_executor_backend mp or ray"),
+    ({"pipeline_parallel_size": 0}, "pipeline_parallel_size must be a positive integer, got 0"),
+    ({"data_parallel_routing": "random"}, "data_parallel_routing must be one of cache_aware, round_robin"),
     ({"speculative_config": '{"method": "ngram"'}, "speculative_config must be a JSON object"),
     ({"speculative_config": {"method": "ngram", "k": 3}}, r"unknown key\(s\) \['k'\]"),
     ({"speculative_config": {"method": "ngram"}}, "missing 1 required positional argument: 'num_speculative_tokens'"),
     ({"speculative_config": {"method": "lookahead", "num_speculative_tokens": 2}}, "speculative method must be"),
+    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": "many"}},
+     "num_speculative_tokens must be a positive integer or 'auto', got 'many'"),
+    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 0}},
+     "num_speculative_tokens must be a positive integer, got 0"),
+    ({"speculative_config": {"method": "draft_model", "num_speculative_tokens": 2}},
+     "'draft_model' needs a 'model' .* or 'num_layers'"),
+    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "num_layers": 4}},
+     "num_layers makes the target's first layers the draft: it needs method 'draft_model' and no 'model'"),
+    ({"speculative_config": {"method": "medusa", "num_speculative_tokens": 2}},
+     "'medusa' needs a 'model': the folder `jido train-draft --method medusa` wrote"),
     ({"kv_transfer_config": {"kv_connector": "shm", "kv_role": "sender"}}, "kv_role must be one of"),
+    ({"kv_transfer_config": {"kv_connector": "rdma"}}, "kv_connector must be one of shm, tcp"),
+    ({"kv_transfer_config": {"kv_connector": "nixl"}}, "kv_connector 'nixl' is not built"),
+    ({"kv_transfer_config": {"kv_connector": "tcp", "kv_mode": "teleport"}}, "kv_mode must be one of pull, push"),
+    ({"kv_transfer_config": {"kv_connector": "tcp", "kv_port": 70000}}, "kv_port must be a TCP port"),
+    ({"kv_transfer_config": {"kv_connector": "tcp", "kv_lease_s": 0}}, "kv_lease_s must be a positive number"),
+    ({"kv_transfer_config": {"kv_connector": "tcp", "kv_buffer_size": "lots"}}, "kv_buffer_size: cannot read size"),
     ({"kv_offload": {}}, "kv_offload needs at least one tier: 'cpu', 'disk' or 'remote'"),
     ({"kv_offload": {"gpu": "1GiB"}}, r"kv_offload: unknown key\(s\) \['gpu'\]"),
     ({"kv_offload": {"cpu": "lots"}}, "kv_offload.cpu: cannot read size 'lots'"),
@@ -51,6 +70,13 @@ def test_an_unknown_keyword_names_the_accepted_ones():
 def test_bad_values_are_refused_with_what_is_allowed(kwargs, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig.from_kwargs(**kwargs)
+
+
+def test_kv_transfer_and_kv_offload_together_are_refused_the_engine_runs_one_connector():
+    from jido.kvtransfer.factory import connector_name
+    config = EngineConfig.from_kwargs(kv_transfer_config={"kv_connector": "tcp"}, kv_offload={"cpu": "1GiB"})
+    with pytest.raises(ValueError, match="set one of them"):
+        connector_name(config)
 
 
 def test_json_configs_are_read_from_text_or_dicts():

@@ -17,7 +17,7 @@ LAYERS: dict[str, int] = {
     "jido.models": 2, "jido.layers": 2, "jido.attention": 2, "jido.sampling": 2, "jido.parallel": 2,
     "jido.runner": 3, "jido.offload": 3, "jido.kvtransfer": 3,
     "jido.executor": 4, "jido.engine": 4,
-    "jido.server": 5, "jido.bench": 5, "jido.tools": 5, "jido.cli": 5,
+    "jido.server": 5, "jido.router": 5, "jido.bench": 5, "jido.tools": 5, "jido.cli": 5,
     "jido": 5,
 }
 # Imports between two different entries of the same layer that are seams of the design, as
@@ -25,11 +25,14 @@ LAYERS: dict[str, int] = {
 ALLOWED_SAME_LAYER: set[tuple[str, str]] = {
     ("jido.models", "jido.layers"),  # model families are built from the shared layers
     ("jido.models", "jido.attention"),  # and call the attention backend interface
+    ("jido.models", "jido.parallel"),  # a family reads its pipeline stage's layers and its TP group
+    ("jido.layers", "jido.parallel"),  # tensor-parallel layers run their collectives
     ("jido.engine", "jido.executor"),  # the engine core drives the executor seam
     ("jido.runner", "jido.kvtransfer"),  # the model runner calls its KV connector's worker side
     ("jido.kvtransfer", "jido.offload"),  # the offload connector keeps blocks in the offload stores
     ("jido.cli", "jido.server"),  # the `jido` command: serve,
     ("jido.cli", "jido.bench"),  # bench,
+    ("jido.cli", "jido.router"),  # router
     ("jido.cli", "jido.tools"),  # roofline, ablate (delegates named by "module:function" strings)
     ("jido.tools", "jido.bench"),  # ablate drives servers through the load generator, over HTTP only
 }
@@ -41,6 +44,9 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     # ablate starts `jido serve` processes and measures them from outside, as a user would.
     "jido.tools.ablate": ("torch", "jido.engine", "jido.core", "jido.models", "jido.runner", "jido.executor",
                           "jido.server"),
+    # HTTP only: the router talks to instances, never runs an engine (KV formats: jido.kvtransfer.handoff)
+    "jido.router": ("torch", "zmq", "jido.engine", "jido.core", "jido.models", "jido.runner", "jido.executor",
+                    "jido.server", "jido.kvtransfer.disagg_worker", "jido.kvtransfer.endpoint"),
 }
 
 

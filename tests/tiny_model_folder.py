@@ -19,19 +19,24 @@ def token_text(token_id: int) -> str:
     return SPECIAL.get(token_id, f"w{token_id}")
 
 
-def write_tiny_model_folder(folder: Path, seed: int = 0) -> Path:
-    """Write the checkpoint into ``folder``; the same seed gives the same weights."""
-    config = Gemma3TextConfig(
-        vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=16, max_position_embeddings=256, query_pre_attn_scalar=24,
-        sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        final_logit_softcapping=3.0, pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID)
+def write_tiny_model_folder(folder: Path, seed: int = 0, weight_scale: float = 0.15, **config: object) -> Path:
+    """Write the checkpoint into ``folder``; the same seed gives the same weights; ``config`` overrides the shape.
+
+    Larger weights and a looser soft-cap make the next-token distributions peaked (a model that repeats
+    itself, as real ones do, so that speculative proposals often hold).
+    """
+    shape = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=1, head_dim=16, max_position_embeddings=256, query_pre_attn_scalar=24,
+                 sliding_window=4, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                 final_logit_softcapping=3.0)
+    config = Gemma3TextConfig(vocab_size=VOCAB_SIZE, pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=BOS_ID,
+                              **{**shape, **config})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).float().eval()
     with torch.no_grad():
         # Larger than HF's init, so that the logits are far from uniform and comparisons bite.
         for name, param in model.named_parameters():
-            param.copy_(0.1 * torch.randn_like(param) if "norm" in name else 0.15 * torch.randn_like(param))
+            param.copy_(0.1 * torch.randn_like(param) if "norm" in name else weight_scale * torch.randn_like(param))
     model.save_pretrained(folder)
     _tokenizer().save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<bos>", "eos_token": "<eos>"}))

@@ -10,13 +10,18 @@ from jido.attention.backend import AttentionBackend, AttentionLayerSpec, Attenti
 from jido.attention.kv_quant import cache_rows, read_rows, row_width
 
 
+# Queries of up to this many tokens attend as decode rows (see build_plan): speculative verification's K + 1
+# fits, as do short prompts; longer ones are prefills.
+MAX_DECODE_ROWS = 16
+
+
 @dataclass(frozen=True)
 class _DecodeBatch:
-    """Requests with one query token each, attended together in one padded, masked SDPA call."""
+    """Query rows that each attend on their own (a decode, or one token of a short query), in one call."""
 
     rows: torch.Tensor | None  # [num_decodes] query rows in the flat batch; None: every row, in order
-    seq_lens: torch.Tensor  # [num_decodes]
-    block_tables: torch.Tensor  # [num_decodes, max_num_blocks]
+    seq_lens: torch.Tensor  # [num_decodes] the keys each row sees: the context up to and including it
+    block_tables: torch.Tensor  # [num_decodes, max_num_blocks] its request's
     max_seq_len: int
 
 
@@ -42,9 +47,9 @@ class TorchAttentionMetadata:
 class TorchAttentionBackend(AttentionBackend):
     """Readable, correct attention on any device: SDPA with explicit causal/window masks.
 
-    Requests with one query token (decodes) run as one batch padded to the longest context; the others
-    run one by one over exactly their visible keys. Sliding-window layers gather only the blocks that the
-    window reaches. Soft-capped layers use float32 math instead of SDPA, which has no soft-cap.
+    Decodes and the tokens of short queries (see ``build_plan``) run as one batch padded to the longest
+    context; longer queries run one by one over exactly their visible keys. Sliding-window layers gather
+    only the blocks that the window reaches. Soft-capped layers use float32 math instead of SDPA, which has no soft-cap.
 
     Layout: one tensor per layer, ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (0 keys, 1 values);
     a quantized cache's rows are ``head_dim + 4`` wide (values, then their float32 scale's bytes), and the
@@ -101,22 +106,30 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
 
 
 def build_plan(m: AttentionMetadata) -> TorchAttentionMetadata:
-    """Split a step into one batch of decodes (query length 1) and the prefills, one by one."""
+    """Split a step into one batch of decode rows and the longer prefills, one by one.
+
+    A request with up to :data:`MAX_DECODE_ROWS` query tokens (a decode, a speculative step's K + 1, a short
+    prompt) becomes that many decode rows, row ``j`` seeing the keys up to its own position: one batched
+    call covers them all, where a call per request would cost more than the attention itself.
+    """
     if m.is_decode_only:
         return TorchAttentionMetadata(m, _DecodeBatch(None, m.seq_lens, m.block_tables, max(m.seq_lens_list)), [])
-    decode_ids, prefills, start = [], [], 0
+    rows, seq_lens, reqs, prefills, start = [], [], [], [], 0
     for i, (query_len, seq_len) in enumerate(zip(m.query_lens_list, m.seq_lens_list)):
-        if query_len == 1:
-            decode_ids.append(i)
+        if query_len <= MAX_DECODE_ROWS:
+            rows.extend(range(start, start + query_len))
+            seq_lens.extend(range(seq_len - query_len + 1, seq_len + 1))
+            reqs.extend([i] * query_len)
         else:
             prefills.append(_Prefill(i, start, query_len, seq_len))
         start += query_len
-    if not decode_ids:
+    if not rows:
         return TorchAttentionMetadata(m, None, prefills)
-    ids = torch.tensor(decode_ids, device=m.seq_lens.device)
-    rows = m.query_start_loc[ids].long()
-    max_seq_len = max(m.seq_lens_list[i] for i in decode_ids)
-    return TorchAttentionMetadata(m, _DecodeBatch(rows, m.seq_lens[ids], m.block_tables[ids], max_seq_len), prefills)
+    device = m.seq_lens.device
+    row_index = None if len(rows) == start else torch.tensor(rows, device=device)
+    batch = _DecodeBatch(row_index, torch.tensor(seq_lens, dtype=torch.int32, device=device),
+                         m.block_tables[torch.tensor(reqs, device=device)], max(seq_lens))
+    return TorchAttentionMetadata(m, batch, prefills)
 
 
 def _decode_attention(

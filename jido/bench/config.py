@@ -7,7 +7,7 @@ from typing import Literal, get_args
 
 from jido.config import check_positive_int
 
-DatasetName = Literal["random", "conversation", "shared-prefix", "long-doc-qa", "jsonl"]
+DatasetName = Literal["random", "conversation", "shared-prefix", "long-doc-qa", "mixed", "rewrite", "jsonl"]
 DATASETS: tuple[str, ...] = get_args(DatasetName)
 SLO_KEYS = ("ttft", "tpot", "e2el")
 
@@ -51,6 +51,12 @@ class BenchConfig:
     """long-doc-qa: distinct documents, each asked several questions."""
     document_len: int = 2048
     """long-doc-qa: tokens in each document."""
+    mixed_long_fraction: float = 0.25
+    """mixed: the share of requests that are long prompts (the rest are short prompts that decode long)."""
+    mixed_long_len: int = 1024
+    """mixed: prompt tokens of a long request (short ones have --random-input-len)."""
+    mixed_long_output_len: int = 16
+    """mixed: output tokens of a long request (short ones ask --random-output-len)."""
     goodput: str | None = None
     """SLOs in ms for goodput, "ttft=500,tpot=50" (vLLM's "ttft:500 tpot:50" works too; default: none)."""
     temperature: float = 0.0
@@ -87,7 +93,7 @@ class BenchConfig:
         if self.dataset_name == "jsonl" and not self.dataset_path:
             raise ValueError("dataset_name 'jsonl' needs --dataset-path FILE.jsonl")
         for name in ("num_prompts", "random_input_len", "random_output_len", "num_prefixes", "prefix_len",
-                     "num_documents", "document_len"):
+                     "num_documents", "document_len", "mixed_long_len", "mixed_long_output_len"):
             check_positive_int(name, getattr(self, name))
         if self.max_concurrency is not None:
             check_positive_int("max_concurrency", self.max_concurrency)
@@ -95,6 +101,8 @@ class BenchConfig:
             raise ValueError(f"request_rate must be > 0 (inf sends every request at once), got {self.request_rate}")
         if not self.burstiness > 0:
             raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
+        if not 0 <= self.mixed_long_fraction <= 1:
+            raise ValueError(f"mixed_long_fraction must be in [0, 1], got {self.mixed_long_fraction}")
         if not 0 <= self.random_range_ratio < 1:
             raise ValueError(f"random_range_ratio must be in [0, 1), got {self.random_range_ratio}")
         if self.sweep_concurrency and self.sweep_rate:

@@ -27,6 +27,15 @@ _QUESTIONS = (
     'Where does the document above mention "{quote}", and why does it matter?',
     'Explain, with an example, the rule behind "{quote}" in the document above.',
 )
+# Input-grounded prompts: a passage to write out again with a small change, so most of the answer copies the
+# prompt, as in code and document editing (where prompt-lookup speculation pays). They read as text to
+# continue for a base model and as an instruction for a chat model.
+_REWRITE_TEMPLATES = (
+    "Rewrite the passage below word for word, correcting only its punctuation.\n\nPassage:\n{passage}\n\n"
+    "Rewritten passage:\n",
+    "Below is a section of the Python documentation, then the same section copied out again with every "
+    "example kept.\n\nOriginal:\n{passage}\n\nCopy:\n",
+)
 _CHAT_OPENERS = ("Can you explain this to me?", "Summarize the following.", "What is wrong with this?",
                  "Rewrite this more simply.", "Answer the question this raises.")
 
@@ -110,6 +119,30 @@ def _long_doc_qa(config: BenchConfig, corpus: Corpus, rng: np.random.Generator) 
     return [requests[i] for i in rng.permutation(len(requests))]
 
 
+def _mixed(config: BenchConfig, corpus: Corpus, rng: np.random.Generator) -> list[SampleRequest]:
+    """Short prompts that decode long, with long prompts among them: the long ones' prefills arrive while the
+    short ones' streams decode (prefill/decode interference). Long ones sit at random places in the order."""
+    num_long = round(config.num_prompts * config.mixed_long_fraction)
+    is_long = np.zeros(config.num_prompts, dtype=bool)
+    is_long[rng.permutation(config.num_prompts)[:num_long]] = True
+    short_lens = uniform_lengths(config.random_input_len, config.random_range_ratio, config.num_prompts, rng)
+    output_lens = uniform_lengths(config.random_output_len, config.random_range_ratio, config.num_prompts, rng)
+    starts = rng.integers(0, corpus.num_tokens, size=config.num_prompts)
+    return [_request(corpus, corpus.window(int(s), config.mixed_long_len if long else int(n)),
+                     config.mixed_long_output_len if long else int(o))
+            for s, n, o, long in zip(starts, short_lens, output_lens, is_long)]
+
+
+def _rewrite(config: BenchConfig, corpus: Corpus, rng: np.random.Generator) -> list[SampleRequest]:
+    """A passage of about --random-input-len tokens to reproduce; --random-output-len tokens asked for."""
+    passage_lens = uniform_lengths(config.random_input_len, config.random_range_ratio, config.num_prompts, rng)
+    output_lens = uniform_lengths(config.random_output_len, config.random_range_ratio, config.num_prompts, rng)
+    starts = rng.integers(0, corpus.num_tokens, size=config.num_prompts)
+    templates = rng.integers(len(_REWRITE_TEMPLATES), size=config.num_prompts)
+    return [_request(corpus, _REWRITE_TEMPLATES[int(t)].format(passage=corpus.window(int(s), int(n))), int(o))
+            for s, n, o, t in zip(starts, passage_lens, output_lens, templates)]
+
+
 def _distinct_windows(corpus: Corpus, num: int, num_tokens: int, rng: np.random.Generator) -> list[str]:
     # Evenly spaced starts with one random shift: the windows do not overlap while the corpus is long enough.
     shift = int(rng.integers(corpus.num_tokens))
@@ -145,5 +178,5 @@ def _request(corpus: Corpus, prompt: str, output_len: int) -> SampleRequest:
 
 _DATASETS: dict[str, Callable[[BenchConfig, Corpus, np.random.Generator], list[SampleRequest]]] = {
     "random": _random, "conversation": _conversation, "shared-prefix": _shared_prefix,
-    "long-doc-qa": _long_doc_qa, "jsonl": _jsonl,
+    "long-doc-qa": _long_doc_qa, "mixed": _mixed, "rewrite": _rewrite, "jsonl": _jsonl,
 }

@@ -19,6 +19,8 @@ _SERVER_ROWS = (("server_mean_queue_time_ms", "Mean queue time (ms)"),
                 ("server_prefix_cache_hit_rate", "Prefix cache hit rate"),
                 ("server_mean_batch_size", "Mean batch size (requests/step)"),
                 ("server_num_preemptions", "Preemptions"))
+_SPEC_ROWS = (("server_spec_decode_acceptance_rate", "Spec decode acceptance rate"),
+              ("server_spec_decode_mean_acceptance_length", "Mean acceptance length"))
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -50,6 +52,8 @@ def format_table(result: dict[str, Any]) -> str:
                      _row(f"KV offload {tier}: loaded MiB", counters.get("loaded_bytes", 0) / 2**20),
                      _row(f"KV offload {tier}: mean load (ms/block)", counters["mean_load_ms"]),
                      _row(f"KV offload {tier}: errors", counters.get("errors"))]
+        if "server_spec_decode_num_drafts" in result:  # only from a server that speculates
+            rows += [_row(label, result.get(key)) for key, label in _SPEC_ROWS]
     rows += [f"error ({e['count']}x): {e['error'][:200]}" for e in result.get("first_errors", [])]
     if result.get("machine"):
         rows.append(f"Machine: {describe_machine(result['machine'])}")

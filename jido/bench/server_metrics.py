@@ -1,4 +1,4 @@
-"""What the server says about the run through vLLM-style /metrics: queue time, KV usage, prefix hits."""
+"""What the server says about the run through vLLM-style /metrics: queue time, KV usage, prefix hits, speculation."""
 from __future__ import annotations
 
 import asyncio
@@ -23,6 +23,8 @@ BATCH_SIZE = "jido:step_num_requests"  # requests per engine step that computed 
 # jido's KV offload tiers, one series per tier label (docs/kv_cache.md).
 OFFLOAD = "jido:kv_offload_"
 OFFLOAD_COUNTERS = ("hits", "misses", "stored_bytes", "loaded_blocks", "loaded_bytes", "load_seconds", "errors")
+SPEC_DRAFTS, SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens"
+SPEC_ACCEPTED, SPEC_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
 async def scrape(session: aiohttp.ClientSession, url: str) -> Metrics | None:
@@ -74,6 +76,7 @@ def run_metrics(before: Metrics | None, after: Metrics | None, samples: list[Met
     result["server_num_preemptions"] = _delta(before, after, PREEMPTIONS)
     reqs, steps = _delta(before, after, f"{BATCH_SIZE}_sum"), _delta(before, after, f"{BATCH_SIZE}_count")
     result["server_mean_batch_size"] = reqs / steps if reqs is not None and steps else None
+    result.update(spec_decode_metrics(before, after))
     for key, names in (("kv_cache_usage", KV_USAGE), ("num_requests_waiting", (WAITING,)),
                        ("num_requests_running", (RUNNING,))):
         values = [v for v in (_gauge(m, names) for m in [*samples, after]) if v is not None]
@@ -93,8 +96,8 @@ def offload_deltas(before: Metrics, after: Metrics) -> dict[str, dict[str, float
     """Per KV offload tier over the run: its counters' deltas, hit rate and mean load latency (ms)."""
     tiers: dict[str, dict[str, float | None]] = {}
     for key in OFFLOAD_COUNTERS:
-        for tier, value in _by_tier(after, key).items():
-            tiers.setdefault(tier, {})[key] = value - _by_tier(before, key).get(tier, 0.0)
+        for tier, value in _by_label(after, f"{OFFLOAD}{key}", "tier").items():
+            tiers.setdefault(tier, {})[key] = value - _by_label(before, f"{OFFLOAD}{key}", "tier").get(tier, 0.0)
     for counters in tiers.values():
         looked_up = counters.get("hits", 0) + counters.get("misses", 0)
         counters["hit_rate"] = counters.get("hits", 0) / looked_up if looked_up else None
@@ -103,12 +106,36 @@ def offload_deltas(before: Metrics, after: Metrics) -> dict[str, dict[str, float
     return tiers
 
 
-def _by_tier(metrics: Metrics, key: str) -> dict[str, float]:
-    samples = metrics.samples.get(f"{OFFLOAD}{key}_total", [])
-    totals: dict[str, float] = {}
-    for labels, value in samples:
-        totals[labels.get("tier", "")] = totals.get(labels.get("tier", ""), 0.0) + value
-    return totals
+def spec_decode_metrics(before: Metrics, after: Metrics) -> dict[str, Any]:
+    """Speculative decoding over the run, from vLLM's counters; nothing when the server does not speculate.
+
+    Mean acceptance length is vLLM's: tokens a request gains per verifying step, 1 + accepted / drafts.
+    """
+    drafts = _delta(before, after, SPEC_DRAFTS)
+    if drafts is None:
+        return {}
+    draft_tokens, accepted = _delta(before, after, SPEC_DRAFT_TOKENS), _delta(before, after, SPEC_ACCEPTED)
+    per_pos = _by_label(after, SPEC_ACCEPTED_PER_POS, "position")
+    start = _by_label(before, SPEC_ACCEPTED_PER_POS, "position")
+    positions = sorted(per_pos, key=int)
+    return {
+        "server_spec_decode_num_drafts": drafts,
+        "server_spec_decode_num_draft_tokens": draft_tokens,
+        "server_spec_decode_num_accepted_tokens": accepted,
+        "server_spec_decode_acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+        "server_spec_decode_mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "server_spec_decode_acceptance_rate_per_pos": [
+            (per_pos[p] - start.get(p, 0.0)) / drafts if drafts else None for p in positions],
+    }
+
+
+def _by_label(metrics: Metrics, name: str, label: str) -> dict[str, float]:
+    """A counter family's values by one label (summed over the others)."""
+    values: dict[str, float] = {}
+    for candidate in (name, f"{name}_total"):
+        for labels, value in metrics.samples.get(candidate, []):
+            values[labels.get(label, "")] = values.get(labels.get(label, ""), 0.0) + value
+    return values
 
 
 def _delta(before: Metrics, after: Metrics, name: str) -> float | None:

@@ -45,6 +45,24 @@ class EngineConfig:
                 object.__setattr__(self, "kv_offload", KVOffloadConfig(cpu=DEFAULT_SWAP_SPACE))
             elif offload.cpu is None:
                 raise ValueError("preemption_mode='swap' swaps to kv_offload's cpu tier: add \"cpu\": SIZE to it")
+        # A KV hand-off names one engine's blocks and endpoint; replicas behind one server would each need
+        # their own, and the router already balances over separate servers.
+        if self.kv_transfer_config is not None and self.parallel_config.data_parallel_size > 1:
+            raise ValueError("kv_transfer_config takes one replica (data_parallel_size 1): run one jido serve per "
+                             "replica and put jido router in front of them")
+        if self.speculative_config is not None:
+            self._check_speculation_alone()
+
+    def _check_speculation_alone(self) -> None:
+        # The proposers and the rejection sampler hold whole-model state on one rank, and a consumer's loaded
+        # KV has never been checked against a draft's catch-up: refused rather than run untested.
+        parallel = self.parallel_config
+        if parallel.tensor_parallel_size > 1 or parallel.pipeline_parallel_size > 1:
+            raise ValueError("speculative_config runs on one rank: tensor_parallel_size and pipeline_parallel_size "
+                             "must be 1 (data_parallel_size may be more)")
+        if self.kv_transfer_config is not None:
+            raise ValueError("speculative_config and kv_transfer_config cannot be combined yet: speculate on a "
+                             "co-located server")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

@@ -5,6 +5,7 @@ from collections.abc import Callable, Sequence
 
 from jido.core.block_pool import BlockPool, KVCacheBlock
 from jido.core.kv_connector import ReleasedBlock
+from jido.core.radix_tree import Copies, RadixNode
 from jido.core.request import Request
 from jido.utils.hashing import BlockHash, hash_block_tokens
 
@@ -26,7 +27,8 @@ class KVCacheManager:
     Prefix-cache rule: a hit of ``n`` blocks needs, in every full group, blocks ``0..n-1`` cached, and in
     every sliding group the blocks that the query at position ``n * block_size`` can see (the last
     ``window - 1`` keys before it); earlier blocks of a sliding group are not needed and stay ``None``.
-    Blocks are indexed by ``(group, block hash)``: each group's blocks hold other layers' K/V.
+    The pool's radix tree finds the cached blocks along a prompt's tokens, per group (each group's blocks
+    hold other layers' K/V); their keys, ``(group, chained block hash)``, name them to offload tiers.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
@@ -36,9 +38,10 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.sliding_windows = tuple(sliding_windows)
-        self.pool = BlockPool(num_blocks, enable_caching)
+        self.pool = BlockPool(num_blocks, enable_caching, block_size, len(self.sliding_windows))
         self.req_to_blocks: dict[str, list[BlockTable]] = {}
         self._num_cached_blocks: dict[str, int] = {}  # leading positions already indexed, in every group
+        self._tree_nodes: dict[str, RadixNode] = {}  # where each request's indexed path ends, to resume there
         self._num_released: dict[str, list[int]] = {}  # per group, leading positions already released
         self.prefix_cache_queries = 0  # prompt tokens looked up
         self.prefix_cache_hits = 0  # of which found in the cache
@@ -64,38 +67,36 @@ class KVCacheManager:
             return [[] for _ in self.sliding_windows], 0
         self._update_block_hashes(request)
         limit = (request.num_tokens - 1) // self.block_size
-        cached: list[BlockTable] = [[] for _ in self.sliding_windows]
-        # Full groups first: only their common cached prefix can be used, which bounds the sliding scans.
-        for group in sorted(range(self.num_groups), key=lambda g: self.sliding_windows[g] is not None):
-            cached[group] = self._cached_run(request, group, limit)
-            if self.sliding_windows[group] is None:
-                limit = min(limit, len(cached[group]))
+        path = self.pool.index.match(request.all_token_ids, limit)
+        cached = [self._cached_run(path, group) for group in range(self.num_groups)]
+        # Only the full groups' common cached prefix can be used, which bounds the sliding groups' runs.
+        limit = min([len(path)] + [len(cached[g]) for g in range(self.num_groups) if self.sliding_windows[g] is None])
         num_hit = self._longest_hit(cached, limit)
         hits = [self._hit_table(g, blocks, num_hit) for g, blocks in enumerate(cached)]
         return hits, num_hit * self.block_size
 
     def reads_prefix_cache(self, request: Request) -> bool:
         """Whether the request may start from cached KV (device or external): not while it owes prompt logprobs."""
-        # NOTE: the runner takes a new request with outputs as one whose prompt logprobs were sent.
-        owes_prompt_logprobs = request.sampling_params.prompt_logprobs is not None and not request.output_token_ids
-        return self.enable_caching and not owes_prompt_logprobs
+        return self.enable_caching and not owes_prompt_logprobs(request)
 
-    def _cached_run(self, request: Request, group: int, limit: int) -> BlockTable:
-        """The group's cached block for each of the first ``limit`` positions (None where absent).
+    def _cached_run(self, path: list[Copies], group: int) -> BlockTable:
+        """The group's cached block at each position of the matched path (None where it has none).
 
-        A full group stops at its first miss: only a prefix of it can ever be used.
+        A full group stops at its first hole: only a prefix of it can ever be used. Of several copies, one
+        that is held already is taken, so the hit revives no free block.
         """
         found: BlockTable = []
-        for i in range(limit):
-            block = self.pool.get_cached_block((group, request.block_hashes[i]), self._block_tokens(request, i))
-            if block is None and self.sliding_windows[group] is None:
+        for copies in path:
+            blocks = copies[group]
+            if not blocks and self.sliding_windows[group] is None:
                 break
-            found.append(block)
+            found.append(next((b for b in blocks if b.ref_cnt > 0), blocks[0]) if blocks else None)
         return found
 
     def _longest_hit(self, cached: list[BlockTable], limit: int) -> int:
         """The most blocks ``n <= limit`` that every sliding group can serve (see the prefix-cache rule)."""
-        runs = {g: _run_lengths(blocks) for g, blocks in enumerate(cached) if self.sliding_windows[g] is not None}
+        runs = {g: _run_lengths(blocks[:limit]) for g, blocks in enumerate(cached)
+                if self.sliding_windows[g] is not None}
         for n in range(limit, 0, -1):
             if all(self._window_cached(self.sliding_windows[g], run, n) for g, run in runs.items()):
                 return n
@@ -203,17 +204,17 @@ class KVCacheManager:
         if num_full <= start:
             return
         self._update_block_hashes(request)
-        for i in range(start, num_full):
-            tokens = self._block_tokens(request, i)
-            for group, table in enumerate(tables):
-                if table[i] is not None:
-                    self.pool.cache_block(table[i], (group, request.block_hashes[i]), tokens)
+        blocks = [[table[i] for table in tables] for i in range(start, num_full)]
+        keys = [[(group, request.block_hashes[i]) for group in range(self.num_groups)] for i in range(start, num_full)]
+        self._tree_nodes[request.request_id] = self.pool.cache_blocks(
+            request.all_token_ids, start, blocks, keys, self._tree_nodes.get(request.request_id))
         self._num_cached_blocks[request.request_id] = num_full
 
     def free(self, request: Request) -> None:
         """Return a request's blocks. Tail blocks go first so that shared prefixes are evicted last."""
         tables = self.req_to_blocks.pop(request.request_id, [])
         self._num_cached_blocks.pop(request.request_id, None)
+        self._tree_nodes.pop(request.request_id, None)
         self._num_released.pop(request.request_id, None)
         for table in tables:
             self.pool.free(b for b in reversed(table) if b is not None)
@@ -225,6 +226,7 @@ class KVCacheManager:
 
     def reset_prefix_cache(self) -> None:
         self.pool.reset_prefix_cache()
+        self._tree_nodes.clear()
         for req_id in self._num_cached_blocks:
             self._num_cached_blocks[req_id] = 0
 
@@ -238,6 +240,22 @@ class KVCacheManager:
         for i in range(len(hashes), num_full):
             parent = hashes[i - 1] if i > 0 else None
             hashes.append(hash_block_tokens(parent, self._block_tokens(request, i)))
+
+
+def owes_prompt_logprobs(request: Request) -> bool:
+    """Whether the request still has to compute every prompt token to score it (so it may load no KV)."""
+    # NOTE: the runner takes a new request with outputs as one whose prompt logprobs were sent.
+    return request.sampling_params.prompt_logprobs is not None and not request.output_token_ids
+
+
+def positions_to_load(window: int | None, block_size: int, num_computed_tokens: int, num_tokens: int) -> range:
+    """The block positions of one group that KV for tokens ``num_computed_tokens..num_tokens - 1`` fills, when
+    the next query sits at ``num_tokens``: all of them in a full group; in a sliding group only those the
+    query can still see (the prefix-cache rule above). ``num_computed_tokens`` is a multiple of the block size."""
+    first = num_computed_tokens // block_size
+    if window is not None:
+        first = max(first, max(0, num_tokens - window + 1) // block_size)
+    return range(first, -(-num_tokens // block_size))
 
 
 def _run_lengths(blocks: BlockTable) -> list[int]:

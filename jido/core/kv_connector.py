@@ -13,14 +13,12 @@ computes those tokens itself). The core imports no torch, transport or store: on
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from jido.core.block_pool import BlockKey  # (group, block hash): what names one pool block's contents
 from jido.core.request import Request
-from jido.utils.hashing import BlockHash
-
-# (group, block hash): what names one pool block's contents, the prefix cache's key.
-BlockKey = tuple[int, BlockHash]
 
 
 @dataclass(frozen=True)
@@ -41,8 +39,10 @@ class KVConnectorOutput:
     """What the workers report after a step: finished transfers, failures and counters.
 
     ``finished_loading`` maps each request whose load ended to whether every block arrived intact; a
-    request with a failed block computes the tokens itself. ``events`` are connector-specific records
-    (stored sizes, write failures, tiers disabled) that the scheduler side reads back.
+    request with a failed block computes the tokens itself. ``finished_saving`` names finished requests
+    whose blocks the workers no longer read (sent, released by the peer, or their lease ran out): the
+    scheduler frees the blocks it held for them. ``events`` are connector-specific records (stored sizes,
+    write failures, tiers disabled, transfers) that the scheduler side reads back.
     """
 
     finished_loading: dict[str, bool] = field(default_factory=dict)
@@ -62,7 +62,9 @@ class KVConnectorScheduler(ABC):
     :meth:`update_state_after_alloc`; cached blocks arrive through :meth:`on_blocks_released` whenever their
     last holder lets go (before the pool can evict them); at the end of the pass :meth:`build_connector_meta` makes the step's
     metadata (and forgets what it handed over). After the step, :meth:`update_connector_output` takes the
-    workers' report. :meth:`request_finished` is called once when a request ends for any reason.
+    workers' report. :meth:`request_finished` is called once when a request ends for any reason; it may
+    keep the request's blocks (a producer holding KV for a consumer) until the workers name the request
+    in ``finished_saving``.
 
     Invariants:
         - Every block id named in the metadata is held by a request or was released in this same pass;
@@ -75,8 +77,9 @@ class KVConnectorScheduler(ABC):
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int:
         """Tokens past ``num_computed_tokens`` (the device hit, a multiple of the block size) loadable from outside.
 
-        Returns a multiple of the block size that leaves at least one prompt token to compute; 0 when
-        nothing can be loaded. Loads are always asynchronous.
+        Returns a count that leaves at least one prompt token to compute: a multiple of the block size for
+        cached blocks, or every prompt token but the last for KV handed over by another instance (the last
+        block is then partly loaded); 0 when nothing can be loaded. Loads are always asynchronous.
         """
 
     @abstractmethod
@@ -94,15 +97,27 @@ class KVConnectorScheduler(ABC):
         """
 
     @abstractmethod
-    def build_connector_meta(self) -> Any:
-        """The workers' instructions for this step (picklable); called once per scheduling pass."""
+    def build_connector_meta(self, scheduler_output: Any, block_ids: Callable[[str], list[list[int]]]) -> Any:
+        """The workers' instructions for this step (picklable); called once per scheduling pass.
+
+        ``scheduler_output`` is the step being built (a ``SchedulerOutput``: its ``num_scheduled_tokens`` say which requests
+        compute which tokens, counted from each request's ``num_computed_tokens``); ``block_ids(req_id)``
+        gives a scheduled request's block ids per group, every position so far.
+        """
 
     @abstractmethod
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         """Take the workers' report of a step (sizes stored, failures, tiers gone)."""
 
-    def request_finished(self, request: Request) -> None:
-        """A request ended (finished, aborted); its blocks are freed by the scheduler afterwards."""
+    def request_finished(self, request: Request, block_ids: list[list[int]]) -> tuple[bool, Any]:
+        """A request ended (finished, aborted), holding ``block_ids``; returns ``(hold, params)``.
+
+        With ``hold`` the scheduler keeps the blocks until a report names the request in
+        ``finished_saving`` (the connector must make sure one comes: a lease); otherwise it frees them now.
+        ``params`` (None, or a JSON-ready dict) goes out with the request's last output as
+        ``kv_transfer_params``: a handle a consumer can load the KV with.
+        """
+        return False, None
 
     def stats(self) -> tuple:
         """Cumulative records for metrics (``jido.metrics.stats`` types); empty when there are none."""

@@ -1,7 +1,9 @@
 """ExternalKVLoads: the requests waiting for a KV connector to fill their blocks, and what happens when it has."""
 from __future__ import annotations
 
-from jido.core.kv_cache_manager import BlockTable, KVCacheManager
+import time
+
+from jido.core.kv_cache_manager import BlockTable, KVCacheManager, owes_prompt_logprobs
 from jido.core.kv_connector import KVConnectorOutput, KVConnectorScheduler
 from jido.core.request import Request, RequestStatus
 
@@ -19,7 +21,7 @@ class ExternalKVLoads:
     def __init__(self, connector: KVConnectorScheduler, kv: KVCacheManager) -> None:
         self.connector = connector
         self.kv = kv
-        self.loading: dict[str, tuple[Request, int]] = {}  # request id -> (request, external tokens)
+        self.loading: dict[str, tuple[Request, int, float]] = {}  # request id -> (request, external tokens, start)
         self._free_when_loaded: set[str] = set()
 
     def __len__(self) -> int:
@@ -31,7 +33,7 @@ class ExternalKVLoads:
         Returns True when the load started (the request now holds its blocks and waits), False when there
         is nothing to load, None when the pool cannot hold the blocks to load into.
         """
-        if not self.kv.reads_prefix_cache(request):
+        if owes_prompt_logprobs(request):
             return False
         num_external = self.connector.get_num_new_matched_tokens(request, num_hit_tokens)
         if num_external <= 0:
@@ -42,7 +44,7 @@ class ExternalKVLoads:
         request.num_computed_tokens = num_hit_tokens
         self.connector.update_state_after_alloc(request, self.kv.get_block_ids(request.request_id), num_hit_tokens,
                                                 num_external)
-        self.loading[request.request_id] = (request, num_external)
+        self.loading[request.request_id] = (request, num_external, time.monotonic())
         return True
 
     def finish(self, output: KVConnectorOutput) -> list[Request]:
@@ -52,7 +54,8 @@ class ExternalKVLoads:
         for req_id, ok in output.finished_loading.items():
             if req_id not in self.loading:
                 continue
-            request, num_external = self.loading.pop(req_id)
+            request, num_external, start = self.loading.pop(req_id)
+            request.kv_load_s += time.monotonic() - start
             if req_id in self._free_when_loaded:
                 self._free_when_loaded.discard(req_id)
                 self.kv.free(request)

@@ -79,7 +79,9 @@ class ModelRunnerOutput:
     """Tokens sampled this step, for the requests whose known tokens are now all computed.
 
     A request may get several tokens in one step (accepted speculative tokens, multi-step decoding); the
-    scheduler checks stops on each in order and drops what follows a stop.
+    scheduler checks stops on each in order and drops what follows a stop. With speculative decoding the
+    runner also proposes each sampled request's next tokens (vLLM v1's flow): the scheduler keeps them on
+    the request and schedules them for verification in the next step.
     """
 
     sampled_token_ids: dict[str, list[int]]
@@ -87,9 +89,14 @@ class ModelRunnerOutput:
     # For requests that asked, in the step that computed the end of their prompt.
     prompt_logprobs: dict[str, PromptLogprobsLists] = field(default_factory=dict)
     kv_connector_output: KVConnectorOutput | None = None  # the workers' transfers, with a KV connector
+    # Speculative decoding: the tokens proposed to follow each request's new tokens, verified next step.
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
     prepare_time_s: float = 0.0
     model_time_s: float = 0.0
     sample_time_s: float = 0.0
+    propose_time_s: float = 0.0  # speculative decoding: the next step's proposals
+    # A mixture-of-experts model: (token, expert) pairs routed to each expert-parallel rank since the last output.
+    expert_load: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -103,6 +110,10 @@ class EngineCoreOutput:
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     prompt_logprobs: PromptLogprobsLists | None = None  # once, with the request's first output
+    # With the first output: when the request was first scheduled, and how long it waited for external KV.
+    first_scheduled_time: float | None = None
+    kv_load_s: float = 0.0
+    kv_transfer_params: Any = None  # with the last output: the connector's handle to the request's KV
 
 
 @dataclass

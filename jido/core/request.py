@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import Any
 
 from jido.core.sampling_params import SamplingParams
 from jido.utils.hashing import BlockHash
@@ -32,7 +33,8 @@ class Request:
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                 eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None, priority: int = 0) -> None:
+                 eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None, priority: int = 0,
+                 kv_transfer_params: Any = None) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -50,6 +52,10 @@ class Request:
         self.spec_token_ids: list[int] = []  # proposed next tokens, verified in the next step
         self.priority = priority  # vLLM's: lower is served first under the priority policy
         self.num_bypasses = 0  # under lpm, scheduling passes spent ranked behind later arrivals
+        # What a KV connector is asked to do with this request (a producer's hold, a consumer's handle);
+        # opaque to the core, read only by the connector.
+        self.kv_transfer_params = kv_transfer_params
+        self.kv_load_s = 0.0  # time spent waiting for an external load (WAITING_FOR_REMOTE_KVS)
 
     @property
     def num_tokens_with_spec(self) -> int:

@@ -15,7 +15,7 @@ from jido.core.outputs import (CachedRequestData, EngineCoreOutput, Logprobs, Mo
 from jido.core.pinned_prefixes import PinnedPrefixes
 from jido.core.request import Request, RequestStatus
 from jido.core.scheduling_policy import order_waiting, preemption_victim
-from jido.metrics.stats import SchedulerStats
+from jido.metrics.stats import SchedulerStats, SpecDecodingStats
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,9 @@ class Scheduler:
     running request when blocks run out, then admits waiting requests in arrival order while the token
     budget, ``max_num_seqs``, free blocks and the batching mode allow. Prompts longer than the budget are
     prefilled in chunks. With a KV connector, a waiting request whose prefix the connector holds beyond the
-    device's cache first waits for it to be loaded (``ExternalKVLoads``), outside the step.
+    device's cache first waits for it to be loaded (``ExternalKVLoads``), outside the step; and a finished
+    request whose KV the connector hands to another instance keeps its blocks (``held``) until the workers
+    let them go.
     """
 
     def __init__(self, limits: SchedulerLimits, kv_cache_manager: KVCacheManager,
@@ -58,6 +60,8 @@ class Scheduler:
         self._runner_has: set[str] = set()  # requests whose state the runner holds
         self._dropped: set[str] = set()  # to tell the runner next step
         self._queue_times: list[float] = []  # arrival -> first scheduled, for requests first scheduled now
+        self.held: dict[str, Request] = {}  # finished requests whose blocks the connector still needs
+        self.spec_decoding_stats = SpecDecodingStats()
 
     # -- requests in and out -------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -74,7 +78,7 @@ class Scheduler:
                 self._finish(request, status)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running or self.loads)
+        return bool(self.waiting or self.running or self.loads or self.held)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -85,6 +89,7 @@ class Scheduler:
         return SchedulerStats(len(self.running), len(self.waiting) + len(self.loads or ()), self.kv_cache_usage,
                               self.kv.prefix_cache_queries, self.kv.prefix_cache_hits, self.num_preemptions,
                               self.connector.stats() if self.connector is not None else (), self.pins.stats(),
+                              self.spec_decoding_stats,
                               admission_wait_s=self.batching.wait_s(len(self.running), self.waiting,
                                                                     time.monotonic()))
 
@@ -169,7 +174,8 @@ class Scheduler:
                 request.num_cached_tokens = num_hit_tokens
                 self.pins.count_hit(request, num_hit_tokens)
                 request.first_scheduled_time = time.monotonic()
-                self._queue_times.append(request.first_scheduled_time - request.arrival_time)
+                # Waiting for external KV is the transfer's time, not the queue's.
+                self._queue_times.append(request.first_scheduled_time - request.arrival_time - request.kv_load_s)
             num_scheduled[request.request_id] = num_new
             new_block_ids[request.request_id] = _ids(blocks)
             budget -= num_new
@@ -194,9 +200,11 @@ class Scheduler:
                 req_id, list(request.all_token_ids), request.num_prompt_tokens, request.sampling_params,
                 request.eos_token_ids, self.kv.get_block_ids(req_id), request.num_computed_tokens))
         dropped, self._dropped = self._dropped, set()
-        meta = self.connector.build_connector_meta() if self.connector is not None else None
-        return SchedulerOutput(new_reqs, cached_reqs, num_scheduled, sum(num_scheduled.values()), dropped,
-                               spec_tokens, meta)
+        output = SchedulerOutput(new_reqs, cached_reqs, num_scheduled, sum(num_scheduled.values()), dropped,
+                                 spec_tokens)
+        if self.connector is not None:
+            output.kv_connector_metadata = self.connector.build_connector_meta(output, self.kv.get_block_ids)
+        return output
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
@@ -210,6 +218,9 @@ class Scheduler:
         if self.loads is not None and runner_output.kv_connector_output is not None:
             # Requests whose loads ended go back to the front of the queue, in the order they arrived.
             self.waiting.extendleft(reversed(self.loads.finish(runner_output.kv_connector_output)))
+            for req_id in runner_output.kv_connector_output.finished_saving:
+                if req_id in self.held:
+                    self.kv.free(self.held.pop(req_id))
         for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
             request = self.requests.get(req_id)
             if request is None or request.status != RequestStatus.RUNNING:
@@ -221,6 +232,8 @@ class Scheduler:
             num_rejected = max(num_spec + 1 - len(token_ids), 0) if num_spec and token_ids else 0
             request.num_computed_tokens += num_tokens - num_rejected
             request.spec_token_ids = []
+            if num_spec and token_ids:
+                self.spec_decoding_stats = self.spec_decoding_stats.observed(num_spec, num_spec - num_rejected)
             self.kv.cache_full_blocks(request)  # before a stop below frees the blocks
             if token_ids:  # else a prefill chunk that has not reached the end of the prompt yet
                 output = self._append_tokens(request, token_ids, runner_output.logprobs.get(req_id, []))
@@ -229,7 +242,19 @@ class Scheduler:
                 if num_spec and not request.is_finished:
                     # Accepted proposals are computed tokens the request only has after the append.
                     self.kv.cache_full_blocks(request)
+                if not request.is_finished:
+                    request.spec_token_ids = self._useful_proposals(request, runner_output.spec_token_ids.get(req_id))
         return outputs
+
+    def _useful_proposals(self, request: Request, proposals: list[int] | None) -> list[int]:
+        """The runner's proposals that could still become tokens: a step that verifies k gives up to k + 1."""
+        if not proposals:
+            return []
+        room = self.limits.max_model_len - request.num_tokens
+        max_tokens = request.sampling_params.max_tokens
+        if max_tokens is not None:
+            room = min(room, max_tokens - request.num_output_tokens)
+        return list(proposals[:max(room - 1, 0)])
 
     def _append_tokens(self, request: Request, token_ids: list[int], logprobs: list[Logprobs]) -> EngineCoreOutput:
         """Append tokens one by one; a stop ends the request there and drops the tokens after it."""
@@ -238,15 +263,20 @@ class Scheduler:
             self._finish(request, RequestStatus.FINISHED_LENGTH)
             return EngineCoreOutput(request.request_id, [], finish_reason=RequestStatus.FINISHED_LENGTH.value,
                                     num_cached_tokens=request.num_cached_tokens)
-        finish = None
+        finish, params = None, None
+        first = not request.output_token_ids
         for num_new, token_id in enumerate(token_ids, start=1):
             request.append_output_token(token_id)
             finish = self._check_stop(request)
             if finish is not None:
-                self._finish(request, finish)
+                params = self._finish(request, finish)
                 break
-        return EngineCoreOutput(request.request_id, token_ids[:num_new], logprobs[:num_new],
-                                finish.value if finish else None, request.stop_reason, request.num_cached_tokens)
+        output = EngineCoreOutput(request.request_id, token_ids[:num_new], logprobs[:num_new],
+                                  finish.value if finish else None, request.stop_reason, request.num_cached_tokens,
+                                  kv_transfer_params=params)
+        if first:
+            output.first_scheduled_time, output.kv_load_s = request.first_scheduled_time, request.kv_load_s
+        return output
 
     # -- helpers -------------------------------------------------------------------------------
     def _check_stop(self, request: Request) -> RequestStatus | None:
@@ -277,18 +307,23 @@ class Scheduler:
         self._forget_in_runner(request.request_id)
         self.waiting.appendleft(request)
 
-    def _finish(self, request: Request, status: RequestStatus) -> None:
+    def _finish(self, request: Request, status: RequestStatus) -> object:
+        """End a request and free (or, for its connector, hold) its blocks; returns the connector's params."""
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
         request.status = status
+        hold, params = False, None
         if self.connector is not None:
-            self.connector.request_finished(request)
-        if self.loads is None or not self.loads.abandon(request):
+            hold, params = self.connector.request_finished(request, self.kv.get_block_ids(request.request_id))
+        if hold:
+            self.held[request.request_id] = request
+        elif self.loads is None or not self.loads.abandon(request):
             self.kv.free(request)
         self._forget_in_runner(request.request_id)
         del self.requests[request.request_id]
+        return params
 
     def _forget_in_runner(self, req_id: str) -> None:
         if req_id in self._runner_has:

@@ -47,6 +47,7 @@ class _Add:
     arrival_time: float
     priority: int = 0
     pin: bool = False  # prefill the prompt and pin its KV blocks (LLMEngine.add_pin_request)
+    kv_transfer_params: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -124,13 +125,15 @@ class AsyncEngine:
     """
 
     def __init__(self, engine: LLMEngine, max_waiting_requests: int,
-                 on_report: Callable[[StepReport], None] | None = None) -> None:
+                 on_report: Callable[[StepReport], None] | None = None,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
         if not isinstance(max_waiting_requests, int) or max_waiting_requests < 1:
             raise ValueError(f"max_waiting_requests must be a positive integer, got {max_waiting_requests!r}")
         self.engine = engine
         self.max_waiting_requests = max_waiting_requests
         self.max_num_seqs = engine.config.scheduler_config.max_num_seqs
         self._on_report = on_report
+        self._on_failure = on_failure  # called on the event loop once the engine loop died
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -159,7 +162,8 @@ class AsyncEngine:
         return max(0, self.max_num_seqs - self.last_report.stats.num_running)
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    arrival_time: float | None = None, priority: int = 0, pin: bool = False) -> RequestStream:
+                    arrival_time: float | None = None, priority: int = 0, pin: bool = False,
+                    kv_transfer_params: dict | None = None) -> RequestStream:
         """Queue a request and return its stream.
 
         Raises EngineStoppedError while draining or after a failure, and EngineOverloadedError when
@@ -175,7 +179,7 @@ class AsyncEngine:
         self._streams[request_id] = stream
         self._num_submitted += params.n
         arrival = time.monotonic() if arrival_time is None else arrival_time
-        self._inbox.put(_Add(request_id, prompt, params, arrival, priority, pin))
+        self._inbox.put(_Add(request_id, prompt, params, arrival, priority, pin, kv_transfer_params))
         return stream
 
     def _check_room(self, num_seqs: int) -> None:
@@ -244,10 +248,13 @@ class AsyncEngine:
         self.error = error
         for stream in self._streams.values():
             stream.put(EngineStoppedError(f"the engine loop failed: {error}"))
+        if self._on_failure is not None:
+            self._on_failure(error)
 
     # -- engine thread ----------------------------------------------------------------------------
     def _run(self) -> None:
         try:
+            # Held and loading KV keep the loop stepping: their ends arrive in the steps' reports.
             while self._take_commands(self._idle_wait_s()):
                 if self._idle_wait_s() == 0:
                     self._step()
@@ -260,7 +267,7 @@ class AsyncEngine:
     def _idle_wait_s(self) -> float | None:
         """How long to wait for a command before the next step: forever when idle, for the batch to fill while
         the scheduler's batching mode holds waiting requests back, else not at all."""
-        if not self.engine.has_unfinished_requests():
+        if not self.engine.has_engine_work():
             return None
         return self.engine.get_scheduler_stats().admission_wait_s
 
@@ -296,7 +303,7 @@ class AsyncEngine:
                 self.engine.add_pin_request(command.request_id, command.prompt, command.arrival_time)
             else:
                 self.engine.add_request(command.request_id, command.prompt, command.params, command.arrival_time,
-                                        command.priority)
+                                        command.priority, command.kv_transfer_params)
         except ValueError as exc:
             self._call(self._fail, command.request_id, exc)
 

@@ -17,7 +17,7 @@ from jido.core.pinned_prefixes import PinTooLargeError
 from jido.core.request import Request, RequestStatus
 from jido.core.scheduler import Scheduler, SchedulerLimits
 from jido.executor.abstract import Executor, get_executor_class
-from jido.kvtransfer.factory import make_scheduler_connector
+from jido.kvtransfer.factory import connector_name, make_scheduler_connector
 from jido.metrics.stats import IterationStats, SchedulerStats
 from jido.models.config import ModelArchConfig
 
@@ -101,12 +101,10 @@ class EngineCore:
     def __init__(self, config: EngineConfig, model_folder: Path, model_arch: ModelArchConfig,
                  executor_class: type[Executor] | None = None) -> None:
         self.config = config
-        if config.speculative_config is not None or config.kv_transfer_config is not None:
-            raise ValueError("speculative_config and kv_transfer_config are accepted by the configuration but "
-                             "this version of jido runs neither: leave them unset")
         if config.kv_offload is not None and not config.cache_config.enable_prefix_caching:
             raise ValueError("kv_offload keeps the blocks the prefix cache evicts: it needs enable_prefix_caching")
-        executor_class = executor_class or get_executor_class(config.parallel_config.distributed_executor_backend)
+        has_connector = connector_name(config) is not None  # raises when both connectors are asked for
+        executor_class = executor_class or get_executor_class(config.parallel_config.executor_backend)
         self.executor = executor_class(config, model_folder)
         try:
             self.kv_plan = self._initialize_kv_cache(model_arch)
@@ -119,11 +117,16 @@ class EngineCore:
                                     config.cache_config.enable_prefix_caching, windows)
         sched = config.scheduler_config
         connector = None
-        if config.kv_offload is not None:
-            fingerprint = self.executor.collective_rpc("kv_fingerprint")[0]
-            connector = make_scheduler_connector(config, kv_config, fingerprint)
+        self.kv_connector_info: dict = {}
+        if has_connector:
+            self.kv_connector_info = self.executor.collective_rpc("kv_connector_info")[0]
+            connector = make_scheduler_connector(config, kv_config, self.kv_connector_info)
+        spec = config.speculative_config
+        # Room after each running request for the proposals the runner may hand back.
+        lookahead = 0 if spec is None else spec.max_num_speculative_tokens
         limits = SchedulerLimits(sched.max_num_seqs, sched.max_num_batched_tokens, self.kv_plan.max_model_len,
-                                 policy=sched.scheduling_policy, enable_chunked_prefill=sched.enable_chunked_prefill,
+                                 lookahead, policy=sched.scheduling_policy,
+                                 enable_chunked_prefill=sched.enable_chunked_prefill,
                                  scheduling_mode=sched.scheduling_mode, max_batch_wait_s=sched.max_batch_wait_ms / 1000)
         self.scheduler = Scheduler(limits, kv_manager, connector)
 
@@ -208,5 +211,6 @@ class EngineCore:
             sample_s=runner_output.sample_time_s, update_s=time.perf_counter() - ran,
             num_tokens=scheduler_output.total_num_scheduled_tokens,
             num_reqs=len(scheduler_output.num_scheduled_tokens), queue_times_s=self.scheduler.take_queue_times(),
-            kv_cache_usage_peak=kv_cache_usage_peak)
+            kv_cache_usage_peak=kv_cache_usage_peak, propose_s=runner_output.propose_time_s,
+            expert_load=tuple(runner_output.expert_load))
         return EngineCoreOutputs(outputs, self.scheduler.stats(), stats)

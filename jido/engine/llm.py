@@ -24,7 +24,11 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, **kwargs) -> None:
-        self.llm_engine = LLMEngine(EngineConfig.from_kwargs(model=model, **kwargs))
+        config = EngineConfig.from_kwargs(model=model, **kwargs)
+        if config.parallel_config.data_parallel_size > 1:
+            raise ValueError("data_parallel_size applies to `jido serve`, which routes requests between the "
+                             "replicas; offline, start one LLM per replica (as with vLLM)")
+        self.llm_engine = LLMEngine(config)
         self._request_counter = itertools.count()
 
     def get_tokenizer(self) -> Tokenizer:

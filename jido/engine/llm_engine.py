@@ -14,6 +14,7 @@ from jido.core.sampling_params import SamplingParams
 from jido.engine.detokenizer import IncrementalDetokenizer
 from jido.engine.engine_core import EngineCore
 from jido.engine.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
+from jido.kvtransfer.handoff import ProduceRequest, parse_transfer_params
 from jido.executor.abstract import Executor
 from jido.metrics.stats import IterationStats, SchedulerStats
 from jido.models.config import ModelArchConfig
@@ -54,7 +55,10 @@ class _Parent:
     sequences: list[_Sequence]
     arrival_time: float
     first_token_time: float | None = None
+    first_scheduled_time: float | None = None
+    kv_load_s: float = 0.0
     num_cached_tokens: int = 0
+    kv_transfer_params: dict | None = None  # for the next delta
     has_prompt_logprobs: bool = False  # every child computes them; the first to report is kept
     new_prompt_logprobs: PromptLogprobs | None = None  # for the next delta
 
@@ -132,13 +136,17 @@ class LLMEngine:
                              "tokens, leaving room for one generated token")
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    arrival_time: float | None = None, priority: int = 0) -> None:
+                    arrival_time: float | None = None, priority: int = 0,
+                    kv_transfer_params: dict | None = None) -> None:
         """Validate and queue a request; on ValueError nothing was queued.
 
         ``priority`` orders admission under ``scheduling_policy="priority"`` (lower first), as in vLLM.
+        ``kv_transfer_params`` (vLLM's) asks a KV producer to prefill and hold the KV for a consumer
+        (``{"do_remote_decode": true}``), or brings a consumer the handle a producer returned.
         """
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
+        transfer = self.check_transfer_params(kv_transfer_params, params)
         if request_id in self._parents:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not isinstance(params, SamplingParams):
@@ -153,7 +161,33 @@ class LLMEngine:
         for i, child_params in enumerate(children):
             child_id = request_id if params.n == 1 else f"{i}_{request_id}"
             self._child_to_parent[child_id] = (request_id, i)
-            self.core.add_request(Request(child_id, ids, child_params, self.eos_token_ids, arrival, priority))
+            self.core.add_request(Request(child_id, ids, child_params, self.eos_token_ids, arrival, priority,
+                                          transfer))
+
+    def check_transfer_params(self, params: dict | None, sampling: SamplingParams | None = None) -> object:
+        """A request's ``kv_transfer_params`` parsed and checked against this engine's role (and ``sampling``).
+
+        Raises ValueError saying why this engine cannot serve them; read-only, safe from any thread.
+        """
+        if params is None:
+            return None
+        config = self.config.kv_transfer_config
+        if config is None:
+            raise ValueError("kv_transfer_params needs an engine with a kv_transfer_config (a KV producer or consumer)")
+        parsed = parse_transfer_params(params, config.is_producer, config.is_consumer)
+        if isinstance(parsed, ProduceRequest) and sampling is not None and (sampling.max_tokens != 1 or sampling.n != 1):
+            # Its blocks are exported once its prompt is computed: they must not change (decode, preemption) after.
+            raise ValueError("a do_remote_decode request prefills for a consumer: it needs max_tokens 1 and n 1")
+        return parsed
+
+    @property
+    def kv_connector_info(self) -> dict:
+        """The KV connector's worker-side facts: the KV endpoint's address and format (empty without one)."""
+        return self.core.kv_connector_info
+
+    def has_engine_work(self) -> bool:
+        """Requests, or KV transfers the engine keeps stepping for: held for a consumer, or loading."""
+        return bool(self._parents) or self.core.has_unfinished_requests()
 
     @staticmethod
     def _child_params(params: SamplingParams) -> list[SamplingParams]:
@@ -253,6 +287,9 @@ class LLMEngine:
         if parent.first_token_time is None:
             parent.first_token_time = now
             parent.num_cached_tokens = out.num_cached_tokens
+            parent.first_scheduled_time, parent.kv_load_s = out.first_scheduled_time, out.kv_load_s
+        if out.kv_transfer_params is not None:
+            parent.kv_transfer_params = out.kv_transfer_params
         if out.prompt_logprobs is not None and not parent.has_prompt_logprobs:
             parent.has_prompt_logprobs = True
             parent.new_prompt_logprobs = self._prompt_logprob_list(parent.prompt_token_ids, out.prompt_logprobs)
@@ -271,10 +308,12 @@ class LLMEngine:
     def _make_output(self, parent: _Parent) -> RequestOutput:
         """The request's delta: what each completion gained since its last output (see ``RequestOutput.add``)."""
         completions = [self._delta(s, parent.params.logprobs is not None) for s in parent.sequences]
-        metrics = {"arrival_time": parent.arrival_time, "first_token_time": parent.first_token_time or 0.0}
+        metrics = {"arrival_time": parent.arrival_time, "first_token_time": parent.first_token_time or 0.0,
+                   "first_scheduled_time": parent.first_scheduled_time or 0.0, "kv_transfer_time": parent.kv_load_s}
         output = RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, completions,
-                               parent.finished, parent.num_cached_tokens, metrics, parent.new_prompt_logprobs)
-        parent.new_prompt_logprobs = None
+                               parent.finished, parent.num_cached_tokens, metrics, parent.new_prompt_logprobs,
+                               parent.kv_transfer_params)
+        parent.new_prompt_logprobs = parent.kv_transfer_params = None
         return output
 
     def _prompt_logprob_list(self, prompt_token_ids: list[int], scores: PromptLogprobsLists) -> PromptLogprobs:

@@ -49,6 +49,8 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     prompt_logprobs: PromptLogprobs | None = None  # when asked for; in a delta, only the one it arrives in
+    # With the last output of a request a KV producer prefilled for a consumer: the handle to its KV (vLLM's).
+    kv_transfer_params: dict | None = None
 
     def add(self, delta: RequestOutput) -> None:
         """Merge the next delta of this request (from ``LLMEngine.step``) into this cumulative output.
@@ -67,3 +69,4 @@ class RequestOutput:
         self.finished = delta.finished
         self.num_cached_tokens = delta.num_cached_tokens
         self.metrics = delta.metrics
+        self.kv_transfer_params = delta.kv_transfer_params or self.kv_transfer_params

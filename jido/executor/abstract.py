@@ -16,6 +16,7 @@ from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
 _EXECUTORS: dict[str, tuple[str, str]] = {
     "uni": ("jido.executor.uniproc_executor", "UniprocExecutor"),
     "mp": ("jido.executor.multiproc_executor", "MultiprocExecutor"),
+    "ray": ("jido.executor.ray_executor", "RayExecutor"),
 }
 
 
@@ -31,8 +32,9 @@ class Executor(ABC):
         - :meth:`collective_rpc` calls a :class:`jido.runner.worker.Worker` method on every worker and
           returns their results in rank order; the other methods are built on it.
         - :meth:`execute_model` sends one :class:`SchedulerOutput` (picklable: new requests in full,
-          running ones as diffs) and returns rank 0's :class:`ModelRunnerOutput`; with ``non_block`` it
-          returns a Future instead, so the caller can schedule the next step while this one runs.
+          running ones as diffs) to every rank and returns the output rank's :class:`ModelRunnerOutput`
+          (``ParallelConfig.output_rank``: the first TP rank of the last pipeline stage); with ``non_block``
+          it returns a Future instead, so the caller can schedule the next step while this one runs.
         - Any worker failure surfaces as :class:`WorkerError` from the call that met it and from
           :meth:`check_health` afterwards; nothing hangs on a dead worker.
     """
@@ -53,7 +55,7 @@ class Executor(ABC):
     @abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput,
                       non_block: bool = False) -> ModelRunnerOutput | Future[ModelRunnerOutput]:
-        """Run one step on every worker; rank 0's output (or a Future of it)."""
+        """Run one step on every worker; the output rank's output (or a Future of it)."""
 
     @abstractmethod
     def check_health(self) -> None:
@@ -64,8 +66,12 @@ class Executor(ABC):
         """Stop the workers and release what they hold; safe to call twice."""
 
     def get_kv_cache_spec(self) -> dict[int, KVCacheSpec]:
-        """Per attention layer, what it keeps per token (every worker holds the same layers for now)."""
-        return self.collective_rpc("get_kv_cache_spec")[0]
+        """Per attention layer, what it keeps per token on the workers that hold it (each pipeline stage holds
+        its own layers; the TP ranks of a stage hold the same layers, each with its KV heads)."""
+        specs: dict[int, KVCacheSpec] = {}
+        for rank_specs in self.collective_rpc("get_kv_cache_spec"):
+            specs.update(rank_specs)
+        return dict(sorted(specs.items()))
 
     def determine_available_memory(self) -> int:
         """Bytes for the KV cache that every worker can give: the smallest worker's."""

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
+import socket
 import traceback
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from jido.executor.abstract import Executor, WorkerError, call_worker
 logger = logging.getLogger("jido")
 _POLL_S = 0.2  # how often a wait for a worker checks that the worker is still alive
 _SHUTDOWN = "__shutdown__"
+_PEER_EXIT_WAIT_S = 2.0  # how long a worker's error waits to see whether a peer's death caused it
 
 
 @dataclass
@@ -31,10 +35,12 @@ class _WorkerHandle:
 class MultiprocExecutor(Executor):
     """Starts ``world_size`` worker processes (spawned: a forked torch can deadlock) and talks to them.
 
-    Every call is sent to every worker (a broadcast over one duplex pipe each: a 128-request decode
-    step's round trip costs ~0.6 ms, see docs/architecture.md), and
-    every worker answers in order. A worker that exits, or raises, fails the call with
-    :class:`WorkerError`; after that the executor stays failed.
+    Every call is pickled once and sent to every worker (a broadcast over one duplex pipe each: a 128-request
+    decode step's round trip costs ~0.6 ms, see docs/architecture.md), so a step's inputs reach each rank
+    once; every worker answers in order. Workers of a tensor- or pipeline-parallel model form their process
+    group at a free port on 127.0.0.1 and split this machine's cores between them. A worker that exits, or
+    raises, fails the call with :class:`WorkerError`, and the others (which would wait on it in a collective)
+    are stopped; after that the executor stays failed.
     """
 
     def __init__(self, config: EngineConfig, model_folder: Path) -> None:
@@ -42,15 +48,19 @@ class MultiprocExecutor(Executor):
         self._failed: str | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jido-executor")
         context = mp.get_context("spawn")
-        self.workers = [self._start(context, rank) for rank in range(config.parallel_config.world_size)]
+        parallel = config.parallel_config
+        init_method = f"tcp://127.0.0.1:{free_port()}" if parallel.world_size > 1 else None
+        threads = threads_per_worker(parallel.world_size * parallel.data_parallel_size)
+        self.workers = [self._start(context, rank, init_method, threads) for rank in range(parallel.world_size)]
         self._finalizer = weakref.finalize(self, _stop_workers, self.workers, self._pool)
         for worker in self.workers:
             self._receive(worker)  # "ready", or the error that stopped its start
 
-    def _start(self, context: Any, rank: int) -> _WorkerHandle:
+    def _start(self, context: Any, rank: int, init_method: str | None, threads: int) -> _WorkerHandle:
         parent, child = context.Pipe()
         process = context.Process(target=worker_main, name=f"jido-worker-{rank}", daemon=True,
-                                  args=(self.config, self.model_folder, rank, child, logging.getLogger().level))
+                                  args=(self.config, self.model_folder, rank, child, logging.getLogger().level,
+                                        init_method, threads))
         process.start()
         child.close()
         return _WorkerHandle(rank, process, parent)
@@ -58,15 +68,17 @@ class MultiprocExecutor(Executor):
     def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
                        kwargs: dict[str, Any] | None = None) -> list[Any]:
         self.check_health()
+        payload = ForkingPickler.dumps((method, args, kwargs or {}))
         for worker in self.workers:
-            self._send(worker, (method, args, kwargs or {}))
+            self._send(worker, payload)
         return [self._receive(worker) for worker in self.workers]
 
     def execute_model(self, scheduler_output: SchedulerOutput,
                       non_block: bool = False) -> ModelRunnerOutput | Future[ModelRunnerOutput]:
+        rank = self.config.parallel_config.output_rank
         if not non_block:
-            return self.collective_rpc("execute_model", (scheduler_output,))[0]
-        return self._pool.submit(lambda: self.collective_rpc("execute_model", (scheduler_output,))[0])
+            return self.collective_rpc("execute_model", (scheduler_output,))[rank]
+        return self._pool.submit(lambda: self.collective_rpc("execute_model", (scheduler_output,))[rank])
 
     def check_health(self) -> None:
         if self._failed is None:
@@ -80,9 +92,9 @@ class MultiprocExecutor(Executor):
     def shutdown(self) -> None:
         self._finalizer()
 
-    def _send(self, worker: _WorkerHandle, message: Any) -> None:
+    def _send(self, worker: _WorkerHandle, payload: bytes) -> None:
         try:
-            worker.conn.send(message)
+            worker.conn.send_bytes(payload)
         except (BrokenPipeError, ConnectionResetError, EOFError) as exc:
             worker.process.join(timeout=_POLL_S)
             self.check_health()
@@ -91,8 +103,7 @@ class MultiprocExecutor(Executor):
 
     def _receive(self, worker: _WorkerHandle) -> Any:
         while not worker.conn.poll(_POLL_S):
-            if not worker.process.is_alive():
-                self.check_health()
+            self.check_health()  # any worker: the one we wait for may be blocked on a dead peer
         try:
             status, value = worker.conn.recv()
         except (EOFError, ConnectionResetError) as exc:
@@ -101,6 +112,9 @@ class MultiprocExecutor(Executor):
             self._fail(f"worker {worker.rank} closed its pipe: {exc!r}")
             raise WorkerError(self._failed) from None
         if status == "error":
+            # A collective fails on the survivors when a peer dies: name the dead worker as the cause.
+            wait([w.process.sentinel for w in self.workers if w is not worker], timeout=_PEER_EXIT_WAIT_S)
+            self.check_health()
             self._fail(f"worker {worker.rank} failed: {value}")
             raise WorkerError(self._failed)
         return value
@@ -109,15 +123,31 @@ class MultiprocExecutor(Executor):
         if self._failed is None:
             self._failed = reason
             logger.error("%s", reason)
+            for worker in self.workers:  # the survivors cannot go on without it: stop them now
+                if worker.process.is_alive():
+                    worker.process.kill()
 
 
-def worker_main(config: EngineConfig, model_folder: Path, rank: int, conn: Connection, log_level: int) -> None:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on now (the rendezvous binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def threads_per_worker(num_workers: int) -> int:
+    """This machine's cores shared out between the workers it runs, one at least each."""
+    return max(1, len(os.sched_getaffinity(0)) // num_workers)
+
+
+def worker_main(config: EngineConfig, model_folder: Path, rank: int, conn: Connection, log_level: int,
+                init_method: str | None = None, num_threads: int | None = None) -> None:
     """A worker process: build the Worker, then answer ``(method, args, kwargs)`` calls until told to stop."""
     logging.basicConfig(level=log_level, format=f"%(levelname)s %(name)s[worker {rank}]: %(message)s")
     try:
         from jido.runner.worker import Worker  # imported here: only worker processes load the model code
 
-        worker = Worker(config, model_folder, rank)
+        worker = Worker(config, model_folder, rank, init_method, num_threads)
         conn.send(("ok", "ready"))
     except Exception:  # noqa: BLE001 - the engine must hear why the start failed
         conn.send(("error", traceback.format_exc()))
@@ -128,6 +158,7 @@ def worker_main(config: EngineConfig, model_folder: Path, rank: int, conn: Conne
         except (EOFError, KeyboardInterrupt):
             return  # the engine went away
         if message == _SHUTDOWN:
+            worker.shutdown()
             return
         method, args, kwargs = message
         try:

@@ -10,6 +10,7 @@ import torch
 
 from jido.core.kv_cache_spec import KVCacheConfig
 from jido.core.kv_connector import KVConnectorOutput
+from jido.kvtransfer.block_io import BlockIO
 
 
 class KVConnectorWorker(ABC):
@@ -40,6 +41,7 @@ class KVConnectorWorker(ABC):
         self.kv_caches = kv_caches
         self.kv_cache_config = kv_cache_config
         self.block_token_dim = block_token_dim
+        self.blocks = BlockIO(kv_caches, kv_cache_config, block_token_dim)
 
     @abstractmethod
     def bind_connector_metadata(self, metadata: Any) -> None:
@@ -64,6 +66,10 @@ class KVConnectorWorker(ABC):
 
     def shutdown(self) -> None:
         """Stop background transfers; called once when the worker stops."""
+
+    def info(self) -> dict[str, Any]:
+        """What the scheduler side (and, through the engine, a router) needs to know about this worker's half."""
+        return {}
 
 
 def kv_fingerprint(parts: dict[str, object]) -> str:

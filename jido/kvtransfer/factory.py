@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import torch
 
@@ -10,29 +11,37 @@ from jido.core.kv_cache_spec import KVCacheConfig
 from jido.core.kv_connector import KVConnectorScheduler
 from jido.kvtransfer.base import KVConnectorWorker
 
-# connector name -> (module, scheduler-side class, worker-side class)
-CONNECTORS: dict[str, tuple[str, str, str]] = {
-    "offload": ("jido.kvtransfer.offload_connector", "OffloadScheduler", "OffloadWorker"),
+# connector name -> the module whose make_scheduler / make_worker build its two halves
+CONNECTORS: dict[str, str] = {
+    "offload": "jido.kvtransfer.offload_connector",
+    "disagg": "jido.kvtransfer.disagg_connector",
 }
 
 
 def connector_name(config: EngineConfig) -> str | None:
-    """The connector the configuration asks for; None for none (``kv_offload`` picks the offload one)."""
+    """The connector the configuration asks for: ``kv_transfer_config`` disaggregates, ``kv_offload`` offloads.
+
+    Raises:
+        ValueError: both are set (one connector per engine).
+    """
+    if config.kv_transfer_config is not None and config.kv_offload is not None:
+        raise ValueError("kv_transfer_config and kv_offload each need the engine's KV connector: set one of them")
+    if config.kv_transfer_config is not None:
+        return "disagg"
     return "offload" if config.kv_offload is not None else None
 
 
-def _class(name: str, index: int) -> type:
-    module, *classes = CONNECTORS[name]
-    return getattr(importlib.import_module(module), classes[index])
-
-
 def make_scheduler_connector(config: EngineConfig, kv_cache_config: KVCacheConfig,
-                             fingerprint: str) -> KVConnectorScheduler | None:
+                             worker_info: dict[str, Any]) -> KVConnectorScheduler | None:
+    """The scheduler half; ``worker_info`` is what the first worker reported (``Worker.kv_connector_info``)."""
     name = connector_name(config)
-    return None if name is None else _class(name, 0)(config.kv_offload, kv_cache_config, fingerprint)
+    return None if name is None else importlib.import_module(CONNECTORS[name]).make_scheduler(
+        config, kv_cache_config, worker_info)
 
 
-def make_worker_connector(config: EngineConfig, fingerprint: str, num_layers: int,
+def make_worker_connector(config: EngineConfig, fingerprints: dict[str, str], num_layers: int,
                           cache_dtype: torch.dtype) -> KVConnectorWorker | None:
+    """The worker half; ``fingerprints``: ``kv`` names this worker's exact KV bytes, ``model`` its model's."""
     name = connector_name(config)
-    return None if name is None else _class(name, 1)(config.kv_offload, fingerprint, num_layers, cache_dtype)
+    return None if name is None else importlib.import_module(CONNECTORS[name]).make_worker(
+        config, fingerprints, num_layers, cache_dtype)

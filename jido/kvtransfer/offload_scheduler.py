@@ -19,11 +19,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from jido.config.kv_offload import KVOffloadConfig
+from jido.core.kv_cache_manager import positions_to_load
 from jido.core.kv_cache_spec import KVCacheConfig, SlidingWindowSpec
 from jido.core.kv_connector import BlockKey, ReleasedBlock, KVConnectorOutput, KVConnectorScheduler
+from jido.core.outputs import SchedulerOutput
 from jido.core.request import Request
 from jido.kvtransfer.offload_metadata import (FailedEvent, LoadBlock, LoadedEvent, LoadRequest, MoveEntry,
                                               OffloadMetadata, SaveBlock, StoredEvent, TierDisabledEvent)
@@ -167,9 +170,8 @@ class OffloadScheduler(KVConnectorScheduler):
 
     def _needed(self, group: int, n0: int, num_hit: int) -> range:
         """The positions of ``group`` a hit of ``num_hit`` blocks loads (the device already has ``0..n0-1``)."""
-        window = self.windows[group]
-        first = n0 if window is None else max(n0, max(0, num_hit * self.block_size - window + 1) // self.block_size)
-        return range(first, num_hit)
+        return positions_to_load(self.windows[group], self.block_size, n0 * self.block_size,
+                                 num_hit * self.block_size)
 
     def _count_lookup(self, hashes: list[bytes], where: dict[tuple[int, int], str], n0: int, limit: int) -> None:
         """Per tier, blocks of the prefix found there and blocks asked for and not there (group 0's chain)."""
@@ -231,7 +233,8 @@ class OffloadScheduler(KVConnectorScheduler):
         if len(self._remote_written) > _REMOTE_WRITTEN_MAX:
             self._remote_written.popitem(last=False)
 
-    def build_connector_meta(self) -> OffloadMetadata | None:
+    def build_connector_meta(self, scheduler_output: SchedulerOutput,
+                             block_ids: Callable[[str], list[list[int]]]) -> OffloadMetadata | None:
         meta, self._meta = self._meta, OffloadMetadata()
         return None if meta.is_empty else meta
 
@@ -265,10 +268,11 @@ class OffloadScheduler(KVConnectorScheduler):
         elif tier == "remote":
             self._remote_written.pop(key, None)
 
-    def request_finished(self, request: Request) -> None:
+    def request_finished(self, request: Request, block_ids: list[list[int]]) -> tuple[bool, None]:
         self._plans.pop(request.request_id, None)
         self._lookups.pop(request.request_id, None)
         self._counted.discard(request.request_id)
+        return False, None
 
     def stats(self) -> tuple[KVTierStats, ...]:
         return tuple(KVTierStats(name, c.hits, c.misses, c.stored_blocks, c.stored_bytes, c.loaded_blocks,

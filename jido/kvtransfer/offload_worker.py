@@ -91,21 +91,16 @@ class OffloadWorker(KVConnectorWorker):
 
     # -- blocks in the cache -----------------------------------------------------------------------
     def _layers(self, key: BlockKey) -> tuple[int, ...]:
-        return self.kv_cache_config.groups[key[0]].layer_ids
+        return self.blocks.layers(key[0])
 
     def _read_block(self, block_id: int, key: BlockKey) -> torch.Tensor:
-        # [layers, 2, ...block in the backend's layout] -> tokens on axis 2
-        block = torch.stack([self.kv_caches[layer][:, block_id] for layer in self._layers(key)])
-        return block.movedim(self.block_token_dim + 1, 2).to("cpu", copy=True)
+        return self.blocks.read(key[0], block_id)
 
     def _write_block(self, block_id: int, key: BlockKey, block: torch.Tensor) -> None:
-        for layer, data in zip(self._layers(key), block):
-            cache = self.kv_caches[layer]
-            cache[:, block_id].copy_(data.movedim(1, self.block_token_dim).to(cache.device))
+        self.blocks.write(key[0], block_id, block)
 
     def _block_shape(self, key: BlockKey) -> tuple[int, ...]:
-        one = self.kv_caches[0][:, 0].movedim(self.block_token_dim, 1).shape  # [2, block_size, kv_heads, width]
-        return (len(self._layers(key)), *one)
+        return self.blocks.shape(key[0])
 
     # -- the background thread ---------------------------------------------------------------------
     def _run(self) -> None:

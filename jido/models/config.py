@@ -13,6 +13,8 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "LlamaForCausalLM": {"rope_theta": 10_000.0, "tie_word_embeddings": False, "rms_norm_eps": 1e-6},
     "Qwen2ForCausalLM": {"rope_theta": 10_000.0, "tie_word_embeddings": False, "rms_norm_eps": 1e-6},
     "Qwen3ForCausalLM": {"rope_theta": 10_000.0, "tie_word_embeddings": False, "rms_norm_eps": 1e-6},
+    "Qwen3MoeForCausalLM": {"rope_theta": 10_000.0, "tie_word_embeddings": False, "rms_norm_eps": 1e-6,
+                            "decoder_sparse_step": 1, "norm_topk_prob": False, "mlp_only_layers": []},
     "Gemma3ForCausalLM": {
         "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "tie_word_embeddings": True,
         "rms_norm_eps": 1e-6, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
@@ -20,7 +22,7 @@ _FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 131_072,
     },
 }
-_QK_NORM = {"Qwen3ForCausalLM", "Gemma3ForCausalLM"}
+_QK_NORM = {"Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"}
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,14 @@ class ModelArchConfig:
     max_position_embeddings: int = 8192
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # Mixture of experts (0 experts: a dense model): a layer is sparse unless listed in ``mlp_only_layers`` or off
+    # the ``decoder_sparse_step`` beat; each token runs ``num_experts_per_tok`` experts of width moe_intermediate_size.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.architecture not in supported_architectures():
@@ -75,6 +85,11 @@ class ModelArchConfig:
             raise ValueError(f"sliding_windows has {len(self.sliding_windows)} entries for {self.num_layers} layers")
         if any(w is not None and w < 1 for w in self.sliding_windows):
             raise ValueError(f"sliding windows must be >= 1 or None, got {self.sliding_windows}")
+
+    def is_sparse_layer(self, layer_idx: int) -> bool:
+        """Whether layer ``layer_idx`` has a mixture of experts instead of a dense MLP (transformers' rule)."""
+        return (self.num_experts > 0 and layer_idx not in self.mlp_only_layers
+                and (layer_idx + 1) % self.decoder_sparse_step == 0)
 
     @property
     def attn_scale(self) -> float:
@@ -126,6 +141,12 @@ class ModelArchConfig:
             max_position_embeddings=hf.get("max_position_embeddings", 8192),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=_as_tuple(hf.get("eos_token_id")),
+            num_experts=hf.get("num_experts") or hf.get("num_local_experts", 0),  # Qwen3-MoE, transformers 5
+            num_experts_per_tok=hf.get("num_experts_per_tok", 0),
+            moe_intermediate_size=hf.get("moe_intermediate_size", 0),
+            norm_topk_prob=hf.get("norm_topk_prob", False),
+            decoder_sparse_step=hf.get("decoder_sparse_step", 1),
+            mlp_only_layers=tuple(hf.get("mlp_only_layers", ())),
         )
 
 

@@ -9,11 +9,14 @@ from torch import nn
 
 from jido.attention.backend import AttentionBackend, AttentionLayerSpec, StepAttentionMetadata
 from jido.layers.activation import get_gated_activation
-from jido.layers.linear import Embedding, Linear, MergedLinear
+from jido.layers.linear import MergedLinear
+from jido.layers.parallel_linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
+                                         RowParallelLinear, VocabParallelEmbedding, gather_logits)
 from jido.layers.quantization import QuantizationConfig, get_quantization_config
 from jido.layers.rms_norm import RMSNorm
 from jido.layers.rotary import RotaryEmbedding, apply_rotary
 from jido.models.config import ModelArchConfig
+from jido.parallel.state import current, layer_range
 
 RopeCosSin = tuple[torch.Tensor, torch.Tensor]
 
@@ -40,17 +43,19 @@ class LlamaAttention(nn.Module):
     ):
         super().__init__()
         c = config
-        self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        sizes = {"q_proj": self.q_size, "k_proj": self.kv_size, "v_proj": self.kv_size}
-        self.qkv_proj = MergedLinear(c.hidden_size, sizes, bias=c.qkv_bias, quant_config=quant_config)
-        self.o_proj = Linear(self.q_size, c.hidden_size, bias=c.o_bias, quant_config=quant_config)
+        # Split by heads over the TP ranks: this rank's query heads and KV heads (see QKVParallelLinear).
+        self.qkv_proj = QKVParallelLinear(c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads, bias=c.qkv_bias,
+                                          quant_config=quant_config)
+        self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        self.o_proj = RowParallelLinear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias,
+                                        quant_config=quant_config)
         if c.qk_norm:
             self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, unit_offset_norm)
             self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, unit_offset_norm)
         self.backend = backend
         self.spec = AttentionLayerSpec(
-            num_heads=c.num_heads,
-            num_kv_heads=c.num_kv_heads,
+            num_heads=self.qkv_proj.num_heads,
+            num_kv_heads=self.qkv_proj.num_kv_heads,
             head_dim=c.head_dim,
             scale=c.attn_scale,
             sliding_window=c.sliding_windows[layer_idx],
@@ -75,8 +80,8 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: ModelArchConfig, quant_config: QuantizationConfig | None = None):
         super().__init__()
         sizes = {"gate_proj": config.intermediate_size, "up_proj": config.intermediate_size}
-        self.gate_up_proj = MergedLinear(config.hidden_size, sizes, quant_config=quant_config)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, quant_config=quant_config)
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, sizes, quant_config=quant_config)
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, quant_config=quant_config)
         self.act = get_gated_activation(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,7 +110,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Embedding, decoder layers and final norm; HF's ``model.*`` parameter names."""
+    """Embedding, decoder layers and final norm; HF's ``model.*`` parameter names.
+
+    On a pipeline stage it holds only its layers (``start_layer`` to ``end_layer``; the others are empty
+    placeholders), the embedding only on the first stage (and on the last when the LM head is tied to it),
+    and the final norm only on the last.
+    """
 
     def __init__(
         self,
@@ -117,9 +127,15 @@ class LlamaModel(nn.Module):
     ):
         super().__init__()
         self.config = config
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList([layer_cls(config, i, backend, quant_config) for i in range(config.num_layers)])
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset_norm)
+        pp = current().pp
+        self.is_first_stage, self.is_last_stage = pp.is_first, pp.is_last
+        self.start_layer, self.end_layer = layer_range(config.num_layers, pp)
+        needs_table = pp.is_first or (pp.is_last and config.tie_word_embeddings)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size) if needs_table else None
+        self.layers = nn.ModuleList([layer_cls(config, i, backend, quant_config)
+                                     if self.start_layer <= i < self.end_layer else nn.Identity()
+                                     for i in range(config.num_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, unit_offset_norm) if pp.is_last else None
         # One table per distinct (base, scaling), in order of first use; each layer looks its table up by key.
         ropes = dict.fromkeys(config.layer_rope(i) for i in range(config.num_layers))
         self.ropes = nn.ModuleList([RotaryEmbedding(config.head_dim, theta, scaling) for theta, scaling in ropes])
@@ -135,13 +151,14 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
         attn_metadata: StepAttentionMetadata,
+        hidden_states: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = self.embed(input_ids)
+        x = self.embed(input_ids) if self.is_first_stage else hidden_states
         ropes = [rope(positions, attn_metadata.max_seq_len) for rope in self.ropes]
-        for layer, rope_idx, kv_cache, metadata in zip(self.layers, self.layer_rope_idx, kv_caches,
-                                                       attn_metadata.per_layer):
-            x = layer(x, ropes[rope_idx], kv_cache, metadata)
-        return self.norm(x)
+        # As many layers as caches were given: fewer run only the first ones (a layer-truncated self-draft).
+        for i in range(self.start_layer, min(self.end_layer, len(kv_caches))):
+            x = self.layers[i](x, ropes[self.layer_rope_idx[i]], kv_caches[i], attn_metadata.per_layer[i])
+        return self.norm(x) if self.is_last_stage else x
 
 
 class LlamaForCausalLM(nn.Module):
@@ -163,12 +180,17 @@ class LlamaForCausalLM(nn.Module):
         quant_config = quant_config or get_quantization_config()
         self.config = config
         self.model = self.model_cls(config, attn_backend, self.layer_cls, self.unit_offset_norm, quant_config)
+        self.tp = current().tp
         # NOTE: a tied head *is* the embedding module: one parameter, named and loaded as the embedding.
-        if config.tie_word_embeddings:
-            self.lm_head: nn.Module = self.model.embed_tokens
+        # Only the last pipeline stage has a head; its logits are split by vocabulary over the TP ranks.
+        if not self.model.is_last_stage:
+            self.lm_head: nn.Module | None = None
+        elif config.tie_word_embeddings:
+            self.lm_head = self.model.embed_tokens
         else:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size, quant_config=quant_config)
-        self.logits_method = quant_config.get_logits_method(self.lm_head)
+            self.lm_head = ColumnParallelLinear(config.hidden_size, config.vocab_size, quant_config=quant_config)
+        if self.lm_head is not None:
+            self.logits_method = quant_config.get_logits_method(self.lm_head)
 
     @property
     def num_layers(self) -> int:
@@ -180,17 +202,21 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
         attn_metadata: StepAttentionMetadata,
+        hidden_states: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run a flat batch ``[num_tokens]`` (token ids and positions); returns hidden states ``[num_tokens, hidden]``.
 
         ``kv_caches[i]`` and ``attn_metadata.per_layer[i]`` are layer ``i``'s cache tensor and backend
-        metadata; the backend writes this step's K/V into the cache in its own layout.
+        metadata; the backend writes this step's K/V into the cache in its own layout. A pipeline stage after
+        the first takes the previous stage's ``hidden_states`` instead of embedding ``input_ids``, and a stage
+        before the last returns its hidden states un-normed. Given caches for only the first ``n`` layers, only
+        those run (then the final norm): the target's early exit, which a layer-truncated self-draft proposes with.
         """
-        return self.model(input_ids, positions, kv_caches, attn_metadata)
+        return self.model(input_ids, positions, kv_caches, attn_metadata, hidden_states)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits ``[N, vocab]`` for the rows the caller samples from, soft-capped if configured."""
-        logits = self.logits_method.apply_logits(self.lm_head, hidden).float()
+        logits = gather_logits(self.tp, self.logits_method.apply_logits(self.lm_head, hidden)).float()
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
@@ -213,7 +239,7 @@ class LlamaForCausalLM(nn.Module):
         loaded, unexpected = set(), []
         for raw_name, tensor in weights:
             name = self.hf_name(raw_name)
-            if name is None:
+            if name is None or not self._on_this_stage(name):
                 continue
             if name not in expected:
                 unexpected.append(raw_name)
@@ -225,12 +251,23 @@ class LlamaForCausalLM(nn.Module):
             except ValueError as e:
                 raise ValueError(f"{name}: {e}") from e
             loaded.add(name)
-        optional = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
+        optional = {"lm_head.weight"} if self.config.tie_word_embeddings and self.lm_head is not None else set()
         missing = sorted(expected - loaded - optional)
         if unexpected or missing:
             raise ValueError(
                 f"checkpoint does not match {type(self).__name__}: missing {missing}, unexpected {unexpected}"
             )
+
+    def _on_this_stage(self, name: str) -> bool:
+        """Whether this pipeline stage holds the tensor ``name`` (every stage holds every tensor without PP)."""
+        model = self.model
+        if name.startswith("model.layers."):
+            return model.start_layer <= int(name.split(".")[2]) < model.end_layer
+        if name.startswith("model.embed_tokens."):
+            return model.embed_tokens is not None
+        if name.startswith("model.norm."):
+            return model.norm is not None
+        return not name.startswith("lm_head.") or self.lm_head is not None
 
     def _expected_hf_names(self, params: dict[str, nn.Parameter]) -> set[str]:
         """HF names of every tensor we load; a fused parameter stands for each of its shards."""
@@ -243,7 +280,7 @@ class LlamaForCausalLM(nn.Module):
                 names.update(f"{prefix}.{shard}.{param_name}" for shard in module.shard_rows)
             else:
                 names.add(name)
-        if self.config.tie_word_embeddings:
+        if self.config.tie_word_embeddings and self.lm_head is not None:
             names.add("lm_head.weight")  # tied: an alias of the embedding, loaded only if present
         return names
 

@@ -10,6 +10,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "LlamaForCausalLM": ("jido.models.llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": ("jido.models.qwen2", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("jido.models.qwen3", "Qwen3ForCausalLM"),
+    "Qwen3MoeForCausalLM": ("jido.models.qwen3_moe", "Qwen3MoeForCausalLM"),
     "Gemma3ForCausalLM": ("jido.models.gemma3", "Gemma3ForCausalLM"),
 }
 _ALIASES: dict[str, str] = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}

@@ -30,6 +30,7 @@ class Accelerator:
     max_tp: int
     price_per_hour: float
     source: Mapping[str, str] = field(default_factory=dict)
+    tp_latency_us: float = 5.0  # per hop of a TP collective; `jido plan --calibrate` fits it (and the link) to a run
 
     def __post_init__(self) -> None:
         unknown = set(self.tflops) - set(PRECISIONS)
@@ -162,6 +163,21 @@ class Catalog:
         for name, price in prices.items():
             accelerators[name] = replace(self.accelerator(name), price_per_hour=price)
         return replace(self, accelerators=accelerators)
+
+
+    def with_calibration(self, data: Mapping[str, Any]) -> Catalog:
+        """A copy with measured links and wire formats (``jido plan --calibrate FILE``) added to, or replacing,
+        the catalog's: ``{"links": {name: {gb_s, latency_us, same_node, source}}, "wire": {name: {ratio,
+        codec_gb_s, source}}}``, as ``benchmarks/disagg_transfer.py`` writes under ``calibration``."""
+        unknown = set(data) - {"links", "wire"}
+        if unknown:
+            raise CatalogError(f"calibration: unknown section(s) {sorted(unknown)}; known: links, wire")
+        try:
+            links = {**self.links, **{n: Link(name=n, **v) for n, v in data.get("links", {}).items()}}
+            wires = {**self.wire_formats, **{n: WireFormat(name=n, **v) for n, v in data.get("wire", {}).items()}}
+        except TypeError as exc:
+            raise CatalogError(f"calibration: malformed entry: {exc}") from exc
+        return replace(self, links=links, wire_formats=wires)
 
 
 def _lookup(table: Mapping[str, Any], name: str, what: str) -> Any:

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from jido.planner.calibration import (CALIBRATION_PATH, apply_calibration, fit_ring_all_reduce, read_calibration,
+                                      save_calibration)
 from jido.planner.catalog import DATA_PATH, load_catalog
 from jido.planner.design_space import SearchSpace
 from jido.planner.doctor import (DEFAULT_SLO, diagnose, findings_to_dict, format_findings,
@@ -68,6 +70,15 @@ def plan_parser() -> argparse.ArgumentParser:
     p.add_argument("--whole-transfer", action="store_true", help="send KV after prefill, not layer by layer")
     p.add_argument("--pareto", metavar="PNG", help="write a Pareto plot of cost per token against TTFT p90")
     p.add_argument("--explain", metavar="CONFIG", help="show the arithmetic for one config label")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="with --explain: at least this TP degree (default: the smallest that fits)")
+    p.add_argument("--calibrate", metavar="MEASURED.json",
+                   help="measured figures, by what the file holds: all-reduces (benchmarks/parallel_step.py "
+                        "--calibration-out) fit the accelerator's TP link and are kept for later plans; links and "
+                        "wire formats (benchmarks/disagg_transfer.py) join the catalog for this plan (name them "
+                        "with --links and --wires)")
+    p.add_argument("--calibration-file", default=str(CALIBRATION_PATH),
+                   help="where calibrations are kept and read from (default %(default)s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     _add_dataclass_flags(p, SearchSpace, "design space axes")
     _add_dataclass_flags(p, PlanSettings, "simulation effort")
@@ -77,13 +88,36 @@ def plan_parser() -> argparse.ArgumentParser:
 def _inputs(args: argparse.Namespace) -> PlanInputs:
     workload = load_workload(args.workload)
     catalog = load_catalog(args.catalog).with_prices(_prices(args.price))
+    catalog = apply_calibration(catalog, read_calibration(Path(args.calibration_file)))
+    if args.calibrate:
+        measured = json.loads(Path(args.calibrate).read_text())
+        catalog = catalog.with_calibration(measured.get("calibration", measured))
     return PlanInputs(load_model(args.model), workload, Slo.parse(args.slo, workload.slo),
-                      args.rate or workload.rate, catalog, layerwise=not args.whole_transfer)
+                      args.rate or workload.rate, catalog, layerwise=not args.whole_transfer,
+                      min_tp=args.tensor_parallel_size)
+
+
+def _holds_all_reduces(measured_path: str) -> bool:
+    """Whether a --calibrate file is parallel_step.py's all-reduce samples (else: links and wire formats)."""
+    return "samples" in json.loads(Path(measured_path).read_text())
+
+
+def _calibrate(measured_path: str, calibration_path: Path) -> int:
+    measured = json.loads(Path(measured_path).read_text())
+    fit = fit_ring_all_reduce(measured["accelerator"], measured["tp"], measured["samples"])
+    load_catalog().accelerator(fit.accelerator)  # an unknown accelerator name fails here, naming the known ones
+    save_calibration(fit, calibration_path)
+    print(f"{fit.accelerator} TP{fit.tp} link: {fit.latency_us:.1f} us per hop, {fit.gb_s:.2f} GB/s "
+          f"(ring all-reduce fitted to {fit.num_samples} sizes, max error {fit.max_error:.0%}); kept in "
+          f"{calibration_path}")
+    return 0
 
 
 def plan_main(argv: list[str]) -> int:
     args = plan_parser().parse_args(argv)
     try:
+        if args.calibrate and _holds_all_reduces(args.calibrate):
+            return _calibrate(args.calibrate, Path(args.calibration_file))
         inputs = _inputs(args)
         settings = _from_flags(PlanSettings, args)
         if args.explain:

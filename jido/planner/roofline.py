@@ -10,7 +10,6 @@ from jido.planner.model_shapes import ModelShape
 from jido.planner.parallelism import ring_all_reduce_s, smallest_tp, tp_all_reduces_per_token
 
 ACTIVATION_BYTES = 2  # all-reduced activations stay 16-bit
-TP_LATENCY_US = 5.0
 
 
 @dataclass(frozen=True)
@@ -181,15 +180,17 @@ class Instance:
         if count == 0 or num_tokens == 0:
             return 0.0
         size = num_tokens * self.model.hidden_size * ACTIVATION_BYTES
-        return count * ring_all_reduce_s(size, self.tp, self.accelerator.tp_link_gb_s, TP_LATENCY_US)
+        return count * ring_all_reduce_s(size, self.tp, self.accelerator.tp_link_gb_s,
+                                         self.accelerator.tp_latency_us)
 
 
 def build_instance(model: ModelShape, role: Role, accelerator: Accelerator, residency: Residency,
-                   efficiency: Efficiency, min_kv_tokens: int) -> Instance | None:
-    """The smallest-TP instance that fits the weights and KV for min_kv_tokens, or None."""
+                   efficiency: Efficiency, min_kv_tokens: int, min_tp: int = 1) -> Instance | None:
+    """The smallest-TP instance (at least ``min_tp``) that fits the weights and KV for min_kv_tokens, or None."""
     weight_bytes = model.num_params * PRECISION_BYTES[role.weight_precision]
     device_bytes = accelerator.memory_gb * 1e9 * efficiency.usable_memory_fraction
     tp = smallest_tp(weight_bytes, device_bytes, accelerator.max_tp)
+    tp = None if tp is None or min_tp > accelerator.max_tp else max(tp, min_tp)
     while tp is not None and tp <= accelerator.max_tp:
         instance = Instance(model, role, accelerator, residency, efficiency, tp)
         if instance.kv_capacity_bytes >= instance.kv_bytes(min_kv_tokens):

@@ -29,6 +29,7 @@ class PlanInputs:
     rate: float
     catalog: Catalog
     layerwise: bool = True
+    min_tp: int = 1  # explain a degree the sizing would not pick (`jido plan --explain ... --tensor-parallel-size`)
 
     def __post_init__(self) -> None:
         if self.rate <= 0:
@@ -103,7 +104,7 @@ class Sizer:
     def _build_instance(self, role: Role, residency: str, min_kv_tokens: int) -> Instance | None:
         catalog = self.inputs.catalog
         return build_instance(self.inputs.model, role, catalog.accelerator(role.accelerator),
-                              catalog.residency(residency), catalog.efficiency, min_kv_tokens)
+                              catalog.residency(residency), catalog.efficiency, min_kv_tokens, self.inputs.min_tp)
 
     def _decode_min_tokens(self) -> int:
         w = self.inputs.workload

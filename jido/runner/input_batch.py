@@ -16,9 +16,12 @@ class ModelInputs:
     input_ids: torch.Tensor  # [num_tokens]
     positions: torch.Tensor  # [num_tokens]
     group_metadata: list[AttentionMetadata]  # one per KV cache group
-    logits_indices: torch.Tensor  # [num_sampled] rows of the hidden states to sample from
+    # [num_sampled + num_draft_tokens] rows of the hidden states to sample from: per sampled request its
+    # proposals' positions, then its last (without proposals, one row per request)
+    logits_indices: torch.Tensor
     sampled_req_ids: list[str]
     sampled_rows: np.ndarray  # [num_sampled] rows of the input batch they belong to
+    draft_token_ids: list[list[int]]  # [num_sampled] the proposals each verifies this step (often none)
 
 
 class InputBatch:
@@ -85,14 +88,18 @@ class InputBatch:
         self.token_ids[row, start:end] = token_ids
         self.num_tokens[row] = end
 
-    def append_sampled(self, rows: np.ndarray, token_ids: list[int]) -> None:
-        """Record one sampled token per row: in the token rows and in the sampling state (penalty counts)."""
-        ends = self.num_tokens[rows]
-        if int(ends.max()) >= self.token_ids.shape[1]:
-            self.token_ids = _grown(self.token_ids, int(ends.max()) + 1)
-        self.token_ids[rows, ends] = token_ids
-        self.num_tokens[rows] = ends + 1
-        self.sampling.append_tokens(rows.tolist(), token_ids)
+    def append_sampled(self, rows: np.ndarray, token_ids: list[list[int]]) -> None:
+        """Record each row's new tokens (one, or several from verified proposals): in the token rows and in
+        the sampling state (output positions, penalty counts)."""
+        counts = np.fromiter((len(ids) for ids in token_ids), dtype=np.int64, count=len(token_ids))
+        ends = self.num_tokens[rows] + counts
+        if int(ends.max()) > self.token_ids.shape[1]:
+            self.token_ids = _grown(self.token_ids, int(ends.max()))
+        token_rows = np.repeat(rows, counts)  # [num_new]: each new token's row
+        flat = [t for ids in token_ids for t in ids]
+        self.token_ids[token_rows, _ranges(ends - counts, counts)] = flat
+        self.num_tokens[rows] = ends
+        self.sampling.append_tokens(token_rows.tolist(), flat)
 
     def _append_blocks(self, group: int, row: int, block_ids: list[int]) -> None:
         if not block_ids:
@@ -117,20 +124,46 @@ class InputBatch:
         token_req = np.repeat(np.arange(len(rows)), query_lens_np)
         cum = np.cumsum(query_lens_np)
         positions = np.arange(int(cum[-1])) - (cum - query_lens_np)[token_req] + starts[token_req]
+        drafts = [sched.scheduled_spec_decode_tokens.get(r, []) for r in req_ids]
+        num_drafts = self._write_drafts(rows, drafts)
         input_ids = self.token_ids[rows[token_req], positions]
         max_blocks = -(-int(seq_lens.max()) // self.block_size)
         seq_lens_list = seq_lens.tolist()
         group_metadata = [build_common_metadata(query_lens, seq_lens_list, table[rows, :max_blocks],
                                                 self.block_size, self.device) for table in self.block_tables]
-        # A request samples once all its known tokens are computed; a mid-prompt chunk does not.
-        sampled = np.nonzero(seq_lens == self.num_tokens[rows])[0]
+        # A request samples once all its known tokens are computed (a mid-prompt chunk does not): at its
+        # last known token and at each proposal after it.
+        sampled = np.nonzero(seq_lens - num_drafts == self.num_tokens[rows])[0]
+        num_rows = num_drafts[sampled] + 1  # request i's rows are the last num_rows[i] of its tokens
+        logits_indices = _ranges(cum[sampled] - num_rows, num_rows)
         return ModelInputs(
             input_ids=torch.from_numpy(input_ids).to(self.device),
             positions=torch.from_numpy(positions).to(self.device),
             group_metadata=group_metadata,
-            logits_indices=torch.from_numpy(cum[sampled] - 1).to(self.device),
+            logits_indices=torch.from_numpy(logits_indices).to(self.device),
             sampled_req_ids=[req_ids[i] for i in sampled],
-            sampled_rows=rows[sampled])
+            sampled_rows=rows[sampled],
+            draft_token_ids=[drafts[i] for i in sampled])
+
+    def _write_drafts(self, rows: np.ndarray, drafts: list[list[int]]) -> np.ndarray:
+        """Put each request's proposals after its known tokens, where the step reads its inputs; returns their counts.
+
+        They are not tokens of the request (``num_tokens`` stays): the tokens verified next take their places.
+        """
+        num_drafts = np.fromiter((len(d) for d in drafts), dtype=np.int64, count=len(drafts))
+        for row, ids in zip(rows.tolist(), drafts):
+            if ids:
+                end = int(self.num_tokens[row]) + len(ids)
+                if end > self.token_ids.shape[1]:
+                    self.token_ids = _grown(self.token_ids, end)
+                self.token_ids[row, end - len(ids):end] = ids
+        return num_drafts
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``starts[i], ..., starts[i] + counts[i] - 1`` for every i, end to end: [sum(counts)] int64."""
+    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.repeat(starts, counts) + within
 
 
 def _grown(array: np.ndarray, min_width: int) -> np.ndarray:

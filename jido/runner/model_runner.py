@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from jido.attention.backend import build_step_metadata
+from jido.attention.backend import AttentionBackend, build_step_metadata
 from jido.attention.kv_quant import SCALE_BYTES, is_quantized, resolve_kv_cache_dtype
 from jido.attention.registry import default_attention_backend, get_attention_backend
 from jido.config import EngineConfig
@@ -19,10 +19,13 @@ from jido.kvtransfer.layerwise import LayerwiseHooks
 from jido.layers.parameter import default_device_and_dtype
 from jido.layers.quantization import get_quantization_config, process_weights_after_loading
 from jido.models.config import ModelArchConfig
-from jido.models.loader import gguf_source, iter_quantized_weights, iter_weights, load_config
+from jido.models.loader import CODES_FILE, gguf_source, iter_quantized_weights, iter_weights, load_config
 from jido.models.registry import get_model_class
-from jido.runner.input_batch import InputBatch
+from jido.parallel.state import ModelParallel, building_for, layer_range, local_kv_heads
+from jido.runner.input_batch import InputBatch, ModelInputs
 from jido.runner.prompt_logprobs import PromptLogprobsCollector
+from jido.runner.spec_decode import ProposerContext, SpecDecoder, make_proposer
+from jido.sampling.rejection_sampler import VerifiedTokens
 from jido.sampling.sampler import Sampler
 from jido.utils.cpu import CpuInfo, cpu_info
 
@@ -67,11 +70,51 @@ def resolve_quantization(quantization: str | None, device: torch.device, from_gg
     return "gguf" if from_gguf and device.type == "cpu" else "none"
 
 
-class ModelRunner:
-    """Loads a model onto one device and executes :class:`SchedulerOutput` steps on it."""
+def layer_kv_specs(arch: ModelArchConfig, block_size: int, kv_cache_dtype: torch.dtype,
+                   num_kv_heads: int | None = None, layer_ids: range | None = None) -> dict[int, KVCacheSpec]:
+    """The KV spec of each attention layer in ``layer_ids`` (default: all) holding ``num_kv_heads`` (default:
+    all; fewer on a tensor-parallel rank), by layer index: full context, or a sliding window."""
+    sizes = dict(dtype_bytes=kv_cache_dtype.itemsize, scale_bytes=SCALE_BYTES if is_quantized(kv_cache_dtype) else 0)
+    heads = arch.num_kv_heads if num_kv_heads is None else num_kv_heads
+    specs: dict[int, KVCacheSpec] = {}
+    for layer_id in range(arch.num_layers) if layer_ids is None else layer_ids:
+        window = arch.sliding_windows[layer_id]
+        if window is None:
+            specs[layer_id] = FullAttentionSpec(block_size, heads, arch.head_dim, **sizes)
+        else:
+            specs[layer_id] = SlidingWindowSpec(block_size, heads, arch.head_dim, **sizes, sliding_window=window)
+    return specs
 
-    def __init__(self, config: EngineConfig, model_folder: Path) -> None:
+
+def load_model(folder: Path, arch: ModelArchConfig, attn_backend: AttentionBackend, device: torch.device,
+               dtype: torch.dtype, quantization: str, quantization_group_size: int | None,
+               parallel: ModelParallel | None = None) -> torch.nn.Module:
+    """A model built on ``device`` in ``dtype`` from its checkpoint folder (``parallel``'s shard of it: its
+    layers, its heads), weights processed, in eval mode."""
+    start = time.perf_counter()
+    model_class = get_model_class(arch.architecture)
+    quant_config = get_quantization_config(quantization, quantization_group_size)
+    # Built on its device in its dtype: no float32 (or CPU) copy of the whole model is ever made.
+    with default_device_and_dtype(device, dtype), building_for(parallel or ModelParallel.single()):
+        model = model_class(arch, attn_backend, quant_config)
+    model.load_weights(iter_quantized_weights(folder) if quantization == "gguf" else iter_weights(folder))
+    process_weights_after_loading(model)
+    model.eval()
+    logger.info("loaded %s (%s, %s, quantization %s) in %.1f s", folder.name, device, dtype, quantization,
+                time.perf_counter() - start)
+    return model
+
+
+class ModelRunner:
+    """Loads a model onto one device and executes :class:`SchedulerOutput` steps on it.
+
+    Under tensor or pipeline parallelism (``parallel``) it holds this rank's shard: its layers, its heads
+    and its slice of every weight, and KV cache tensors for its layers and KV heads only.
+    """
+
+    def __init__(self, config: EngineConfig, model_folder: Path, parallel: ModelParallel | None = None) -> None:
         self.config = config
+        self.parallel = parallel or ModelParallel.single()
         self.device = resolve_device(config.device_config.device)
         self.dtype = resolve_dtype(config.model_config.dtype, self.device)
         if self.device.type == "cpu":
@@ -87,6 +130,8 @@ class ModelRunner:
         # With a KV connector the model's attention calls its per-layer hooks (bound once the cache exists).
         self.layer_hooks = LayerwiseHooks(self.attn_backend, None) if connector_name(config) else None
         self.kv_connector: KVConnectorWorker | None = None
+        self.num_kv_heads = local_kv_heads(self.model_arch.num_kv_heads, self.parallel.tp.world_size)
+        self.layer_ids = range(*layer_range(self.model_arch.num_layers, self.parallel.pp))
         self.model = self._load_model()
         self.sampler = Sampler(config.model_config.seed, self.device)
         self.prompt_logprobs = PromptLogprobsCollector(self.model.compute_logits, self.model_arch.vocab_size,
@@ -94,52 +139,58 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.layer_groups: list[int] = []
         self.input_batch: InputBatch | None = None
+        spec = config.speculative_config
+        self.spec_decoder = None
+        if spec is not None:
+            context = ProposerContext(self.model, self.model_arch, self.attn_backend, self.device, self.dtype,
+                                      self.kv_cache_dtype, self.block_size, self.sampler,
+                                      config.model_config.quantization_group_size)
+            self.spec_decoder = SpecDecoder(spec, self.sampler, make_proposer(spec, context))
 
     def _load_model(self) -> torch.nn.Module:
-        start = time.perf_counter()
-        model_class = get_model_class(self.model_arch.architecture)
-        quant_config = get_quantization_config(self.quantization, self.config.model_config.quantization_group_size)
-        # Built on its device in its dtype: no float32 (or CPU) copy of the whole model is ever made.
-        with default_device_and_dtype(self.device, self.dtype):
-            model = model_class(self.model_arch, self.layer_hooks or self.attn_backend, quant_config)
-        gguf_native = self.quantization == "gguf"
-        model.load_weights(iter_quantized_weights(self.model_folder) if gguf_native else iter_weights(self.model_folder))
-        process_weights_after_loading(model)
-        model.eval()
-        logger.info("loaded %s (%s, %s, quantization %s) in %.1f s", self.model_folder.name, self.device, self.dtype,
-                    self.quantization, time.perf_counter() - start)
+        model = load_model(self.model_folder, self.model_arch, self.layer_hooks or self.attn_backend, self.device,
+                           self.dtype, self.quantization, self.config.model_config.quantization_group_size,
+                           self.parallel)
+        if self.parallel.world_size > 1:
+            logger.info("rank %d holds %s of weights: layers %d-%d of %d, %d of %d query heads and %d of %d KV heads "
+                        "per layer", self.parallel.rank, _mib(_weight_bytes(model)), self.layer_ids.start,
+                        self.layer_ids.stop - 1, self.model_arch.num_layers,
+                        self.model_arch.num_heads // self.parallel.tp.world_size, self.model_arch.num_heads,
+                        self.num_kv_heads, self.model_arch.num_kv_heads)
         return model
 
     def get_kv_cache_spec(self) -> dict[int, KVCacheSpec]:
-        """What each attention layer keeps per token: full context, or a sliding window."""
-        arch = self.model_arch
-        sizes = dict(dtype_bytes=self.kv_cache_dtype.itemsize,
-                     scale_bytes=SCALE_BYTES if is_quantized(self.kv_cache_dtype) else 0)
-        specs: dict[int, KVCacheSpec] = {}
-        for layer_id, window in enumerate(arch.sliding_windows):
-            if window is None:
-                specs[layer_id] = FullAttentionSpec(self.block_size, arch.num_kv_heads, arch.head_dim, **sizes)
-            else:
-                specs[layer_id] = SlidingWindowSpec(self.block_size, arch.num_kv_heads, arch.head_dim, **sizes,
-                                                    sliding_window=window)
+        """What each of this stage's attention layers keeps per token (its KV heads): full context, or a window;
+        a draft model's layers follow the target's."""
+        specs = layer_kv_specs(self.model_arch, self.block_size, self.kv_cache_dtype, self.num_kv_heads,
+                               self.layer_ids)
+        if self.spec_decoder is not None:
+            specs.update(self.spec_decoder.kv_cache_spec(self.model_arch.num_layers))
         return specs
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
-        """Allocate the cache tensors (one per layer slot of a group) and the persistent input batch."""
+        """Allocate the cache tensors (one per layer slot of a group this stage uses) and the persistent input batch."""
         arch = self.model_arch
         shape = self.attn_backend.get_kv_cache_shape(kv_cache_config.num_blocks, self.block_size,
-                                                     arch.num_kv_heads, arch.head_dim, self.kv_cache_dtype)
+                                                     self.num_kv_heads, arch.head_dim, self.kv_cache_dtype)
         # Zeros, not empty: padded lanes of batched attention multiply unused slots by zero weights,
         # and 0 * NaN from uninitialised memory would poison the result.
-        tensors = [torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
-                   for _ in range(kv_cache_config.group_size)]
+        tensors = {index: torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+                   for index in sorted({kv_cache_config.tensor_index(i) for i in self.layer_ids})}
         layers = range(arch.num_layers)
-        self.kv_caches = [tensors[kv_cache_config.tensor_index(i)] for i in layers]
+        self.kv_caches = [tensors[kv_cache_config.tensor_index(i)] if i in self.layer_ids else None for i in layers]
         self.layer_groups = [kv_cache_config.group_index(i) for i in layers]
+        if self.parallel.world_size > 1:
+            logger.info("rank %d holds %s of KV cache (%d tensors of %d blocks, %d of %d KV heads)",
+                        self.parallel.rank, _mib(sum(t.numel() * t.element_size() for t in tensors.values())),
+                        len(tensors), kv_cache_config.num_blocks, self.num_kv_heads, arch.num_kv_heads)
+        if self.spec_decoder is not None:
+            self.spec_decoder.bind_kv_cache(kv_cache_config, tensors, self.kv_caches, self.layer_groups)
         self.input_batch = InputBatch(self.config.scheduler_config.max_num_seqs, len(kv_cache_config.groups),
                                       self.block_size, arch.vocab_size, self.device)
         self.fingerprint = self._kv_fingerprint(kv_cache_config)
-        self.kv_connector = make_worker_connector(self.config, self.fingerprint, arch.num_layers, self.kv_cache_dtype)
+        fingerprints = {"kv": self.fingerprint, "model": self._model_fingerprint(kv_cache_config)}
+        self.kv_connector = make_worker_connector(self.config, fingerprints, arch.num_layers, self.kv_cache_dtype)
         if self.kv_connector is not None:
             self.kv_connector.register_kv_caches(self.kv_caches, kv_cache_config, self.attn_backend.block_token_dim)
             self.layer_hooks.connector = self.kv_connector
@@ -152,6 +203,24 @@ class ModelRunner:
                                "kv_cache_dtype": str(self.kv_cache_dtype), "layout": self.attn_backend.name,
                                "block_size": self.block_size,
                                "groups": [g.layer_ids for g in kv_cache_config.groups]})
+
+    def take_expert_load(self) -> list[int]:
+        """A mixture-of-experts model's routed pairs per expert-parallel rank since the last call ([] if dense)."""
+        take = getattr(self.model, "take_expert_load", None)
+        return take() if take is not None else []
+
+    def _model_fingerprint(self, kv_cache_config: KVCacheConfig) -> str:
+        """What another engine must match to load this one's KV in its own dtype and layout: the model (config and
+        weight files), block size and layer groups; dtype, KV dtype, quantization and backend may differ."""
+        folder = self.model_folder
+        weights = [(p.name, p.stat().st_size) for p in sorted(folder.glob("*.safetensors")) if p.name != CODES_FILE]
+        return kv_fingerprint({"config": (folder / "config.json").read_text(encoding="utf-8"), "weights": weights,
+                               "block_size": self.block_size, "groups": [g.layer_ids for g in kv_cache_config.groups]})
+
+    def kv_connector_info(self) -> dict:
+        """The KV fingerprint and what the connector's worker half reports (its endpoint, its KV format)."""
+        info = self.kv_connector.info() if self.kv_connector is not None else {}
+        return {"fingerprint": self.fingerprint, **info}
 
     @torch.inference_mode()
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
@@ -175,6 +244,8 @@ class ModelRunner:
         batch = self.input_batch
         batch.update(sched)
         self.prompt_logprobs.update(sched)
+        if self.spec_decoder is not None:
+            self.spec_decoder.update(sched)
         if sched.is_empty:
             return ModelRunnerOutput({})
         inputs = batch.prepare_inputs(sched)
@@ -182,14 +253,49 @@ class ModelRunner:
         start = time.perf_counter()
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn_metadata)
         prompt_logprobs = self.prompt_logprobs.collect(sched, hidden)  # only ever due in a sampling step
-        if not inputs.sampled_req_ids:  # only prefill chunks that have not reached their prompts' ends
-            return ModelRunnerOutput({}, prepare_time_s=start - begin, model_time_s=time.perf_counter() - start)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        verified = VerifiedTokens([], [])
         model_done = time.perf_counter()
-        token_ids, logprobs = self.sampler.sample(logits, batch.sampling.metadata(inputs.sampled_rows.tolist()))
-        batch.append_sampled(inputs.sampled_rows, token_ids)
+        if inputs.sampled_req_ids:  # else only prefill chunks that have not reached their prompts' ends
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            model_done = time.perf_counter()
+            verified = self._sample(logits, inputs)
+            batch.append_sampled(inputs.sampled_rows, verified.token_ids)
+        sample_done = time.perf_counter()
+        spec_token_ids = {}
+        if self.spec_decoder is not None:  # a draft model computes prefill chunks too, to hold their KV
+            spec_token_ids = self.spec_decoder.propose(sched, inputs, batch, hidden, verified, model_done - start)
+        req_ids = inputs.sampled_req_ids
         return ModelRunnerOutput(
-            {r: [t] for r, t in zip(inputs.sampled_req_ids, token_ids)},
-            {r: [lp] for r, lp in zip(inputs.sampled_req_ids, logprobs) if lp is not None}, prompt_logprobs,
-            prepare_time_s=start - begin, model_time_s=model_done - start,
-            sample_time_s=time.perf_counter() - model_done)
+            dict(zip(req_ids, verified.token_ids)), {r: lps for r, lps in zip(req_ids, verified.logprobs) if lps},
+            prompt_logprobs, spec_token_ids=spec_token_ids, prepare_time_s=start - begin,
+            model_time_s=model_done - start,
+            sample_time_s=sample_done - model_done, propose_time_s=time.perf_counter() - sample_done,
+            expert_load=self.take_expert_load())
+
+    def _sample(self, logits: torch.Tensor, inputs: ModelInputs) -> VerifiedTokens:
+        """Each sampled request's new tokens: one drawn by the sampler, or its verified proposals and one more."""
+        if self.spec_decoder is not None:
+            return self.spec_decoder.verify(logits, inputs, self.input_batch)
+        token_ids, logprobs = self.sampler.sample(logits, self.input_batch.sampling.metadata(inputs.sampled_rows.tolist()))
+        return VerifiedTokens([[t] for t in token_ids], [[] if lp is None else [lp] for lp in logprobs])
+
+
+def _weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's weights as held: parameters, buffers, quantized codes and the packed copies beside them."""
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    for module in model.modules():
+        tensors.update((id(t), t) for t in _held_beside(module))
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _held_beside(module: torch.nn.Module) -> list[torch.Tensor]:
+    """Weight tensors a layer keeps outside its parameters (see jido/layers/quantized_linear.py)."""
+    held = [getattr(module, name, None) for name in ("dense_weight", "packed_logits_weight")]
+    qweight = getattr(module, "qweight", None)
+    if qweight is not None:
+        held += [qweight.data, qweight.scales, qweight.mins]
+    return [t for t in held if isinstance(t, torch.Tensor)]
+
+
+def _mib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:.1f} MiB"

@@ -22,7 +22,7 @@ class SamplingBatch:
     """Per-request sampling state in slots 0..max_num_seqs-1, patched per request instead of rebuilt per step.
 
     The owner (the runner) decides which request lives in which slot. A slot is written in full once
-    (``add_request``), advanced by one output token per sampled step (``append_tokens``), moved when
+    (``add_request``), advanced by each output token sampled for it (``append_tokens``), moved when
     the owner condenses its batch (``move_request``) and forgotten when the request leaves
     (``remove_request``). ``metadata(slots)`` slices the rows the step samples, in that order, into a
     :class:`SamplingMetadata`; with slots 0..B-1 the per-row tensors are views, not copies.
@@ -78,10 +78,12 @@ class SamplingBatch:
         self.remove_request(src)
 
     def append_tokens(self, slots: Sequence[int], token_ids: Sequence[int] | torch.Tensor) -> None:
-        """Record one sampled token per slot (``token_ids[i]`` for ``slots[i]``; a tensor may be on any device)."""
+        """Record sampled tokens, ``token_ids[i]`` for ``slots[i]`` (a slot repeats for several tokens, in order;
+        a tensor may be on any device)."""
         index = torch.tensor(slots, dtype=torch.long)
         token_ids = torch.as_tensor(token_ids, dtype=torch.long)
-        self.columns["output_positions"][index] += 1
+        positions = self.columns["output_positions"]
+        positions.index_add_(0, index, torch.ones_like(index))
         penalized = self._penalty_mask(index)
         if bool(penalized.any()):
             self.token_counts.add_output_tokens(index[penalized], token_ids[penalized.to(token_ids.device)])

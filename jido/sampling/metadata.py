@@ -79,6 +79,38 @@ class SamplingMetadata:
         return self.penalty_rows is None
 
 
+# The per-row tensors of SamplingMetadata, which a shifted copy gathers row by row.
+_ROW_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+               "frequency_penalty", "seeds", "has_seed", "output_positions", "min_tokens", "num_logprobs")
+
+
+def shift_metadata(md: SamplingMetadata, source_rows: list[int], prefixes: list[list[int]]) -> SamplingMetadata:
+    """Rows sampled as if tokens had been sampled first: row r is ``md``'s row ``source_rows[r]`` after ``prefixes[r]``.
+
+    Speculative decoding samples position ``p + j`` of a request after its first ``j`` proposals; the
+    target's distribution there is what the one-token-per-step run would see, so the output position
+    (seeds, min-tokens bans) moves on by ``len(prefixes[r])`` and penalties count the prefix as output.
+    ``source_rows`` must be non-decreasing (the penalty rows stay in ascending order).
+    """
+    index = torch.tensor(source_rows, dtype=torch.long)
+    fields = {name: getattr(md, name)[index] for name in _ROW_FIELDS}
+    fields["output_positions"] = fields["output_positions"] + torch.tensor([len(p) for p in prefixes],
+                                                                           dtype=torch.long)
+    mask = counts = None
+    if md.penalty_rows is not None:
+        where = {int(row): i for i, row in enumerate(md.penalty_rows)}
+        rows = [r for r, source in enumerate(source_rows) if source in where]
+        gather = torch.tensor([where[source_rows[r]] for r in rows], device=md.output_token_counts.device)
+        mask, counts = md.prompt_token_mask[gather], md.output_token_counts[gather].clone()
+        extra = [(i, t) for i, r in enumerate(rows) for t in prefixes[r] if t < counts.shape[1]]
+        if extra:
+            at = torch.tensor(extra, device=counts.device).T
+            counts.index_put_((at[0], at[1]), torch.ones(len(extra), dtype=counts.dtype, device=counts.device),
+                              accumulate=True)
+    return SamplingMetadata(**fields, stop_token_ids=[md.stop_token_ids[s] for s in source_rows],
+                            prompt_token_mask=mask, output_token_counts=counts)
+
+
 def needs_penalties(repetition: torch.Tensor, presence: torch.Tensor, frequency: torch.Tensor) -> torch.Tensor:
     """Which rows have any penalty on ([B] bool): the one rule for metadata and the rows it counts tokens for."""
     return (repetition != 1) | (presence != 0) | (frequency != 0)

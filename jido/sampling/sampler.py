@@ -10,6 +10,7 @@ from jido.sampling.filters import Probs, apply_penalties, ban_tokens, filtered_p
 from jido.sampling.metadata import SamplingMetadata
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the generator's seed space
+_STREAM_MIX = 0xD1B54A32D192ED03  # and (seed, position, stream) triples, stream 0 keeping the pairs' seeds
 
 
 class SamplerOutput(NamedTuple):
@@ -41,13 +42,14 @@ class Sampler:
         ``logits`` is used up: penalties, bans and temperature are applied to it in place. Logprobs are
         those of the raw model distribution, before any of them.
         """
-        raw_logprobs = _raw_logprobs(logits, metadata)
-        _apply_constraints(logits, metadata)
-        token_ids = self._choose(logits, metadata)
+        raw = raw_logprobs(logits, metadata)
+        apply_constraints(logits, metadata)
+        token_ids = self.choose(logits, metadata)
         token_id_list = token_ids.tolist()
-        return SamplerOutput(token_id_list, _logprobs(raw_logprobs, token_ids, token_id_list, metadata))
+        return SamplerOutput(token_id_list, logprobs_of(raw, token_ids, token_id_list, metadata))
 
-    def _choose(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    def choose(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """One token per row ([B] int64) from logits the constraints were already applied to (used up)."""
         if md.all_greedy:
             return logits.argmax(dim=-1)
         if md.all_random:
@@ -92,13 +94,24 @@ class Sampler:
         return choice if probs.token_ids is None else probs.token_ids.gather(1, choice[:, None]).flatten()
 
 
+def seeded_generator(seed: int, position: int, device: torch.device, stream: int = 0) -> torch.Generator:
+    """The generator of a seeded request's draws at one output position; ``stream`` tells draws there apart.
+
+    Stream 0 is the token's own draw (what the sampler has always used); speculative decoding draws a
+    draft token, an acceptance test and a residual token at the same position from other streams, so no two
+    of them share randomness.
+    """
+    generator = torch.Generator(device)
+    generator.manual_seed((seed * _SEED_MIX + position + stream * _STREAM_MIX) % (2**63))
+    return generator
+
+
 def _draw_seeded(probs: torch.Tensor, token_ids: torch.Tensor | None, vocab_size: int, seed: int,
                  position: int) -> int:
     """One row's draw from its own generator: ``probs`` [vocab], or [n] for the vocabulary ids ``token_ids``."""
     # NOTE: a seeded row's tokens are a promise: the same generator seed and the same noise over the full
     # [vocab] float32 row as the one-row-at-a-time sampler drew, whatever part of it is looked at.
-    generator = torch.Generator(probs.device)
-    generator.manual_seed((seed * _SEED_MIX + position) % (2**63))
+    generator = seeded_generator(seed, position, probs.device)
     noise = torch.empty(vocab_size, dtype=probs.dtype, device=probs.device).exponential_(generator=generator)
     if token_ids is None:
         return int((probs / noise).argmax())
@@ -123,7 +136,8 @@ def _zero_degenerate_rows(probs: Probs) -> torch.Tensor | None:
     return degenerate
 
 
-def _apply_constraints(logits: torch.Tensor, md: SamplingMetadata) -> None:
+def apply_constraints(logits: torch.Tensor, md: SamplingMetadata) -> None:
+    """Penalties and min-tokens bans, in place: what every row's distribution is computed from."""
     if md.penalty_rows is not None:
         rows = md.penalty_rows
         apply_penalties(logits, rows, md.prompt_token_mask, md.output_token_counts, md.repetition_penalty[rows],
@@ -132,7 +146,7 @@ def _apply_constraints(logits: torch.Tensor, md: SamplingMetadata) -> None:
         ban_tokens(logits, md.banned_rows, [md.stop_token_ids[row] for row in md.banned_rows])
 
 
-def _raw_logprobs(logits: torch.Tensor, md: SamplingMetadata) -> tuple[list[int], torch.Tensor] | None:
+def raw_logprobs(logits: torch.Tensor, md: SamplingMetadata) -> tuple[list[int], torch.Tensor] | None:
     """The rows that report logprobs, and their log_softmax ([L, vocab]) before anything changes the logits."""
     if md.max_num_logprobs is None:
         return None
@@ -141,8 +155,9 @@ def _raw_logprobs(logits: torch.Tensor, md: SamplingMetadata) -> tuple[list[int]
     return rows.tolist(), torch.log_softmax(values, dim=-1)
 
 
-def _logprobs(raw: tuple[list[int], torch.Tensor] | None, token_ids: torch.Tensor, token_id_list: list[int],
-              md: SamplingMetadata) -> list[Logprobs | None]:
+def logprobs_of(raw: tuple[list[int], torch.Tensor] | None, token_ids: torch.Tensor, token_id_list: list[int],
+                md: SamplingMetadata) -> list[Logprobs | None]:
+    """Each row's logprobs (from :func:`raw_logprobs`) for its token ``token_ids[row]``; None where not asked."""
     logprobs: list[Logprobs | None] = [None] * md.num_rows
     if raw is None:
         return logprobs

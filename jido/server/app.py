@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -12,6 +12,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from jido.engine.async_engine import AsyncEngine, EngineStoppedError
 from jido.engine.chat_template import load_chat_template
+from jido.engine.data_parallel import DataParallelEngine
 from jido.engine.llm_engine import LLMEngine
 from jido.server.cache_serving import CacheServing
 from jido.server.config import ServerConfig
@@ -24,18 +25,31 @@ logger = logging.getLogger("jido")
 _PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def create_app(llm: LLMEngine, config: ServerConfig) -> FastAPI:
-    """An app serving ``llm``; the engine thread starts and stops with the app's lifespan.
+def create_app(llm: LLMEngine | Sequence[LLMEngine], config: ServerConfig,
+               on_engine_failure: Callable[[BaseException], None] | None = None) -> FastAPI:
+    """An app serving ``llm`` (or data-parallel replicas of one model, each request routed to one); the engine
+    threads start and stop with the app's lifespan.
 
-    Raises FileNotFoundError or ValueError when the chat template cannot be loaded.
+    ``on_engine_failure`` is called (on the event loop) if the engine loop dies, e.g. when a worker is killed;
+    every open request has then been ended with the error. Raises FileNotFoundError or ValueError when the
+    chat template cannot be loaded.
     """
+    replicas = [llm] if isinstance(llm, LLMEngine) else list(llm)
+    llm = replicas[0]
     model_name = config.model_name(llm.config.model_config.model)
     template = load_chat_template(llm.tokenizer, config.chat_template)
     offload = llm.config.kv_offload
+    parallel = llm.config.parallel_config
+    num_expert_ranks = (parallel.tensor_parallel_size if parallel.enable_expert_parallel else 1
+                        ) if llm.model_arch.num_experts else 0
+    spec = llm.config.speculative_config
     metrics = ServerMetrics(model_name, llm.max_model_len, tuple(t.name for t in offload.tiers) if offload else (),
-                            llm.kv_block_bytes)
-    engine = AsyncEngine(llm, config.max_waiting_requests,
-                         on_report=lambda report: metrics.on_report(report, engine.num_waiting))
+                            llm.kv_block_bytes, num_expert_ranks, llm.config.kv_transfer_config is not None,
+                            0 if spec is None else spec.max_num_speculative_tokens)
+    engine_class = AsyncEngine if len(replicas) == 1 else DataParallelEngine
+    engine = engine_class(replicas[0] if len(replicas) == 1 else replicas, config.max_waiting_requests,
+                          on_report=lambda report: metrics.on_report(report, engine.num_waiting),
+                          on_failure=on_engine_failure)
     serving = OpenAIServing(engine, model_name, template, metrics)
     cache = CacheServing(serving)
 
@@ -79,6 +93,10 @@ def _add_routes(app: FastAPI, serving: OpenAIServing) -> None:
     @_get(app, "/v1/models")
     async def models() -> Response:
         return JSONResponse(serving.models())
+
+    @_get(app, "/kv_transfer")
+    async def kv_transfer() -> Response:
+        return JSONResponse(serving.kv_transfer())
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -10,7 +10,6 @@ from starlette.responses import JSONResponse, Response
 from jido.core.pinned_prefixes import PinTooLargeError
 from jido.core.sampling_params import SamplingParams
 from jido.engine.async_engine import EngineStoppedError
-from jido.engine.llm_engine import ProcessedPrompt
 from jido.server.errors import APIError, bad_request, parse_json
 from jido.server.metrics import RequestTimer
 from jido.server.protocol import CacheRequest
@@ -34,7 +33,10 @@ class CacheServing:
         self.serving.check_model(body.model)
         prompt_ids = await asyncio.to_thread(self.serving.completion_prompt_ids, body.prompt)
         pin_id = f"cache-{uuid.uuid4().hex}"
-        stream = self.serving.submit(pin_id, prompt_ids, SamplingParams(max_tokens=1), RequestTimer(), pin=True)
+        try:
+            stream = self.serving.submit(pin_id, prompt_ids, SamplingParams(max_tokens=1), RequestTimer(), pin=True)
+        except ValueError as exc:  # an engine that cannot pin (data-parallel replicas)
+            raise bad_request(str(exc)) from exc
         with stream:
             try:
                 async for _ in stream:

@@ -77,9 +77,22 @@ def uvicorn_server(app: FastAPI, config: ServerConfig) -> uvicorn.Server:
 
 
 def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
-    """Run the server in this process until SIGTERM/SIGINT; returns 0 once in-flight requests drained."""
-    llm = LLMEngine(engine_config)
-    app = create_app(llm, config)
+    """Run the server in this process until SIGTERM/SIGINT; returns 0 once in-flight requests drained.
+
+    If the engine dies (a worker process was killed or crashed), every in-flight request has already been
+    ended with the error and /health answers 503; the server then stops and returns 1, so that a supervisor
+    (systemd, Kubernetes) restarts it with fresh workers. It does not restart workers itself: their KV caches
+    and the requests on them are gone either way.
+    """
+    replicas = [LLMEngine(engine_config) for _ in range(engine_config.parallel_config.data_parallel_size)]
+    failure: list[BaseException] = []
+
+    def on_engine_failure(error: BaseException) -> None:
+        logger.error("the engine failed (%s): stopping the server with exit code 1", error)
+        failure.append(error)
+        server.should_exit = True
+
+    app = create_app(replicas, config, on_engine_failure)
     sock = bind_socket(config.host, config.port)
     host, port = sock.getsockname()[:2]
     _log_usage(config, host, port, config.model_name(engine_config.model_config.model),
@@ -92,8 +105,9 @@ def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        llm.shutdown()
-    return 0
+        for llm in replicas:
+            llm.shutdown()
+    return 1 if failure else 0
 
 
 def _drained(signum: int, frame: object) -> None:

@@ -5,7 +5,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -16,6 +16,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from jido.core.request import RequestStatus
 from jido.engine.async_engine import StepReport
 from jido.engine.outputs import RequestOutput
+from jido.metrics.stats import KVTierStats, KVTransferStats, SpecDecodingStats
 
 logger = logging.getLogger("jido")
 
@@ -27,7 +28,7 @@ _ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 _REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                     240.0, 480.0, 960.0, 1920.0, 7680.0)
 _STEP_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-_PHASES = ("schedule", "prepare", "model", "sample", "update")
+_PHASES = ("schedule", "prepare", "model", "sample", "propose", "update")
 _FINISH_REASONS = tuple(status.value for status in RequestStatus if status.is_finished)  # stop, length, abort
 REJECT_REASONS = ("overload", "stopped")
 # KVTierStats fields exported per offload tier as counters (jido:kv_offload_<field>{tier=...}).
@@ -39,6 +40,19 @@ _TIER_COUNTERS = {
     "loaded_bytes": "Bytes loaded from this tier (decoded).",
     "load_seconds": "Seconds spent reading and decoding loaded blocks (over loaded_blocks: mean load latency).",
     "errors": "Failed lookups, writes and reads, and corrupt entries dropped; each one is recomputed.",
+}
+# KVTransferStats fields exported as counters: (metric, label value, help).
+_TRANSFER_COUNTERS = {
+    "sent_bytes": ("jido:kv_transfer_bytes", "sent", "KV bytes moved between instances, by direction."),
+    "received_bytes": ("jido:kv_transfer_bytes", "received", ""),
+    "sent_seconds": ("jido:kv_transfer_seconds", "sent", "Seconds spent moving KV, by direction (bytes over "
+                     "seconds: the bandwidth)."),
+    "received_seconds": ("jido:kv_transfer_seconds", "received", ""),
+    "received_tokens": ("jido:kv_transfer_tokens", "received", "Prompt tokens whose KV was loaded from a producer."),
+    "sent": ("jido:kv_transfers", "sent", "KV hand-offs by outcome: sent, received, failed (the consumer "
+             "prefilled itself), expired (a producer's lease ran out), push_refused (no room: pulled instead)."),
+    "received": ("jido:kv_transfers", "received", ""), "failed": ("jido:kv_transfers", "failed", ""),
+    "expired": ("jido:kv_transfers", "expired", ""), "push_refused": ("jido:kv_transfers", "push_refused", ""),
 }
 _live_dirs: set[str] = set()  # the directories that servers in this process made and still use
 
@@ -113,11 +127,14 @@ class ServerMetrics:
     """
 
     def __init__(self, model_name: str, max_model_len: int, offload_tiers: tuple[str, ...] = (),
-                 kv_block_bytes: int = 0) -> None:
+                 kv_block_bytes: int = 0, num_expert_ranks: int = 0, kv_transfer: bool = False,
+                 num_speculative_tokens: int = 0) -> None:
         self.dir = MultiprocDir()
         self._registry = CollectorRegistry()
         MultiProcessCollector(self._registry, path=self.dir.path)
         self._engine_totals: dict[str, int] = {}
+        self._spec_totals = SpecDecodingStats()
+        self.num_speculative_tokens = num_speculative_tokens
         self._kv_usage_value = self._kv_peak_value = 0.0  # this process's, for the peak between scrapes
         self._closed = False
         self._model_name, self._kv_block_bytes = model_name, kv_block_bytes
@@ -125,10 +142,11 @@ class ServerMetrics:
         self._pin_hits: dict[str, int] = {}
         with _values_in_files() as value_class:
             self._value_class = value_class
-            self._make_metrics(model_name, _one_two_five(max_model_len))
+            self._make_metrics(model_name, _one_two_five(max_model_len), num_expert_ranks)
             self._make_tier_metrics(model_name, offload_tiers)
+            self._make_transfer_metrics(model_name, kv_transfer)
 
-    def _make_metrics(self, model_name: str, token_buckets: tuple[float, ...]) -> None:
+    def _make_metrics(self, model_name: str, token_buckets: tuple[float, ...], num_expert_ranks: int) -> None:
         labels = {"model_name": model_name}
 
         def gauge(name: str, help_text: str) -> Gauge:
@@ -170,7 +188,12 @@ class ServerMetrics:
                               "Per request: (last token - first token) / (output tokens - 1).",
                               _ITL_BUCKETS)
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to last token.", _REQUEST_BUCKETS)
-        self.queue_time = histogram("vllm:request_queue_time_seconds", "Arrival to first scheduled.", _REQUEST_BUCKETS)
+        self.queue_time = histogram("vllm:request_queue_time_seconds", "Arrival to first scheduled, less any wait "
+                                    "for KV from another instance.", _REQUEST_BUCKETS)
+        # TTFT = queue + prefill (or, for KV from a producer: queue + transfer + first decode)
+        self.prefill_time = histogram("vllm:request_prefill_time_seconds", "First scheduled to first token, for "
+                                      "requests that computed their prompt here.", _TTFT_BUCKETS)
+
         self.prompt_len = histogram("vllm:request_prompt_tokens", "Prompt tokens per finished request.", token_buckets)
         self.output_len = histogram("vllm:request_generation_tokens", "Output tokens per finished request.",
                                     token_buckets)
@@ -184,9 +207,26 @@ class ServerMetrics:
         self.rejected = counters("jido:requests_rejected", "Requests refused before reaching the engine, by reason.",
                                  "reason", REJECT_REASONS)
         self.aborted = counter("jido:requests_aborted", "Requests abandoned before finishing (client gone).")
+        self.expert_load = counters("jido:expert_load", "(token, expert) pairs routed to the experts each "
+                                    "expert-parallel rank holds (mixture-of-experts models only).", "ep_rank",
+                                    tuple(str(rank) for rank in range(num_expert_ranks)))
         self.pinned_prefixes = gauge("jido:kv_pinned_prefixes", "Prefixes pinned with POST /v1/cache.")
         self.pinned_bytes = gauge("jido:kv_pinned_bytes", "KV bytes the pinned prefixes hold in the device pool.")
         self.pinned_hits = counter("jido:kv_pinned_hits", "Requests admitted whose cached prefix covered a pinned one.")
+        if self.num_speculative_tokens:
+            self._make_spec_metrics(counter, counters)
+
+    def _make_spec_metrics(self, counter: Callable[[str, str], Counter],
+                           counters: Callable[[str, str, str, tuple[str, ...]], dict[str, Counter]]) -> None:
+        """vLLM's speculative decoding counters, exported when the engine speculates."""
+        self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Requests' proposals verified (one per request "
+                                   "and step).")
+        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Proposed tokens verified.")
+        self.spec_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens", "Proposed tokens accepted.")
+        positions = tuple(str(i) for i in range(self.num_speculative_tokens))
+        self.spec_accepted_per_pos = counters("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                              "Accepted proposals by position in their draft (0: the first).",
+                                              "position", positions)
 
     def _make_tier_metrics(self, model_name: str, tiers: tuple[str, ...]) -> None:
         labels = ["model_name", "tier"]
@@ -204,9 +244,44 @@ class ServerMetrics:
             self.tier_enabled[t].set(1)
         self._tier_totals: dict[tuple[str, str], float] = {}
 
+    def _make_transfer_metrics(self, model_name: str, enabled: bool) -> None:
+        self.transfer_counters: dict[str, Counter] = {}
+        self._transfer_totals: dict[str, float] = {}
+        if not enabled:
+            self.transfer_held = self.transfer_time = self.first_decode_time = None
+            return
+
+        def histogram(name: str, help_text: str) -> Histogram:
+            return Histogram(name, help_text, ["model_name"], registry=None, buckets=_TTFT_BUCKETS).labels(model_name)
+
+        self.transfer_time = histogram("jido:kv_transfer_time_seconds", "Time a request waited for its KV from a "
+                                       "producer (WAITING_FOR_REMOTE_KVS).")
+        self.first_decode_time = histogram("jido:request_first_decode_time_seconds", "First scheduled to first "
+                                           "token, for requests whose prompt KV came from a producer.")
+        families: dict[str, Counter] = {}
+        for key, (name, direction, text) in _TRANSFER_COUNTERS.items():
+            label = "result" if name == "jido:kv_transfers" else "direction"
+            if name not in families:
+                families[name] = Counter(name, text, ["model_name", label], registry=None)
+            self.transfer_counters[key] = families[name].labels(model_name, direction)
+        self.transfer_held = Gauge("jido:kv_transfer_held", "KV hand-offs a producer holds for consumers now.",
+                                   ["model_name"], registry=None, multiprocess_mode="livemostrecent").labels(model_name)
+        self.transfer_held.set(0)
+
+    def _record_transfers(self, records: tuple) -> None:
+        for record in records:
+            if not isinstance(record, KVTransferStats) or self.transfer_held is None:
+                continue
+            for key, child in self.transfer_counters.items():
+                total, seen = getattr(record, key), self._transfer_totals.get(key, 0)
+                if total > seen:
+                    child.inc(total - seen)
+                    self._transfer_totals[key] = total
+            self.transfer_held.set(record.held)
+
     def _record_tiers(self, tiers: tuple) -> None:
         for tier in tiers:
-            if tier.tier not in self.tier_used:
+            if not isinstance(tier, KVTierStats) or tier.tier not in self.tier_used:
                 continue
             for key, children in self.tier_counters.items():
                 total, seen = getattr(tier, key), self._tier_totals.get((tier.tier, key), 0)
@@ -280,17 +355,35 @@ class ServerMetrics:
                 child.inc(total - self._engine_totals.get(key, 0))
                 self._engine_totals[key] = total
         self._record_tiers(stats.kv_connector)
+        self._record_transfers(stats.kv_connector)
         self._record_pins(stats.pinned)
+        if self.num_speculative_tokens:
+            self._advance_spec(stats.spec_decoding)
         for seconds in report.queue_times_s:
             self.queue_time.observe(seconds)
         if report.times is not None:
             times = report.times
             for phase, seconds in zip(_PHASES, (times.schedule_s, times.prepare_s, times.model_s, times.sample_s,
-                                                times.update_s)):
+                                                times.propose_s, times.update_s)):
                 self.step_time[phase].observe(seconds)
             self.step_tokens.observe(times.num_tokens)
             if times.num_reqs:
                 self.step_reqs.observe(times.num_reqs)
+            for rank, num_pairs in enumerate(times.expert_load):
+                self.expert_load[str(rank)].inc(num_pairs)
+
+    def _advance_spec(self, totals: SpecDecodingStats) -> None:
+        """The scheduler's speculative decoding totals, as counter increments since the last report."""
+        last = self._spec_totals
+        if totals.num_drafts <= last.num_drafts:
+            return
+        self.spec_drafts.inc(totals.num_drafts - last.num_drafts)
+        self.spec_draft_tokens.inc(totals.num_draft_tokens - last.num_draft_tokens)
+        self.spec_accepted_tokens.inc(totals.num_accepted_tokens - last.num_accepted_tokens)
+        before = last.num_accepted_tokens_per_pos
+        for pos, total in enumerate(totals.num_accepted_tokens_per_pos[:self.num_speculative_tokens]):
+            self.spec_accepted_per_pos[str(pos)].inc(total - (before[pos] if pos < len(before) else 0))
+        self._spec_totals = totals
 
     def on_output(self, timer: RequestTimer, output: RequestOutput) -> None:
         """A request's new cumulative output: token timings, and totals once it finished."""
@@ -300,7 +393,7 @@ class ServerMetrics:
         num_tokens = max(len(c.token_ids) for c in output.outputs)
         num_new = num_tokens - timer.num_tokens
         if num_new > 0:
-            self._observe_tokens(timer, now, num_new)
+            self._observe_tokens(timer, now, num_new, output)
             timer.num_tokens = num_tokens
         num_generated = sum(len(c.token_ids) for c in output.outputs)
         self.generation_tokens.inc(num_generated - timer.num_generated)
@@ -317,16 +410,29 @@ class ServerMetrics:
         if not self._closed:
             self.aborted.inc()
 
-    def _observe_tokens(self, timer: RequestTimer, now: float, num_new: int) -> None:
+    def _observe_tokens(self, timer: RequestTimer, now: float, num_new: int, output: RequestOutput) -> None:
         if timer.first_token is None:
             timer.first_token = now
             self.ttft.observe(now - timer.arrival)
+            self._observe_phases(output)
             num_new -= 1
         if num_new > 0 and timer.last_token is not None:
             # Tokens that arrive together share the wait evenly.
             for _ in range(num_new):
                 self.itl.observe((now - timer.last_token) / num_new)
         timer.last_token = now
+
+    def _observe_phases(self, output: RequestOutput) -> None:
+        """TTFT's parts after the queue: prefill here, or the transfer from a producer and the first decode."""
+        scheduled, first = output.metrics.get("first_scheduled_time"), output.metrics.get("first_token_time")
+        if not scheduled or not first:
+            return
+        transfer = output.metrics.get("kv_transfer_time", 0.0)
+        if transfer > 0 and self.transfer_time is not None:
+            self.transfer_time.observe(transfer)
+            self.first_decode_time.observe(first - scheduled)
+        else:
+            self.prefill_time.observe(first - scheduled)
 
     def _observe_finished(self, timer: RequestTimer, now: float, output: RequestOutput) -> None:
         num_generated = sum(len(c.token_ids) for c in output.outputs)

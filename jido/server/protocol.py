@@ -119,6 +119,9 @@ class _SamplingBody(_Body):
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
     priority: int = 0  # vLLM's: admission order under --scheduling-policy priority, lower first
+    # vLLM's P/D field: {"do_remote_decode": true} asks a KV producer to prefill and hold the KV; a consumer
+    # gets back the producer's answer (a handle) to load it (see docs/disaggregation.md).
+    kv_transfer_params: dict[str, Any] | None = None
 
     def client_name(self, name: str) -> str:
         """The request field that set SamplingParams' ``name``, for error messages and ``param``."""

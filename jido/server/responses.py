@@ -61,6 +61,8 @@ class ResponseFormat:
     def response(self, output: RequestOutput) -> dict:
         body = self.envelope(self.object_name, [self.choice(c) for c in output.outputs])
         body["usage"] = usage(output)
+        if output.kv_transfer_params is not None:  # a producer's handle to the request's KV (vLLM's field)
+            body["kv_transfer_params"] = output.kv_transfer_params
         return body
 
     def prompt_choices(self, output: RequestOutput) -> list[dict]:

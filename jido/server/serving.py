@@ -56,6 +56,9 @@ class OpenAIServing:
         prompt_ids = await asyncio.to_thread(self._batch_prompt_ids, prompts)
         params = [_in_batch(i, len(prompts), self._params, body, ids, body.max_tokens, body.logprobs,
                             body.num_prompt_logprobs) for i, ids in enumerate(prompt_ids)]
+        if body.kv_transfer_params is not None and len(prompts) > 1:
+            raise bad_request("kv_transfer_params names one request's KV: send one prompt with it", "kv_transfer_params")
+        self._check_transfer(body, params[0])
         request_id = f"cmpl-{uuid.uuid4().hex}"
         fmts = [CompletionFormat(request_id, self.model_name, self.llm.tokenizer,
                                  echo_text=self._echo_text(p, ids) if body.echo else None)
@@ -74,6 +77,7 @@ class OpenAIServing:
             raise bad_request("messages is empty: give at least one message", "messages")
         prompt_ids = await asyncio.to_thread(self._chat_prompt_ids, body)  # off the event loop, as above
         params = self._params(body, prompt_ids, body.requested_max_tokens, body.num_logprobs)
+        self._check_transfer(body, params)
         fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer)
         return await self._respond(http_request, fmt, prompt_ids, params, body, timer)
 
@@ -110,6 +114,19 @@ class OpenAIServing:
 
     def _batch_prompt_ids(self, prompts: list[object]) -> list[list[int]]:
         return [_in_batch(i, len(prompts), self.completion_prompt_ids, p) for i, p in enumerate(prompts)]
+
+    def _check_transfer(self, body: CompletionRequest | ChatCompletionRequest, params: SamplingParams) -> None:
+        try:
+            self.llm.check_transfer_params(body.kv_transfer_params, params)
+        except ValueError as exc:
+            raise bad_request(str(exc), "kv_transfer_params") from exc
+
+    def kv_transfer(self) -> dict:
+        """GET /kv_transfer: this instance's KV role, endpoint and format, for routers (404 without a connector)."""
+        info = self.llm.kv_connector_info
+        if "address" not in info:
+            raise APIError(404, "this server has no --kv-transfer-config", code="not_found")
+        return info
 
     def completion_prompt_ids(self, prompt: object) -> list[int]:
         if isinstance(prompt, str):
@@ -166,7 +183,8 @@ class OpenAIServing:
     async def _respond(self, http_request: Request, fmt: ResponseFormat, prompt_ids: list[int],
                        params: SamplingParams, body: CompletionRequest | ChatCompletionRequest,
                        timer: RequestTimer) -> Response:
-        outputs = self.submit(fmt.request_id, prompt_ids, params, timer, body.priority)
+        outputs = self.submit(fmt.request_id, prompt_ids, params, timer, body.priority,
+                              kv_transfer_params=body.kv_transfer_params)
         if body.stream:
             chunks = _numbered(self._chunks(outputs, fmt, params, timer), 0)
             return StreamingResponse(self._sse(chunks, body.include_usage), media_type="text/event-stream")
@@ -201,12 +219,12 @@ class OpenAIServing:
         return JSONResponse(merged)
 
     def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, timer: RequestTimer,
-               priority: int = 0, pin: bool = False) -> RequestStream:
+               priority: int = 0, pin: bool = False, kv_transfer_params: dict | None = None) -> RequestStream:
         """Queue a request (``pin``: a prefix to pin, see /v1/cache); overload and drain are 503s."""
         try:
             # Validated and tokenized once, in _prompt_ids: the engine takes the ids as they are.
             return self.engine.add_request(request_id, ProcessedPrompt(None, prompt_ids), params, timer.arrival,
-                                           priority, pin)
+                                           priority, pin, kv_transfer_params)
         except EngineOverloadedError as exc:
             self.metrics.on_rejected("overload")
             raise APIError(503, str(exc), "service_unavailable", code="overloaded",

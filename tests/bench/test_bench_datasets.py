@@ -29,7 +29,7 @@ def test_reference_text_is_long_real_prose(corpus):
     assert len(set(words)) > 5_000 and "the" in words  # varied English, not repeated tokens
 
 
-@pytest.mark.parametrize("name", ["random", "conversation", "shared-prefix", "long-doc-qa"])
+@pytest.mark.parametrize("name", ["random", "conversation", "shared-prefix", "long-doc-qa", "mixed", "rewrite"])
 def test_every_dataset_repeats_for_a_seed_and_changes_with_it(corpus, name):
     first = sample(corpus, dataset_name=name, num_prompts=12, seed=1, random_input_len=64, document_len=256)
     again = sample(corpus, dataset_name=name, num_prompts=12, seed=1, random_input_len=64, document_len=256)
@@ -42,6 +42,15 @@ def test_random_prompts_have_exactly_the_input_len_when_the_range_is_zero(corpus
     assert [r.prompt_len for r in requests] == [300] * 20
     assert [count_tokens(corpus.counter, r.prompt) for r in requests] == [300] * 20
     assert {r.output_len for r in requests} == {40}
+
+
+def test_rewrite_prompts_hold_a_passage_of_the_input_len_that_the_answer_is_to_reproduce(corpus):
+    requests = sample(corpus, dataset_name="rewrite", num_prompts=20, random_input_len=120, random_output_len=100)
+    for request in requests:
+        passage = request.prompt.split(":\n", 1)[1].rsplit("\n\n", 1)[0]
+        assert passage in corpus.text and count_tokens(corpus.counter, passage) == 120
+        assert request.prompt.endswith(("Rewritten passage:\n", "Copy:\n")) and request.output_len == 100
+    assert len({r.prompt.split("\n", 1)[0] for r in requests}) == 2  # both instructions occur
 
 
 def test_random_lengths_fill_the_range_ratio(corpus):
@@ -85,6 +94,16 @@ def test_long_doc_qa_asks_several_different_questions_about_each_document(corpus
         by_doc.setdefault(document, set()).add(question)
     assert len(by_doc) == 3 and all(len(questions) == 4 for questions in by_doc.values())
     assert all(count_tokens(corpus.counter, d) == pytest.approx(500, abs=2) for d in by_doc)
+
+
+def test_mixed_puts_long_prompts_among_short_streams(corpus):
+    requests = sample(corpus, dataset_name="mixed", num_prompts=20, mixed_long_fraction=0.25, mixed_long_len=400,
+                      mixed_long_output_len=8, random_input_len=32, random_output_len=96)
+    long = [i for i, r in enumerate(requests) if r.prompt_len > 100]
+    assert len(long) == 5 and long != [0, 1, 2, 3, 4]
+    assert all(requests[i].prompt_len == pytest.approx(400, abs=2) and requests[i].output_len == 8 for i in long)
+    short = [r for i, r in enumerate(requests) if i not in long]
+    assert all(r.prompt_len == pytest.approx(32, abs=2) and r.output_len == 96 for r in short)
 
 
 def test_jsonl_prompts_cycle_and_bad_lines_name_the_line(corpus, tmp_path):

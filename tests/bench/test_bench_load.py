@@ -135,6 +135,12 @@ def test_server_metrics_over_the_run_are_differences_of_the_counters(tmp_path, f
     assert result["server_mean_queue_time_ms"] == pytest.approx(QUEUE_SECONDS_PER_REQUEST * 1000)
     assert result["server_mean_kv_cache_usage"] == pytest.approx(KV_USAGE)
     assert result["server_mean_batch_size"] == pytest.approx(STEP_REQUESTS_PER_REQUEST / STEPS_PER_REQUEST)
+    # 5 requests of 3 drafts and 9 proposals, 6 accepted: vLLM's mean acceptance length 1 + 6 / 3.
+    assert (result["server_spec_decode_num_drafts"], result["server_spec_decode_num_draft_tokens"],
+            result["server_spec_decode_num_accepted_tokens"]) == (15, 45, 30)
+    assert result["server_spec_decode_mean_acceptance_length"] == pytest.approx(3.0)
+    assert result["server_spec_decode_acceptance_rate"] == pytest.approx(2 / 3)
+    assert result["server_spec_decode_acceptance_rate_per_pos"] == pytest.approx([1, 2 / 3, 1 / 3])
     assert result["server_info"]["models"] == [{"id": "fake-model", "owned_by": "t"}]
     assert result["model_id"] == "fake-model"
     assert {"date", "machine", "request_rate"} <= set(result) and result["request_rate"] == "inf"

@@ -19,6 +19,16 @@ def compute(manager: KVCacheManager, request: Request, num_new: int, hits=None) 
     manager.cache_full_blocks(request)
 
 
+def evict(manager: KVCacheManager, block_ids: set[int]) -> None:
+    """Evict these cached free blocks through the pool's own API: hold every other free block, allocate."""
+    pool = manager.pool
+    others = [b for b in pool.blocks if b.ref_cnt == 0 and b.node is not None and b.block_id not in block_ids]
+    pool.touch(others)
+    taken = pool.allocate(pool.num_free_blocks)  # the uncached ones first, then the targets: evicted
+    pool.free(taken)
+    pool.free(others)
+
+
 def decode(manager: KVCacheManager, request: Request, token: int = 5) -> None:
     request.append_output_token(token)
     compute(manager, request, 1)
@@ -72,7 +82,7 @@ def test_a_missing_window_block_shortens_the_hit_to_where_the_window_is_cached()
     a = make_request("a", list(range(16)))
     compute(manager, a, 16)
     manager.free(a)
-    manager.pool.blocks[7].token_ids = (-1,)  # the sliding block of 12..15 no longer matches: a miss
+    evict(manager, {7})  # the sliding block of 12..15
     hits, num_hit_tokens = manager.get_computed_blocks(make_request("b", list(range(16)) + [99]))
     assert num_hit_tokens == 12  # the query at 12 sees 9..12: blocks 2 (8..11) is cached
     assert [None if blk is None else blk.block_id for blk in hits[1]] == [None, None, 6]
@@ -83,8 +93,7 @@ def test_groups_cache_under_their_own_ids_so_a_full_hit_never_serves_a_window_la
     a = make_request("a", list(range(16)))
     compute(manager, a, 16)
     manager.free(a)
-    for block_id in (4, 5, 6, 7):  # every sliding block of a misses
-        manager.pool.blocks[block_id].token_ids = (-1,)
+    evict(manager, {4, 5, 6, 7})  # every sliding block of a
     assert manager.get_computed_blocks(make_request("b", list(range(16)) + [99]))[1] == 0
 
 

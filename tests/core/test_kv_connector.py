@@ -30,15 +30,16 @@ class ScriptedConnector(KVConnectorScheduler):
     def on_blocks_released(self, blocks: list[ReleasedBlock]) -> None:
         self.evicted.extend(blocks)
 
-    def build_connector_meta(self) -> str:
+    def build_connector_meta(self, scheduler_output, block_ids) -> str:
         self.num_metas += 1
         return f"meta-{self.num_metas}"
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         pass
 
-    def request_finished(self, request: Request) -> None:
+    def request_finished(self, request: Request, block_ids) -> tuple[bool, None]:
         self.finished.append(request.request_id)
+        return False, None
 
 
 def make(offers: dict[str, int], num_blocks: int = 16) -> tuple[Scheduler, ScriptedConnector]:

@@ -34,7 +34,7 @@ class FakeEngine:
     def check_health(self) -> None:
         """A scripted engine has no workers to lose."""
 
-    def add_request(self, request_id, prompt, params, arrival_time=None, priority=0) -> None:
+    def add_request(self, request_id, prompt, params, arrival_time=None, priority=0, kv_transfer_params=None) -> None:
         if prompt == "bad":
             raise ValueError("prompt is bad")
         self.pending.append(request_id)
@@ -45,6 +45,9 @@ class FakeEngine:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.pending)
+
+    def has_engine_work(self) -> bool:
+        return self.has_unfinished_requests()
 
     def step(self) -> list[RequestOutput]:
         self.may_step.acquire()

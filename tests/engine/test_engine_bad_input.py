@@ -82,7 +82,10 @@ def test_a_file_that_is_not_a_model_raises_value_error(tmp_path):
     ({"kv_cache_memory": "64KiB", "dtype": "float32"}, "65536 bytes hold no KV block: one block takes 98304 bytes"),
     ({"kv_cache_memory": "64KiB", "dtype": "bfloat16"},
      "'64KiB' of KV cache holds 1 blocks of 49152 bytes; even a 16-token request needs 6: raise kv_cache_memory"),
-    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "runs neither: leave them unset"),
+    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}, "tensor_parallel_size": 2},
+     "speculative_config runs on one rank"),
+    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2},
+      "kv_transfer_config": {"kv_connector": "tcp", "kv_role": "kv_consumer"}}, "speculative_config and kv_transfer_config"),
 ])
 def test_bad_engine_config_raises(kwargs, message):
     with pytest.raises(ValueError, match=message):

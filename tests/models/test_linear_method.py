@@ -50,7 +50,7 @@ class _CountingConfig(QuantizationConfig):
         return _CountingMethod(self.calls)
 
 
-@pytest.mark.parametrize("arch, head", [("llama", "Linear"), ("gemma3", "Embedding")])
+@pytest.mark.parametrize("arch, head", [("llama", "ColumnParallelLinear"), ("gemma3", "VocabParallelEmbedding")])
 def test_linear_layers_and_lm_head_go_through_the_configured_method(arch: str, head: str) -> None:
     hf, ours = tiny_models(arch)
     config = _CountingConfig()
@@ -59,9 +59,13 @@ def test_linear_layers_and_lm_head_go_through_the_configured_method(arch: str, h
     tokens = {"req": [3, 1, 4, 1, 5, 9, 2, 6]}
     logits = TinyPagedRunner(model).step(tokens)["req"]
     torch.testing.assert_close(logits, TinyPagedRunner(ours).step(tokens)["req"], atol=0, rtol=0)
-    num_layers = ours.config.num_layers  # per layer: qkv and gate_up merged, o and down plain
-    expected = {"create MergedLinear": 2 * num_layers, "create Linear": 2 * num_layers + (head == "Linear"),
-                "apply MergedLinear": 2 * num_layers, "apply Linear": 2 * num_layers, f"logits {head}": 1}
+    num_layers = ours.config.num_layers  # per layer: qkv and gate_up column-parallel, o and down row-parallel
+    expected = {"create QKVParallelLinear": num_layers, "create MergedColumnParallelLinear": num_layers,
+                "create RowParallelLinear": 2 * num_layers, "apply QKVParallelLinear": num_layers,
+                "apply MergedColumnParallelLinear": num_layers, "apply RowParallelLinear": 2 * num_layers,
+                f"logits {head}": 1}
+    if head == "ColumnParallelLinear":
+        expected["create ColumnParallelLinear"] = 1
     assert config.calls == expected
 
 

@@ -6,7 +6,7 @@ import torch
 from tiny_hf_models import VOCAB_SIZE, tiny_models
 from tiny_paged_batch import TinyPagedRunner
 
-ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
+ARCHS = ["llama", "qwen2", "qwen3", "gemma3", "qwen3_moe"]
 ATOL = 1e-4
 PROMPT_LEN, NUM_DECODE_STEPS = 11, 5  # the prompt is longer than Gemma's window of 4
 

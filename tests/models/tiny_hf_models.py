@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, PreTrainedConfig, Qwen2Config, Qwen3Config
+from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, PreTrainedConfig, Qwen2Config, Qwen3Config,
+                          Qwen3MoeConfig)
 
 from jido.attention.registry import get_attention_backend
 from jido.models.config import ModelArchConfig
@@ -26,6 +27,10 @@ def tiny_hf_config(arch: str) -> PreTrainedConfig:
         return Qwen2Config(**_COMMON)  # q/k/v biases
     if arch == "qwen3":
         return Qwen3Config(**_COMMON)  # per-head q/k RMSNorm
+    if arch == "qwen3_moe":
+        # 4 experts, top-2 renormalised, the middle layer dense.
+        return Qwen3MoeConfig(**_COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                              norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1])
     # Gemma 3: MQA, window 4 on two of three layers (prompts are longer), scale != head_dim ** -0.5.
     return Gemma3TextConfig(
         **{**_COMMON, "num_key_value_heads": 1}, query_pre_attn_scalar=24, sliding_window=4,

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from jido.planner.model_shapes import CATALOG
@@ -68,3 +70,22 @@ def test_decode_pulling_skips_the_shared_prefix(catalog):
     pull = LinkPlan(catalog.link("infiniband"), catalog.wire("raw"), "pull").transfer(p, d, 1000, 0.5)
     push = LinkPlan(catalog.link("infiniband"), catalog.wire("raw"), "push").transfer(p, d, 1000, 0.5)
     assert pull.wire_bytes == push.wire_bytes / 2
+
+
+def test_calibration_adds_measured_links_and_wire_formats_the_plan_can_name(catalog, tmp_path):
+    measured = {"calibration": {"links": {"jido-shm": {"gb_s": 2.5, "latency_us": 900.0, "same_node": False,
+                                                       "source": "measured"}},
+                                "wire": {"jido-int8": {"ratio": 0.26, "codec_gb_s": None, "source": "measured"}}}}
+    calibrated = catalog.with_calibration(measured["calibration"])
+    plan = LinkPlan(calibrated.link("jido-shm"), calibrated.wire("jido-int8"), "pull", layerwise=False)
+    t = plan.transfer(_inst(calibrated, "H100-SXM"), _inst(calibrated, "H100-SXM"), 1024, 0.0)
+    assert t.wire_bytes == pytest.approx(1024 * 131072 * 0.26)
+    assert t.link_s == pytest.approx(t.wire_bytes / 2.5e9 + 2 * 900e-6)
+    assert "pcie" in calibrated.links and "jido-shm" not in catalog.links
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(measured))
+    from jido.planner.cli import plan_main
+    assert plan_main(["--calibrate", str(path), "--links", "jido-shm", "--wires", "jido-int8", "--json",
+                      "--model", "gemma-3-270m", "--accelerators", "cpu-2core"]) in (0, 1)
+    with pytest.raises(ValueError, match="unknown section"):
+        catalog.with_calibration({"link": {}})

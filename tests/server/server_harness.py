@@ -66,13 +66,17 @@ class Server:
 
 
 @contextmanager
-def running_server(server_config: ServerConfig | None = None, **engine_kwargs: Any) -> Iterator[Server]:
+def running_server(server_config: ServerConfig | None = None, engine: LLMEngine | None = None,
+                   **engine_kwargs: Any) -> Iterator[Server]:
     """Start the app on a free port with uvicorn in a thread; stop it (draining) on exit.
 
-    Without ``server_config``, the server has Gemma's chat template (tests/fixtures) for chat.
+    Without ``server_config``, the server has Gemma's chat template (tests/fixtures) for chat. It serves
+    ``engine`` if given, else a new engine of ``engine_kwargs``.
     """
     server_config = server_config or ServerConfig(chat_template=GEMMA_CHAT_TEMPLATE)
-    app = create_app(LLMEngine(EngineConfig.from_kwargs(**{"kv_cache_memory": KV_CACHE, "dtype": "float32", **engine_kwargs})), server_config)
+    engine = engine or LLMEngine(EngineConfig.from_kwargs(**{"kv_cache_memory": KV_CACHE, "dtype": "float32",
+                                                            **engine_kwargs}))
+    app = create_app(engine, server_config)
     sock = bind_socket("127.0.0.1", 0)
     uv = uvicorn_server(app, server_config)
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)

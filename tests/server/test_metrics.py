@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from jido.engine.async_engine import StepReport
 from jido.engine.outputs import CompletionOutput, RequestOutput
-from jido.metrics.stats import IterationStats, SchedulerStats
+from jido.metrics.stats import IterationStats, SchedulerStats, SpecDecodingStats
 from jido.planner.prometheus import parse_metrics
 from jido.server.metrics import MULTIPROC_DIR_ENV, RequestTimer, ServerMetrics
 
@@ -23,7 +23,7 @@ REQUEST = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
 STEP = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TOKENS_600 = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0)
 # What the hand-written exporter exported before prometheus_client (captured from it with max_model_len=600),
-# plus what was added since (the prepare phase, the KV peak, the batch size):
+# plus what was added since (the prepare phase, the KV peak, the batch size, the prefill time):
 # family -> type, help, labels besides model_name with their values, histogram buckets.
 BEFORE = {
     "vllm:num_requests_running": ("gauge", "Sequences running in the engine.", {}, ()),
@@ -44,11 +44,14 @@ BEFORE = {
     "vllm:request_time_per_output_token_seconds": (
         "histogram", "Per request: (last token - first token) / (output tokens - 1).", {}, ITL),
     "vllm:e2e_request_latency_seconds": ("histogram", "Arrival to last token.", {}, REQUEST),
-    "vllm:request_queue_time_seconds": ("histogram", "Arrival to first scheduled.", {}, REQUEST),
+    "vllm:request_queue_time_seconds": ("histogram", "Arrival to first scheduled, less any wait for KV from another "
+                                        "instance.", {}, REQUEST),
+    "vllm:request_prefill_time_seconds": ("histogram", "First scheduled to first token, for requests that computed "
+                                          "their prompt here.", {}, TTFT),
     "vllm:request_prompt_tokens": ("histogram", "Prompt tokens per finished request.", {}, TOKENS_600),
     "vllm:request_generation_tokens": ("histogram", "Output tokens per finished request.", {}, TOKENS_600),
     "jido:step_time_seconds": ("histogram", "Engine step time by phase.",
-                               {"phase": ("model", "prepare", "sample", "schedule", "update")}, STEP),
+                               {"phase": ("model", "prepare", "propose", "sample", "schedule", "update")}, STEP),
     "jido:step_tokens": ("histogram", "Tokens computed per engine step.", {}, TOKENS_600),
     "jido:step_num_requests": ("histogram", "Requests computed per engine step that computed any (the batch size).",
                                {}, TOKENS_600),
@@ -121,7 +124,7 @@ def test_every_series_is_exported_at_zero_before_any_request(metrics):
     assert parsed.total("vllm:time_to_first_token_seconds_count") == 0
     assert parsed.total("jido:step_time_seconds_count") == 0
     assert {labels["phase"] for labels, _ in parsed.samples["jido:step_time_seconds_count"]} == {
-        "schedule", "prepare", "model", "sample", "update"}
+        "schedule", "prepare", "model", "sample", "propose", "update"}
 
 
 def test_recorded_values_read_back_through_the_exposition(metrics):
@@ -215,3 +218,26 @@ def test_a_worker_process_adds_its_counts_to_the_servers(metrics):
     parsed = parse_metrics(_text(metrics))
     assert parsed.total("vllm:num_preemptions") == 7  # counters add up over processes
     assert parsed.samples["vllm:num_requests_running"] == [({"model_name": "m"}, 7.0)]  # the latest reading
+
+
+def test_speculative_decoding_counters_follow_the_schedulers_totals_by_position(fresh_env):
+    metrics = ServerMetrics("m", 100, num_speculative_tokens=3)
+    try:
+        parsed = parse_metrics(_text(metrics))
+        assert parsed.samples["vllm:spec_decode_num_accepted_tokens_per_pos_total"] == [
+            ({"model_name": "m", "position": str(p)}, 0.0) for p in range(3)]
+        for drafts, tokens, accepted, per_pos in ((2, 5, 3, (2, 1)), (4, 11, 6, (4, 1, 1))):
+            stats = SchedulerStats(spec_decoding=SpecDecodingStats(drafts, tokens, accepted, per_pos))
+            metrics.on_report(StepReport(None, stats, 1), 0)
+        parsed = parse_metrics(_text(metrics))
+        assert [parsed.total(f"vllm:spec_decode_num_{name}") for name in ("drafts", "draft_tokens", "accepted_tokens")
+                ] == [4, 11, 6]
+        per_pos = {labels["position"]: v for labels, v in
+                   parsed.samples["vllm:spec_decode_num_accepted_tokens_per_pos_total"]}
+        assert per_pos == {"0": 4, "1": 1, "2": 1}
+    finally:
+        metrics.close()
+
+
+def test_a_server_that_does_not_speculate_exports_no_speculative_decoding_series(metrics):
+    assert not [name for name in parse_metrics(_text(metrics)).samples if "spec_decode" in name]

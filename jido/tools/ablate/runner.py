@@ -24,7 +24,7 @@ from jido.bench.tokens import make_counter
 from jido.tools.ablate.config import AblateConfig
 from jido.tools.ablate.results import Ablation, Arm, run_metrics
 from jido.tools.ablate.serve import ServerStartError, serving
-from jido.tools.ablate.techniques import Technique, missing, select
+from jido.tools.ablate.techniques import missing, select
 
 WARMUP_INPUT_LEN, WARMUP_OUTPUT_LEN = 128, 16
 

@@ -1,0 +1,222 @@
+"""DraftModelProposer: a smaller model (or the target's first layers) proposes tokens, its KV in the same pool."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from jido.attention.backend import AttentionMetadata, StepAttentionMetadata, build_common_metadata
+from jido.config.speculative import SpeculativeConfig
+from jido.core.kv_cache_spec import KVCacheConfig, KVCacheSpec
+from jido.models.config import ModelArchConfig
+from jido.models.loader import gguf_source, load_config, resolve_model
+from jido.runner.model_runner import layer_kv_specs, load_model, resolve_quantization
+from jido.runner.spec_decode import ProposalStep, ProposerContext
+from jido.sampling.metadata import shift_metadata
+from jido.sampling.rejection_sampler import Drafts, sample_draft
+
+
+@dataclass(frozen=True)
+class _DraftLayer:
+    """Where one draft layer's KV lives: its cache tensor, and which pool group's block table addresses it.
+
+    A draft whose KV page is ``pack`` times smaller than the target's keeps ``pack`` layers in one pool
+    layer: its tensor is viewed as ``pack`` times as many blocks, and pool block ``b`` of the group holds
+    the layer's block ``b * pack + slot``.
+    """
+
+    cache: torch.Tensor
+    group: int
+    pack: int = 1
+    slot: int = 0
+
+
+class DraftModelProposer:
+    """``draft_model``: K tokens per request from a draft run autoregressively after each step.
+
+    A separate draft (``model``) keeps its own KV in the pool, as layers after the target's (the scheduler
+    allocates, caches and frees them with the target's); each step it first computes what the target
+    computed and kept (prefill chunks, the verified tokens, the new token), so its KV always covers every
+    computed position; rejected proposals' slots are simply written again later. The layer-truncated
+    self-draft (``num_layers``) is the target's first layers: the target's own KV serves it, so it only runs
+    the new tokens and its proposals.
+    """
+
+    def __init__(self, config: SpeculativeConfig, context: ProposerContext) -> None:
+        self.context = context
+        if config.num_layers is not None:
+            if config.num_layers >= context.model_arch.num_layers:
+                raise ValueError(f"speculative num_layers={config.num_layers}: the target has "
+                                 f"{context.model_arch.num_layers} layers; a self-draft needs fewer")
+            self.model, self.arch, self.num_layers = context.model, context.model_arch, config.num_layers
+            self.shares_target_kv = True
+        else:
+            self.model, self.arch = _load_draft(config, context)
+            self.num_layers, self.shares_target_kv = self.arch.num_layers, False
+        self.layers: list[_DraftLayer] = []
+        self._first_layer_id = 0
+
+    # -- the KV cache ---------------------------------------------------------------------------------
+    def kv_cache_spec(self, first_layer_id: int) -> dict[int, KVCacheSpec]:
+        """The draft's layers as pool layers from ``first_layer_id`` on (several packed in one if pages are smaller)."""
+        if self.shares_target_kv:
+            return {}
+        self._first_layer_id = first_layer_id
+        specs, _ = self._packing()
+        return {first_layer_id + i: spec for i, spec in enumerate(specs)}
+
+    def bind_kv_cache(self, kv_cache_config: KVCacheConfig, tensors: list[torch.Tensor],
+                      target_caches: list[torch.Tensor], target_groups: list[int]) -> None:
+        if self.shares_target_kv:
+            self.layers = [_DraftLayer(target_caches[i], target_groups[i]) for i in range(self.num_layers)]
+            return
+        pack, ctx = self._pack(), self.context
+        shape = ctx.attn_backend.get_kv_cache_shape(kv_cache_config.num_blocks * pack, ctx.block_size,
+                                                    self.arch.num_kv_heads, self.arch.head_dim, ctx.kv_cache_dtype)
+        self.layers = []
+        for pool_index, slot in self._packing()[1]:
+            pool_layer = self._first_layer_id + pool_index
+            # NOTE: the view reinterprets each pool block as `pack` consecutive draft blocks; every backend's
+            # layout puts the block index right after the K/V index, with each block contiguous.
+            cache = tensors[kv_cache_config.tensor_index(pool_layer)].view(shape)
+            self.layers.append(_DraftLayer(cache, kv_cache_config.group_index(pool_layer), pack, slot))
+
+    def _packing(self) -> tuple[list[KVCacheSpec], list[tuple[int, int]]]:
+        """The pool layers' specs, and each draft layer's (pool layer, slot in it).
+
+        ``pack`` draft layers of one spec (the same window) share a pool layer, as KV heads side by side:
+        the same page bytes as a target layer.
+        """
+        pack = self._pack()
+        by_spec: dict[KVCacheSpec, list[int]] = {}
+        for layer_id, spec in enumerate(self._draft_specs()):
+            by_spec.setdefault(spec, []).append(layer_id)
+        specs: list[KVCacheSpec] = []
+        places: dict[int, tuple[int, int]] = {}
+        for spec, layer_ids in by_spec.items():
+            for start in range(0, len(layer_ids), pack):
+                for slot, layer_id in enumerate(layer_ids[start:start + pack]):
+                    places[layer_id] = (len(specs), slot)
+                specs.append(replace(spec, num_kv_heads=spec.num_kv_heads * pack))
+        return specs, [places[i] for i in range(self.num_layers)]
+
+    def _draft_specs(self) -> list[KVCacheSpec]:
+        specs = layer_kv_specs(self.arch, self.context.block_size, self.context.kv_cache_dtype)
+        return [specs[i] for i in range(self.num_layers)]
+
+    def _pack(self) -> int:
+        """How many draft layers share one pool layer: the target's page over the draft's."""
+        target_page = layer_kv_specs(self.context.model_arch, self.context.block_size,
+                                     self.context.kv_cache_dtype)[0].page_size_bytes
+        draft_page = self._draft_specs()[0].page_size_bytes
+        if target_page % draft_page:
+            raise ValueError(f"the draft model's KV page ({draft_page} bytes per block and layer) does not divide "
+                             f"the target's ({target_page}): their KV cannot share one block pool")
+        return target_page // draft_page
+
+    # -- proposing ------------------------------------------------------------------------------------
+    def propose(self, step: ProposalStep) -> Drafts:
+        k = step.num_speculative_tokens
+        sampled = step.inputs.sampled_req_ids
+        if k == 0 and self.shares_target_kv:
+            return Drafts([[] for _ in sampled], [None] * len(sampled))  # the target's KV needs no catching up
+        first = self._first_pass(step)
+        if not sampled or k == 0:
+            return Drafts([[] for _ in sampled], [None] * len(sampled))
+        md = step.batch.sampling.metadata(step.inputs.sampled_rows.tolist())
+        tokens: list[list[int]] = [[] for _ in sampled]
+        probs: list[list[torch.Tensor]] = [[] for _ in sampled]
+        hidden, seq_lens = first
+        for j in range(k):
+            logits = self.model.compute_logits(hidden)
+            shifted = shift_metadata(md, list(range(len(sampled))), tokens)
+            ids, q = sample_draft(self.context.sampler, logits, shifted)
+            for i, token_id in enumerate(ids):
+                tokens[i].append(token_id)
+                if q is not None:
+                    probs[i].append(q[i])
+            if j + 1 < k:
+                seq_lens = [n + 1 for n in seq_lens]
+                hidden = self._forward(ids, [n - 1 for n in seq_lens], [1] * len(ids), seq_lens,
+                                       step.inputs.sampled_rows, step.batch.block_tables)
+        greedy = (md.temperature == 0).tolist()
+        return Drafts(tokens, [None if greedy[i] or not probs[i] else torch.stack(probs[i])
+                               for i in range(len(sampled))])
+
+    def _first_pass(self, step: ProposalStep) -> tuple[torch.Tensor, list[int]]:
+        """Run what the draft has not seen yet; the hidden states of each sampled request's last token, and its
+        context length after it."""
+        inputs, verified = step.inputs, step.verified
+        new_token = {r: ids[-1] for r, ids in zip(inputs.sampled_req_ids, verified.token_ids)}
+        rejected = {r: len(d) + 1 - len(ids) for r, d, ids in zip(inputs.sampled_req_ids, inputs.draft_token_ids,
+                                                                  verified.token_ids)}
+        common = inputs.group_metadata[0]
+        req_ids = list(step.sched.num_scheduled_tokens)
+        rows = np.fromiter((step.batch.req_index[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
+        token_ids: list[int] = []
+        query_lens, seq_lens = [], []
+        starts = np.concatenate([[0], np.cumsum(common.query_lens_list)])
+        flat = inputs.input_ids.tolist()
+        for i, req_id in enumerate(req_ids):
+            query_len, seq_len = common.query_lens_list[i], common.seq_lens_list[i]
+            keep = query_len - rejected.get(req_id, 0)  # the target's inputs that are now tokens
+            ids = flat[starts[i]:starts[i] + keep] if not self.shares_target_kv else []
+            if req_id in new_token:
+                ids = ids + [new_token[req_id]]
+            token_ids.extend(ids)
+            query_lens.append(len(ids))
+            seq_lens.append(seq_len - query_len + keep + (req_id in new_token))
+        keep_rows = [i for i, n in enumerate(query_lens) if n]
+        if not keep_rows:
+            return torch.empty(0), []
+        query_lens = [query_lens[i] for i in keep_rows]
+        seq_lens = [seq_lens[i] for i in keep_rows]
+        positions = np.concatenate([np.arange(s - q, s) for q, s in zip(query_lens, seq_lens)])
+        hidden = self._forward(token_ids, positions.tolist(), query_lens, seq_lens, rows[keep_rows],
+                               step.batch.block_tables)
+        # Each sampled request's last row, and its context length after it.
+        ends = np.cumsum(query_lens) - 1
+        at = {req_ids[i]: j for j, i in enumerate(keep_rows)}
+        last = torch.tensor([int(ends[at[r]]) for r in inputs.sampled_req_ids], dtype=torch.long, device=hidden.device)
+        return hidden[last], [seq_lens[at[r]] for r in inputs.sampled_req_ids]
+
+    def _forward(self, token_ids: list[int], positions: list[int], query_lens: list[int], seq_lens: list[int],
+                 rows: np.ndarray, block_tables: list[np.ndarray]) -> torch.Tensor:
+        """The draft's hidden states for a flat batch of the input batch's ``rows``, writing its KV as it goes.
+
+        ``block_tables`` are the input batch's, one per pool group.
+        """
+        device = self.context.device
+        metadata = self._attention_metadata(query_lens, seq_lens, rows, block_tables)
+        return self.model(torch.tensor(token_ids, device=device), torch.tensor(positions, device=device),
+                          [layer.cache for layer in self.layers], metadata)
+
+    def _attention_metadata(self, query_lens: list[int], seq_lens: list[int], rows: np.ndarray,
+                            batch_tables: list[np.ndarray]) -> StepAttentionMetadata:
+        block_size = self.context.block_size
+        max_blocks = -(-max(seq_lens) // block_size)
+        built: dict[tuple[int, int], object] = {}
+        for layer in self.layers:
+            key = (layer.group, layer.slot)
+            if key not in built:
+                table = batch_tables[layer.group][rows, :max_blocks].astype(np.int64) * layer.pack + layer.slot
+                common: AttentionMetadata = build_common_metadata(query_lens, seq_lens, table, block_size,
+                                                                  self.context.device)
+                built[key] = self.context.attn_backend.build_metadata(common)
+        return StepAttentionMetadata([built[(layer.group, layer.slot)] for layer in self.layers], max(seq_lens))
+
+    def remove(self, req_id: str) -> None:
+        """Nothing per request: the draft's KV is the pool's, freed with the request's blocks."""
+
+
+def _load_draft(config: SpeculativeConfig, context: ProposerContext) -> tuple[torch.nn.Module, ModelArchConfig]:
+    folder = resolve_model(config.model)
+    arch = ModelArchConfig.from_hf_config(load_config(folder))
+    if arch.vocab_size != context.model_arch.vocab_size:
+        raise ValueError(f"draft model {config.model!r} has a vocabulary of {arch.vocab_size} tokens, the target "
+                         f"{context.model_arch.vocab_size}: a draft must share the target's tokenizer")
+    quantization = resolve_quantization(config.quantization, context.device, gguf_source(folder) is not None)
+    model = load_model(folder, arch, context.attn_backend, context.device, context.dtype, quantization,
+                       context.quantization_group_size)
+    return model, arch

@@ -1,0 +1,53 @@
+"""TP, PP and TP x PP engines give the greedy tokens of the single-process engine, in float32, on every family."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import greedy_tokens
+from jido import LLM
+from tiny_families import FAMILIES
+
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_tensor_parallel_2_gives_the_single_process_tokens(arch, family_folder, single_process_tokens):
+    llm = LLM(str(family_folder(arch)), dtype="float32", kv_cache_memory="4MiB", tensor_parallel_size=2)
+    try:
+        assert greedy_tokens(llm) == single_process_tokens(arch)
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_pipeline_parallel_2_gives_the_single_process_tokens(arch, family_folder, single_process_tokens):
+    llm = LLM(str(family_folder(arch)), dtype="float32", kv_cache_memory="4MiB", pipeline_parallel_size=2)
+    try:
+        assert greedy_tokens(llm) == single_process_tokens(arch)
+    finally:
+        llm.shutdown()
+
+
+def test_tensor_2_by_pipeline_2_gives_the_single_process_tokens(family_folder, single_process_tokens):
+    # Four ranks on two cores, one thread each: slow per step, so the shortest run that crosses stages and heads.
+    llm = LLM(str(family_folder("gemma3")), dtype="float32", kv_cache_memory="4MiB", tensor_parallel_size=2,
+              pipeline_parallel_size=2)
+    try:
+        assert greedy_tokens(llm) == single_process_tokens("gemma3")
+        stats = llm.collective_rpc("parallel_stats")
+        assert [s["num_steps"] for s in stats] == [stats[0]["num_steps"]] * 4  # every rank ran every step
+    finally:
+        llm.shutdown()
+
+
+def test_each_tensor_parallel_rank_holds_half_the_heads_and_the_kv_head_replicated(family_folder):
+    llm = LLM(str(family_folder("gemma3")), dtype="float32", kv_cache_memory="4MiB", tensor_parallel_size=2)
+    try:
+        heads = llm.collective_rpc(_attention_heads)
+        assert heads == [(2, 1, 48), (2, 1, 48)]  # of 4 query heads, 1 KV head (replicated), MLP 96 wide
+    finally:
+        llm.shutdown()
+
+
+def _attention_heads(worker) -> tuple[int, int, int]:
+    layer = worker.runner.model.model.layers[0]
+    return layer.self_attn.spec.num_heads, layer.self_attn.spec.num_kv_heads, layer.mlp.down_proj.weight.shape[1]
