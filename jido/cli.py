@@ -1,4 +1,4 @@
-"""The ``jido`` command: generate, serve, eval, models, bench, router, roofline, plan and doctor."""
+"""The ``jido`` command: generate, serve, eval, models, bench, router, roofline, ablate, plan and doctor."""
 from __future__ import annotations
 
 import argparse
@@ -186,13 +186,15 @@ def _engine_kwargs(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict
 
 
 # Subcommands with parsers of their own: "module:function" taking the remaining argv, imported lazily so
-# that `jido plan` and `jido bench` never load torch.
+# that `jido plan`, `jido bench` and `jido ablate` never load torch.
 _DELEGATES = {
     "plan": ("jido.planner.cli:plan_main", "plan a heterogeneous prefill/decode deployment"),
     "doctor": ("jido.planner.cli:doctor_main", "name the bottleneck from a bench result or /metrics"),
     "bench": ("jido.bench.cli:bench_main", "load-test any OpenAI-compatible server"),
     "router": ("jido.router.cli:router_main", "route requests over prefill/decode or data-parallel instances"),
     "roofline": ("jido.tools.roofline:roofline_main", "this machine's limits for the model, next to jido's figures"),
+    "ablate": ("jido.tools.ablate.cli:ablate_main", "which serving techniques pay on a workload, each on its own "
+                                                     "server"),
 }
 
 

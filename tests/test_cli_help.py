@@ -11,9 +11,12 @@ from jido.bench.config import DATASETS, BenchConfig
 from jido.cli import build_parser
 from jido.config import DTYPES, FLAT_CONFIGS
 from jido.config.parallel import EXECUTOR_BACKENDS
+from jido.config.scheduler import SCHEDULING_MODES
 from jido.core.sampling_params import SamplingParams
 from jido.planner.cli import doctor_parser, plan_parser
 from jido.server.config import ServerConfig
+from jido.tools.ablate.cli import build_parser as ablate_parser
+from jido.tools.ablate.config import AblateConfig
 from jido.tools.perplexity import PerplexityConfig
 from jido.tools.roofline import RooflineConfig
 from jido.tools.roofline import build_parser as roofline_parser
@@ -24,16 +27,16 @@ def _subparsers() -> dict[str, argparse.ArgumentParser]:
     main = build_parser()
     sub = next(a for a in main._actions if isinstance(a, argparse._SubParsersAction))
     tasks = next(a for a in sub.choices["eval"]._actions if isinstance(a, argparse._SubParsersAction))
-    # bench, roofline, plan and doctor hand their argv to parsers of their own.
+    # bench, roofline, ablate, plan and doctor hand their argv to parsers of their own.
     return {"jido": main, "generate": sub.choices["generate"], "serve": sub.choices["serve"],
-            "eval perplexity": tasks.choices["perplexity"],
-            "bench": bench_parser(), "roofline": roofline_parser(), "plan": plan_parser(), "doctor": doctor_parser()}
+            "eval perplexity": tasks.choices["perplexity"], "bench": bench_parser(), "roofline": roofline_parser(),
+            "ablate": ablate_parser(), "plan": plan_parser(), "doctor": doctor_parser()}
 
 
 PARSERS = _subparsers()
 GENERATED = {"generate": (*FLAT_CONFIGS, SamplingParams), "serve": (*FLAT_CONFIGS, ServerConfig),
              "eval perplexity": (*FLAT_CONFIGS, PerplexityConfig),
-             "bench": (BenchConfig,), "roofline": (RooflineConfig,)}
+             "bench": (BenchConfig,), "roofline": (RooflineConfig,), "ablate": (AblateConfig, BenchConfig)}
 
 
 def _options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -46,7 +49,7 @@ def test_every_option_of_every_subcommand_has_a_description(name):
         assert action.help and action.help.strip(), f"jido {name} {action.option_strings[0]} has no help"
 
 
-@pytest.mark.parametrize("name", ["jido", "generate", "serve", "eval perplexity", "bench", "roofline"])
+@pytest.mark.parametrize("name", ["jido", "generate", "serve", "eval perplexity", "bench", "roofline", "ablate"])
 def test_every_option_of_the_engine_commands_states_its_default(name):
     for action in _options(PARSERS[name]):
         assert "default" in action.help, f"jido {name} {action.option_strings[0]}: {action.help!r}"
@@ -77,6 +80,7 @@ def _shown(value: object) -> str:
     ("generate", "--dtype", DTYPES), ("serve", "--dtype", DTYPES), ("eval perplexity", "--dtype", DTYPES),
     ("roofline", "--dtype", DTYPES),
     ("serve", "--distributed-executor-backend", EXECUTOR_BACKENDS), ("bench", "--dataset-name", DATASETS),
+    ("serve", "--scheduling-mode", SCHEDULING_MODES), ("ablate", "--dataset-name", DATASETS),
     ("jido", "--log-level", ("DEBUG", "INFO", "WARNING", "ERROR"))])
 def test_flags_with_a_fixed_set_of_values_list_them_in_help_and_refuse_others(name, flag, choices, capsys):
     parser = PARSERS[name]

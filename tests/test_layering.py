@@ -32,14 +32,18 @@ ALLOWED_SAME_LAYER: set[tuple[str, str]] = {
     ("jido.kvtransfer", "jido.offload"),  # the offload connector keeps blocks in the offload stores
     ("jido.cli", "jido.server"),  # the `jido` command: serve,
     ("jido.cli", "jido.bench"),  # bench,
-    ("jido.cli", "jido.router"),  # router,
-    ("jido.cli", "jido.tools"),  # roofline (delegates named by "module:function" strings)
+    ("jido.cli", "jido.router"),  # router
+    ("jido.cli", "jido.tools"),  # roofline, ablate (delegates named by "module:function" strings)
+    ("jido.tools", "jido.bench"),  # ablate drives servers through the load generator, over HTTP only
 }
 # Packages that must stay free of heavy or transport dependencies whatever their layer allows.
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "jido.core": ("torch", "fastapi", "uvicorn", "aiohttp", "httpx", "zmq", "redis", "requests"),
     "jido.planner": ("torch",),
     "jido.bench": ("torch", "jido.engine", "jido.core", "jido.models", "jido.runner", "jido.executor"),
+    # ablate starts `jido serve` processes and measures them from outside, as a user would.
+    "jido.tools.ablate": ("torch", "jido.engine", "jido.core", "jido.models", "jido.runner", "jido.executor",
+                          "jido.server"),
     # HTTP only: the router talks to instances, never runs an engine (KV formats: jido.kvtransfer.handoff)
     "jido.router": ("torch", "zmq", "jido.engine", "jido.core", "jido.models", "jido.runner", "jido.executor",
                     "jido.server", "jido.kvtransfer.disagg_worker", "jido.kvtransfer.endpoint"),

@@ -22,16 +22,22 @@ WORDS_NOTE = (" and punctuation marks, not model tokens: the server has no /toke
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jido bench", description=(
         "Load-test any OpenAI-compatible server; flags and result keys follow `vllm bench serve`."))
-    add_dataclass_arguments(parser, BenchConfig, skip=("goodput",))
+    add_bench_arguments(parser)
+    return parser
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """BenchConfig's flags (but ``skip``), SLOs spelled either way."""
+    add_dataclass_arguments(parser, BenchConfig, skip=(*skip, "goodput"))
     # vLLM spells SLOs as `--goodput ttft:500 tpot:50`; `--slo ttft=500,tpot=50` is the same thing.
     parser.add_argument("--goodput", "--slo", dest="goodput", nargs="+", metavar="KEY=MS",
                         help="SLOs in ms for goodput, keys ttft, tpot, e2el: ttft=500,tpot=50 or ttft:500 tpot:50 "
                              "(default: none, no goodput)")
-    return parser
 
 
-def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    kwargs = dataclass_kwargs(args, BenchConfig)
+def config_from_args(args: argparse.Namespace, skip: tuple[str, ...] = ()) -> BenchConfig:
+    """The BenchConfig of the flags :func:`add_bench_arguments` added; ``skip``'s fields keep their defaults."""
+    kwargs = dataclass_kwargs(args, BenchConfig, skip=skip)
     if kwargs.get("goodput"):
         kwargs["goodput"] = " ".join(kwargs["goodput"])
     return BenchConfig(**kwargs)

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 
-def _pyplot():
-    # matplotlib is optional and slow to import: only plotting pays for it.
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (files only), imported on first use: it is slow to import."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -18,7 +18,7 @@ def _pyplot():
 
 def plot_cdfs(result: dict[str, Any], path: Path) -> Path:
     """TTFT, TPOT, ITL and E2E latency CDFs of one run, side by side."""
-    plt = _pyplot()
+    plt = pyplot()
     ok = [not e for e in result["errors"]]
     series = {"TTFT": _ms(result["ttfts"], ok), "TPOT": _ms(result["tpots"], ok),
               "ITL": [g * 1000 for gaps, good in zip(result["itls"], ok) if good for g in gaps],
@@ -31,7 +31,7 @@ def plot_cdfs(result: dict[str, Any], path: Path) -> Path:
         ax.grid(alpha=0.3)
     fig.suptitle(f"{result['model_id']}  {result['dataset_name']}  concurrency={result['max_concurrency']}  "
                  f"rate={result['request_rate']}", fontsize=9)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 def _ms(values: Sequence[float | None], ok: Sequence[bool]) -> list[float]:
@@ -40,7 +40,7 @@ def _ms(values: Sequence[float | None], ok: Sequence[bool]) -> list[float]:
 
 def plot_sweep(results: Sequence[dict[str, Any]], key: str, path: Path) -> Path:
     """Output throughput and p99 TTFT against the swept load (max_concurrency or request_rate)."""
-    plt = _pyplot()
+    plt = pyplot()
     loads = [r[key] if r[key] != "inf" else float("nan") for r in results]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
     left.plot(loads, [r["output_throughput"] for r in results], marker="o")
@@ -49,10 +49,11 @@ def plot_sweep(results: Sequence[dict[str, Any]], key: str, path: Path) -> Path:
     right.set(title="p99 TTFT", xlabel=key, ylabel="ms")
     for ax in (left, right):
         ax.grid(alpha=0.3)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
-def _save(plt: Any, fig: Any, path: Path) -> Path:
+def save_figure(plt: Any, fig: Any, path: Path) -> Path:
+    """Lay out, write the PNG (its folder made if missing), close the figure; returns ``path``."""
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -17,6 +17,7 @@ _SERVER_ROWS = (("server_mean_queue_time_ms", "Mean queue time (ms)"),
                 ("server_mean_kv_cache_usage", "Mean KV cache usage"),
                 ("server_max_kv_cache_usage", "Max KV cache usage"),
                 ("server_prefix_cache_hit_rate", "Prefix cache hit rate"),
+                ("server_mean_batch_size", "Mean batch size (requests/step)"),
                 ("server_num_preemptions", "Preemptions"))
 _SPEC_ROWS = (("server_spec_decode_acceptance_rate", "Spec decode acceptance rate"),
               ("server_spec_decode_mean_acceptance_length", "Mean acceptance length"))

@@ -37,8 +37,12 @@ def arrival_offsets(num: int, rate: float, burstiness: float, seed: int) -> np.n
     return np.concatenate([[0.0], np.cumsum(gaps[:-1])])
 
 
-async def run_benchmark(config: BenchConfig, requests: Sequence[SampleRequest]) -> dict[str, Any]:
-    """Send every request to the server under the config's load; return the result dict to print and save."""
+async def run_benchmark(config: BenchConfig, requests: Sequence[SampleRequest],
+                        label: str | None = None) -> dict[str, Any]:
+    """Send every request to the server under the config's load; return the result dict to print and save.
+
+    ``label`` names the run on its progress bar (default: its load).
+    """
     base = config.base_url.rstrip("/")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=config.request_timeout_s),
                                      connector=aiohttp.TCPConnector(limit=config.max_concurrency or 0),
@@ -49,7 +53,7 @@ async def run_benchmark(config: BenchConfig, requests: Sequence[SampleRequest]) 
         before = await scrape(session, f"{base}/metrics")
         sampler = GaugeSampler(session, f"{base}/metrics")
         sampling = asyncio.create_task(sampler.run()) if before is not None else None
-        outcomes, duration = await _drive(session, config, model, requests)
+        outcomes, duration = await _drive(session, config, model, requests, label or _load_label(config))
         sampler.stop()
         if sampling is not None:
             await sampling
@@ -90,10 +94,10 @@ async def _warm_up(session: aiohttp.ClientSession, config: BenchConfig, model: s
 
 
 async def _drive(session: aiohttp.ClientSession, config: BenchConfig, model: str,
-                 requests: Sequence[SampleRequest]) -> tuple[list[RequestOutcome], float]:
+                 requests: Sequence[SampleRequest], label: str) -> tuple[list[RequestOutcome], float]:
     url = config.base_url.rstrip("/") + config.endpoint
     limit = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
-    bar = ProgressBar(len(requests), label=_load_label(config), disable=config.disable_tqdm)
+    bar = ProgressBar(len(requests), label=label, disable=config.disable_tqdm)
 
     async def one(request: SampleRequest) -> RequestOutcome:
         async with limit or contextlib.nullcontext():

@@ -19,6 +19,7 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 # that is allocated and freed within one step (a long prompt with one output token).
 KV_USAGE_PEAK = "jido:kv_cache_usage_perc_max"
 WAITING, RUNNING = "vllm:num_requests_waiting", "vllm:num_requests_running"
+BATCH_SIZE = "jido:step_num_requests"  # requests per engine step that computed any
 # jido's KV offload tiers, one series per tier label (docs/kv_cache.md).
 OFFLOAD = "jido:kv_offload_"
 OFFLOAD_COUNTERS = ("hits", "misses", "stored_bytes", "loaded_blocks", "loaded_bytes", "load_seconds", "errors")
@@ -73,6 +74,8 @@ def run_metrics(before: Metrics | None, after: Metrics | None, samples: list[Met
     hits, queries = _delta(before, after, PREFIX_HITS), _delta(before, after, PREFIX_QUERIES)
     result["server_prefix_cache_hit_rate"] = hits / queries if hits is not None and queries else None
     result["server_num_preemptions"] = _delta(before, after, PREEMPTIONS)
+    reqs, steps = _delta(before, after, f"{BATCH_SIZE}_sum"), _delta(before, after, f"{BATCH_SIZE}_count")
+    result["server_mean_batch_size"] = reqs / steps if reqs is not None and steps else None
     result.update(spec_decode_metrics(before, after))
     for key, names in (("kv_cache_usage", KV_USAGE), ("num_requests_waiting", (WAITING,)),
                        ("num_requests_running", (RUNNING,))):

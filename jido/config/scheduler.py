@@ -1,6 +1,7 @@
-"""SchedulerConfig: how many requests and tokens one step may carry."""
+"""SchedulerConfig: how many requests and tokens one step may carry, and when waiting requests join."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -8,11 +9,13 @@ from jido.config.size import check_positive_int
 
 SchedulingPolicy = Literal["fcfs", "lpm", "priority"]
 PreemptionMode = Literal["recompute", "swap"]
+SchedulingMode = Literal["continuous", "dynamic", "static"]
+SCHEDULING_MODES: tuple[str, ...] = get_args(SchedulingMode)
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """How much one engine step may carry."""
+    """How much one engine step may carry, and when waiting requests join the running batch."""
 
     max_num_seqs: int = 128
     """Requests running at once (one step computes a token or a prompt chunk for each)."""
@@ -26,6 +29,15 @@ class SchedulerConfig:
     """What a request preempted for lack of blocks loses: recompute (its blocks go back to the cache; what was
     evicted meanwhile is recomputed) or swap (its blocks are copied to a CPU tier and loaded back: kv_offload's
     cpu tier, or a 4 GiB one when kv_offload is unset)."""
+    enable_chunked_prefill: bool = True
+    """Split a prompt longer than the step's token budget across steps; off, every prompt is computed whole in
+    one step, so max_model_len is capped at max_num_batched_tokens."""
+    scheduling_mode: SchedulingMode = "continuous"
+    """When waiting requests join: continuous (whenever a slot is free, every step), dynamic (a batch forms once
+    max_num_seqs requests wait or the oldest has waited max_batch_wait_ms, and runs to completion before the
+    next forms), static (the requests waiting when the last batch ended, up to max_num_seqs, run to completion)."""
+    max_batch_wait_ms: float = 100.0
+    """dynamic: how long the oldest waiting request waits for its batch to fill before it runs part-full."""
 
     def __post_init__(self) -> None:
         if self.preemption_mode not in get_args(PreemptionMode):
@@ -36,3 +48,9 @@ class SchedulerConfig:
                              f"got {self.scheduling_policy!r}")
         check_positive_int("max_num_seqs", self.max_num_seqs)
         check_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.scheduling_mode not in SCHEDULING_MODES:
+            raise ValueError(f"scheduling_mode must be one of {', '.join(SCHEDULING_MODES)}, "
+                             f"got {self.scheduling_mode!r}")
+        wait = self.max_batch_wait_ms
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait < math.inf:
+            raise ValueError(f"max_batch_wait_ms must be a finite number of milliseconds >= 0, got {wait!r}")

@@ -1,10 +1,11 @@
-"""Scheduler: continuous batching with chunked prefill, prefix-cache hits and preemption."""
+"""Scheduler: batching (continuous, dynamic or static) with chunked prefill, prefix-cache hits and preemption."""
 from __future__ import annotations
 
 import time
 from collections import deque
 from dataclasses import dataclass
 
+from jido.core.batching_mode import make_batching_mode
 from jido.core.block_pool import KVCacheBlock
 from jido.core.kv_cache_manager import KVCacheManager
 from jido.core.kv_connector import KVConnectorScheduler
@@ -24,6 +25,9 @@ class SchedulerLimits:
     max_model_len: int
     num_lookahead_tokens: int = 0  # slots kept free after each running request for next step's proposals
     policy: str = "fcfs"  # fcfs | lpm | priority (jido.core.scheduling_policy)
+    enable_chunked_prefill: bool = True  # off: a prompt is admitted only when it fits the budget whole
+    scheduling_mode: str = "continuous"  # continuous | dynamic | static (jido.core.batching_mode)
+    max_batch_wait_s: float = 0.1  # dynamic: how long a batch waits to fill
 
 
 class Scheduler:
@@ -31,10 +35,11 @@ class Scheduler:
 
     Each step first serves running requests (decodes before prefill chunks), preempting the newest
     running request when blocks run out, then admits waiting requests in arrival order while the token
-    budget, ``max_num_seqs`` and free blocks allow. Prompts longer than the budget are prefilled in chunks.
-    With a KV connector, a waiting request whose prefix the connector holds beyond the device's cache
-    first waits for it to be loaded (``ExternalKVLoads``), outside the step; and a finished request whose KV
-    the connector hands to another instance keeps its blocks (``held``) until the workers let them go.
+    budget, ``max_num_seqs``, free blocks and the batching mode allow. Prompts longer than the budget are
+    prefilled in chunks. With a KV connector, a waiting request whose prefix the connector holds beyond the
+    device's cache first waits for it to be loaded (``ExternalKVLoads``), outside the step; and a finished
+    request whose KV the connector hands to another instance keeps its blocks (``held``) until the workers
+    let them go.
     """
 
     def __init__(self, limits: SchedulerLimits, kv_cache_manager: KVCacheManager,
@@ -46,6 +51,7 @@ class Scheduler:
         self.pins = PinnedPrefixes(kv_cache_manager)
         if connector is not None:
             kv_cache_manager.set_release_listener(lambda block: connector.on_blocks_released([block]))
+        self.batching = make_batching_mode(limits.scheduling_mode, limits.max_num_seqs, limits.max_batch_wait_s)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -83,7 +89,9 @@ class Scheduler:
         return SchedulerStats(len(self.running), len(self.waiting) + len(self.loads or ()), self.kv_cache_usage,
                               self.kv.prefix_cache_queries, self.kv.prefix_cache_hits, self.num_preemptions,
                               self.connector.stats() if self.connector is not None else (), self.pins.stats(),
-                              self.spec_decoding_stats)
+                              self.spec_decoding_stats,
+                              admission_wait_s=self.batching.wait_s(len(self.running), self.waiting,
+                                                                    time.monotonic()))
 
     def take_queue_times(self) -> tuple[float, ...]:
         """Queue times of the requests first scheduled since the last call."""
@@ -136,7 +144,8 @@ class Scheduler:
     def _schedule_waiting(self, num_scheduled: dict[str, int], new_block_ids: dict[str, list[list[int]]],
                           budget: int) -> None:
         self.waiting = order_waiting(self.waiting, self.limits.policy, self._cached_len)
-        while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs:
+        num_admissible = self.batching.num_admissible(len(self.running), self.waiting, time.monotonic())
+        while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs and num_admissible > 0:
             request = self.waiting[0]
             if self.kv.has_blocks(request.request_id):  # back from an external load: its blocks are attached
                 hits, num_hit_tokens = None, request.num_computed_tokens
@@ -149,12 +158,16 @@ class Scheduler:
                     if started:
                         self.waiting.popleft()
                         continue
+            if not self.limits.enable_chunked_prefill and request.num_tokens - num_hit_tokens > budget:
+                break
             num_new = min(request.num_tokens - num_hit_tokens, budget)
             blocks = self.kv.allocate_slots(request, num_new, hits, self.limits.num_lookahead_tokens)
             if blocks is None:
                 break
             self.waiting.popleft()
             self.running.append(request)
+            self.batching.admitted()
+            num_admissible -= 1
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit_tokens
             if request.num_cached_tokens < 0:
@@ -289,6 +302,7 @@ class Scheduler:
         request.num_preemptions += 1
         request.spec_token_ids = []
         self.num_preemptions += 1
+        self.batching.preempted()
         self._preempted_this_step = True
         self._forget_in_runner(request.request_id)
         self.waiting.appendleft(request)

@@ -255,19 +255,27 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             # Held and loading KV keep the loop stepping: their ends arrive in the steps' reports.
-            while self._take_commands(block=not self.engine.has_engine_work()):
-                if self.engine.has_engine_work():
+            while self._take_commands(self._idle_wait_s()):
+                if self._idle_wait_s() == 0:
                     self._step()
                 else:
-                    self._report([], None)  # idle: publish the state an abort just left
+                    self._report([], None)  # idle, or a batch filling: publish the state the commands left
         except Exception as exc:  # noqa: BLE001 - every request must hear that the loop died
             logger.exception("engine loop failed")
             self._call(self._fail_all, exc)
 
-    def _take_commands(self, block: bool) -> bool:
-        """Apply queued adds and aborts; False once told to stop."""
+    def _idle_wait_s(self) -> float | None:
+        """How long to wait for a command before the next step: forever when idle, for the batch to fill while
+        the scheduler's batching mode holds waiting requests back, else not at all."""
+        if not self.engine.has_engine_work():
+            return None
+        return self.engine.get_scheduler_stats().admission_wait_s
+
+    def _take_commands(self, wait_s: float | None) -> bool:
+        """Apply queued adds and aborts, waiting up to ``wait_s`` (None: forever) for the first; False once told
+        to stop."""
         try:
-            command = self._inbox.get(block=block)
+            command = self._inbox.get(block=wait_s != 0, timeout=wait_s)
         except queue.Empty:
             return True
         while True:

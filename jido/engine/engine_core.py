@@ -38,14 +38,21 @@ def plan_kv_cache(config: EngineConfig, kv_cache_config: KVCacheConfig, model_ma
 
     A sliding-window group holds about its window per decoding request, but while a request prefills a
     chunk it holds the window plus the chunk. ``max_model_len`` is the longest request whose peak fits
-    the pool alone; the concurrency figure keeps one such prefill's extra blocks aside, not one per request.
+    the pool alone (and, without chunked prefill, one step's token budget); the concurrency figure keeps one
+    such prefill's extra blocks aside, not one per request.
     """
     budget = config.scheduler_config.max_num_batched_tokens
     capacity = _max_request_len(kv_cache_config, budget, model_max_len)
     requested = config.model_config.max_model_len
+    # NOTE: without chunked prefill a whole prompt, or a preempted request's whole recompute, is one step.
+    whole_prompts = not config.scheduler_config.enable_chunked_prefill
     if requested is not None:
         if requested > model_max_len:
             raise ValueError(f"max_model_len={requested} exceeds the model's limit of {model_max_len}")
+        if whole_prompts and requested > budget:
+            raise ValueError(f"max_model_len={requested} exceeds max_num_batched_tokens={budget}: with "
+                             "enable_chunked_prefill off a request is computed in one step; raise "
+                             "max_num_batched_tokens or turn chunked prefill on")
         if requested > capacity:
             raise ValueError(f"max_model_len={requested} does not fit in the KV cache ({capacity} tokens in "
                              f"{config.cache_config.kv_cache_memory!r}, {kv_cache_config.block_bytes} bytes per "
@@ -57,7 +64,7 @@ def plan_kv_cache(config: EngineConfig, kv_cache_config: KVCacheConfig, model_ma
                          f"blocks of {kv_cache_config.block_bytes} bytes; even a {kv_cache_config.block_size}-token "
                          f"request needs {need}: raise kv_cache_memory")
     else:
-        max_model_len = capacity
+        max_model_len = min(capacity, budget) if whole_prompts else capacity
     steady = blocks_per_request(kv_cache_config, max_model_len)
     reserve = peak_blocks_per_request(kv_cache_config, max_model_len, budget) - steady
     concurrency = (kv_cache_config.num_blocks - reserve) / steady
@@ -118,7 +125,9 @@ class EngineCore:
         # Room after each running request for the proposals the runner may hand back.
         lookahead = 0 if spec is None else spec.max_num_speculative_tokens
         limits = SchedulerLimits(sched.max_num_seqs, sched.max_num_batched_tokens, self.kv_plan.max_model_len,
-                                 lookahead, policy=sched.scheduling_policy)
+                                 lookahead, policy=sched.scheduling_policy,
+                                 enable_chunked_prefill=sched.enable_chunked_prefill,
+                                 scheduling_mode=sched.scheduling_mode, max_batch_wait_s=sched.max_batch_wait_ms / 1000)
         self.scheduler = Scheduler(limits, kv_manager, connector)
 
     def _initialize_kv_cache(self, model_arch: ModelArchConfig) -> KVCachePlan:
@@ -200,7 +209,8 @@ class EngineCore:
         stats = IterationStats(
             schedule_s=scheduled - start, prepare_s=runner_output.prepare_time_s, model_s=runner_output.model_time_s,
             sample_s=runner_output.sample_time_s, update_s=time.perf_counter() - ran,
-            num_tokens=scheduler_output.total_num_scheduled_tokens, queue_times_s=self.scheduler.take_queue_times(),
+            num_tokens=scheduler_output.total_num_scheduled_tokens,
+            num_reqs=len(scheduler_output.num_scheduled_tokens), queue_times_s=self.scheduler.take_queue_times(),
             kv_cache_usage_peak=kv_cache_usage_peak, propose_s=runner_output.propose_time_s,
             expert_load=tuple(runner_output.expert_load))
         return EngineCoreOutputs(outputs, self.scheduler.stats(), stats)

@@ -256,7 +256,13 @@ class LLMEngine:
         cumulative output).
 
         The step's records (queue times, where the time went) are kept in ``last_iteration_stats``.
+        While dynamic batching holds waiting requests back for its batch to fill and nothing runs, the step
+        first sleeps until it would form the batch: no request can arrive meanwhile from the caller's thread.
+        (``AsyncEngine`` waits for arrivals instead, and steps once the scheduler would admit.)
         """
+        wait_s = self.core.get_scheduler_stats().admission_wait_s
+        if wait_s > 0:
+            time.sleep(wait_s)
         now = time.monotonic()
         touched: dict[str, _Parent] = {}
         core_outputs = self.core.step()

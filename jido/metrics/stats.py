@@ -43,6 +43,9 @@ class SchedulerStats:
     kv_connector: tuple = ()  # the KV connector's cumulative records (KVTierStats per offload tier)
     pinned: tuple = ()  # PinnedPrefixStats per pinned prefix (cache-augmented generation)
     spec_decoding: SpecDecodingStats = field(default_factory=SpecDecodingStats)  # cumulative
+    # Seconds the batching mode holds waiting requests back while nothing runs (dynamic batching waiting for its
+    # batch to fill), unless more arrive; 0 when a step would admit them.
+    admission_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ class IterationStats:
     # KV usage once the step's blocks were allocated, before finished requests freed theirs: the step's peak,
     # which SchedulerStats (taken after the step) misses for a request that finishes within it.
     kv_cache_usage_peak: float = 0.0
+    num_reqs: int = 0  # requests the step computed tokens for: the batch size
     expert_load: tuple[int, ...] = ()  # (token, expert) pairs per expert-parallel rank (MoE models)
     propose_s: float = 0.0  # speculative decoding: proposing the next step's tokens (a draft model's passes)
 
@@ -95,8 +99,9 @@ def merge_scheduler_stats(stats: Sequence[SchedulerStats]) -> SchedulerStats:
     are equal), the connector's records (offload tiers, transfers) summed by what they name, every replica's
     pinned prefixes listed."""
     summed = {f.name: sum(getattr(s, f.name) for s in stats) for f in dataclasses.fields(SchedulerStats)
-              if f.name not in ("kv_connector", "pinned", "spec_decoding")}
+              if f.name not in ("kv_connector", "pinned", "spec_decoding", "admission_wait_s")}
     summed["kv_cache_usage"] /= max(len(stats), 1)
+    summed["admission_wait_s"] = max((s.admission_wait_s for s in stats), default=0.0)
     summed["spec_decoding"] = _merge_spec(s.spec_decoding for s in stats)
     groups: dict[tuple, list] = {}
     for record in (r for s in stats for r in s.kv_connector):

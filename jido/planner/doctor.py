@@ -43,10 +43,22 @@ class Observations:
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
 
+# jido bench's keys for what the server's /metrics said over the run, by the observation each one gives.
+_BENCH_SERVER_KEYS = {"mean_queue_time_ms": "server_mean_queue_time_ms", "kv_cache_usage": "server_max_kv_cache_usage",
+                      "num_preemptions": "server_num_preemptions",
+                      "prefix_cache_hit_rate": "server_prefix_cache_hit_rate",
+                      "num_requests_waiting": "server_mean_num_requests_waiting",
+                      "num_requests_running": "server_mean_num_requests_running"}
+
+
 def observations_from_bench(result: Mapping[str, Any]) -> Observations:
-    """Keys as in `vllm bench serve` / `jido bench` result JSON; unknown keys are ignored."""
+    """Keys as in `vllm bench serve` / `jido bench` result JSON (its ``server_*`` keys where the plain one is
+    missing: the KV usage is the run's peak); unknown keys are ignored."""
     names = {f.name for f in fields(Observations)}
-    values = {k: float(v) for k, v in result.items() if k in names and isinstance(v, (int, float))}
+    values = {k: float(v) for k, v in result.items() if k in names and _is_number(v)}
+    for name, key in _BENCH_SERVER_KEYS.items():
+        if name not in values and _is_number(result.get(key)):
+            values[name] = float(result[key])
     completed = result.get("completed")
     if "mean_input_len" not in values and completed and "total_input_tokens" in result:
         values["mean_input_len"] = result["total_input_tokens"] / completed
@@ -60,6 +72,10 @@ def observations_from_bench(result: Mapping[str, Any]) -> Observations:
     if values.get("kv_cache_usage", 0) > 1:  # given in percent
         values["kv_cache_usage"] /= 100
     return Observations(**values)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def observations_from_metrics(m: Metrics) -> Observations:

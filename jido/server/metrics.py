@@ -201,6 +201,9 @@ class ServerMetrics:
                               registry=None, buckets=_STEP_BUCKETS)
         self.step_time = {phase: step_time.labels(**labels, phase=phase) for phase in _PHASES}
         self.step_tokens = histogram("jido:step_tokens", "Tokens computed per engine step.", token_buckets)
+        self.step_reqs = histogram("jido:step_num_requests",
+                                   "Requests computed per engine step that computed any (the batch size).",
+                                   token_buckets)
         self.rejected = counters("jido:requests_rejected", "Requests refused before reaching the engine, by reason.",
                                  "reason", REJECT_REASONS)
         self.aborted = counter("jido:requests_aborted", "Requests abandoned before finishing (client gone).")
@@ -364,6 +367,8 @@ class ServerMetrics:
                                                 times.propose_s, times.update_s)):
                 self.step_time[phase].observe(seconds)
             self.step_tokens.observe(times.num_tokens)
+            if times.num_reqs:
+                self.step_reqs.observe(times.num_reqs)
             for rank, num_pairs in enumerate(times.expert_load):
                 self.expert_load[str(rank)].inc(num_pairs)
 

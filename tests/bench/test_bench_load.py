@@ -11,7 +11,8 @@ import aiohttp
 import numpy as np
 import pytest
 
-from fake_openai_server import KV_USAGE, PREFIX_HITS_PER_REQUEST, PREFIX_QUERIES_PER_REQUEST, QUEUE_SECONDS_PER_REQUEST
+from fake_openai_server import (KV_USAGE, PREFIX_HITS_PER_REQUEST, PREFIX_QUERIES_PER_REQUEST, QUEUE_SECONDS_PER_REQUEST,
+                               STEP_REQUESTS_PER_REQUEST, STEPS_PER_REQUEST)
 
 from jido.bench.cli import bench_main
 from jido.bench.client import MAX_RETRIES, SSEDecoder
@@ -133,6 +134,7 @@ def test_server_metrics_over_the_run_are_differences_of_the_counters(tmp_path, f
     assert result["server_prefix_cache_hit_rate"] == pytest.approx(PREFIX_HITS_PER_REQUEST / PREFIX_QUERIES_PER_REQUEST)
     assert result["server_mean_queue_time_ms"] == pytest.approx(QUEUE_SECONDS_PER_REQUEST * 1000)
     assert result["server_mean_kv_cache_usage"] == pytest.approx(KV_USAGE)
+    assert result["server_mean_batch_size"] == pytest.approx(STEP_REQUESTS_PER_REQUEST / STEPS_PER_REQUEST)
     # 5 requests of 3 drafts and 9 proposals, 6 accepted: vLLM's mean acceptance length 1 + 6 / 3.
     assert (result["server_spec_decode_num_drafts"], result["server_spec_decode_num_draft_tokens"],
             result["server_spec_decode_num_accepted_tokens"]) == (15, 45, 30)

@@ -77,6 +77,8 @@ def test_a_file_that_is_not_a_model_raises_value_error(tmp_path):
     ({"device": "tpu"}, "device must be 'cpu' or 'cuda"),
     ({"max_model_len": 10**6}, "exceeds the model's limit of 32768"),
     ({"kv_cache_memory": "1MiB", "max_model_len": 4096}, "does not fit in the KV cache"),
+    ({"enable_chunked_prefill": False, "max_model_len": 4096},
+     "max_model_len=4096 exceeds max_num_batched_tokens=2048: with enable_chunked_prefill off"),
     ({"kv_cache_memory": "64KiB", "dtype": "float32"}, "65536 bytes hold no KV block: one block takes 98304 bytes"),
     ({"kv_cache_memory": "64KiB", "dtype": "bfloat16"},
      "'64KiB' of KV cache holds 1 blocks of 49152 bytes; even a 16-token request needs 6: raise kv_cache_memory"),

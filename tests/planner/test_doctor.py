@@ -70,6 +70,16 @@ def test_bench_json_keys_and_derived_input_length():
     assert obs.mean_input_len == 2000 and obs.kv_cache_usage == 0.85 and obs.mean_ttft_ms == 100
 
 
+def test_jido_bench_server_keys_are_read_where_the_plain_keys_are_missing():
+    obs = observations_from_bench({"completed": 4, "server_mean_queue_time_ms": 1200.0,
+                                   "server_max_kv_cache_usage": 0.3, "server_mean_kv_cache_usage": 0.1,
+                                   "server_num_preemptions": 0, "server_prefix_cache_hit_rate": None,
+                                   "server_mean_num_requests_waiting": 2.5, "num_requests_running": 3})
+    assert (obs.mean_queue_time_ms, obs.kv_cache_usage, obs.num_preemptions, obs.prefix_cache_hit_rate,
+            obs.num_requests_waiting, obs.num_requests_running) == (1200.0, 0.3, 0.0, None, 2.5, 3.0)
+    assert diagnose(obs)[0].name == "batching-limit"  # queued while the KV cache peaked at 30%
+
+
 METRICS = """\
 # HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
 # TYPE vllm:time_to_first_token_seconds histogram

@@ -23,7 +23,7 @@ REQUEST = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
 STEP = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TOKENS_600 = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0)
 # What the hand-written exporter exported before prometheus_client (captured from it with max_model_len=600),
-# plus what was added since (the prepare phase, the KV peak, the prefill time):
+# plus what was added since (the prepare phase, the KV peak, the batch size, the prefill time):
 # family -> type, help, labels besides model_name with their values, histogram buckets.
 BEFORE = {
     "vllm:num_requests_running": ("gauge", "Sequences running in the engine.", {}, ()),
@@ -53,6 +53,8 @@ BEFORE = {
     "jido:step_time_seconds": ("histogram", "Engine step time by phase.",
                                {"phase": ("model", "prepare", "propose", "sample", "schedule", "update")}, STEP),
     "jido:step_tokens": ("histogram", "Tokens computed per engine step.", {}, TOKENS_600),
+    "jido:step_num_requests": ("histogram", "Requests computed per engine step that computed any (the batch size).",
+                               {}, TOKENS_600),
     "jido:requests_rejected": ("counter", "Requests refused before reaching the engine, by reason.",
                                {"reason": ("overload", "stopped")}, ()),
     "jido:requests_aborted": ("counter", "Requests abandoned before finishing (client gone).", {}, ()),
@@ -96,7 +98,7 @@ def _exercise(metrics: ServerMetrics) -> None:
     """Every recording path once: an engine step, a two-output request that finishes, a rejection, an abort."""
     stats = SchedulerStats(num_running=1, kv_cache_usage=0.5, prefix_cache_queries=7, prefix_cache_hits=3,
                            num_preemptions=1)
-    metrics.on_report(StepReport(IterationStats(0.001, 0.01, 0.001, 0.001, 7, (0.002,)), stats, 1), 0)
+    metrics.on_report(StepReport(IterationStats(0.001, 0.01, 0.001, 0.001, 7, (0.002,), num_reqs=2), stats, 1), 0)
     timer = RequestTimer()
     metrics.on_output(timer, RequestOutput("r", None, [1, 2, 3], [CompletionOutput(0, "a", [5], None, None, None)]))
     metrics.on_output(timer, RequestOutput("r", None, [1, 2, 3],
@@ -144,6 +146,7 @@ def test_recorded_values_read_back_through_the_exposition(metrics):
     assert rejected == {"overload": 1, "stopped": 0}
     assert parsed.total("vllm:request_queue_time_seconds_sum") == pytest.approx(0.002)
     assert parsed.total("jido:step_tokens_sum") == 7 and parsed.total("vllm:request_prompt_tokens_sum") == 3
+    assert parsed.total("jido:step_num_requests_sum") == 2 and parsed.total("jido:step_num_requests_count") == 1
     assert parsed.total("vllm:inter_token_latency_seconds_count") == 2  # two tokens arrived together
 
 

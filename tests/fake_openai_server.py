@@ -1,13 +1,15 @@
 """A fake OpenAI-compatible server on 127.0.0.1 that streams tokens on a schedule the prompt dictates."""
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
 import struct
 import threading
 import time
-from http.server import BaseHTTPRequestHandler
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 # Each completed request adds these to the fake server's vLLM-style counters.
 PREFIX_QUERIES_PER_REQUEST, PREFIX_HITS_PER_REQUEST = 100, 25
@@ -15,6 +17,7 @@ QUEUE_SECONDS_PER_REQUEST = 0.010
 # Speculative decoding per request: 3 drafts of 3 proposals, 6 accepted (3 at position 0, 2 at 1, 1 at 2).
 SPEC_ACCEPTED_PER_POS_PER_REQUEST = (3, 2, 1)
 KV_USAGE = 0.5
+STEP_REQUESTS_PER_REQUEST, STEPS_PER_REQUEST = 3, 2  # jido:step_num_requests: 1.5 requests per step
 
 
 class FakeState:
@@ -122,6 +125,8 @@ def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
                 f'vllm:request_queue_time_seconds_count{{model_name="fake-model"}} {n}',
                 f'vllm:kv_cache_usage_perc{{model_name="fake-model"}} {KV_USAGE}',
                 'vllm:num_requests_running{model_name="fake-model"} 1',
+                f'jido:step_num_requests_sum{{model_name="fake-model"}} {n * STEP_REQUESTS_PER_REQUEST}',
+                f'jido:step_num_requests_count{{model_name="fake-model"}} {n * STEPS_PER_REQUEST}',
                 f'vllm:spec_decode_num_drafts_total{{model_name="fake-model"}} {n * 3}',
                 f'vllm:spec_decode_num_draft_tokens_total{{model_name="fake-model"}} {n * 9}',
                 f'vllm:spec_decode_num_accepted_tokens_total{{model_name="fake-model"}} {n * 6}',
@@ -139,3 +144,17 @@ def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
     return Handler
+
+
+@contextlib.contextmanager
+def fake_server_running(state: FakeState) -> Iterator[str]:
+    """The fake server on a free loopback port: yields its base URL, shuts it down after."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(state))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
