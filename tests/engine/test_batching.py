@@ -51,7 +51,8 @@ def test_chunked_prefill_equals_whole_prefill(gemma_reference, alone):
 
 
 def test_without_chunked_prefill_every_prompt_is_computed_in_one_step_with_the_same_tokens(gemma_reference, alone):
-    whole = LLM(kv_cache_memory="160MiB", max_num_batched_tokens=768, enable_chunked_prefill=False, dtype="float32")
+    whole = LLM(kv_cache_memory="160MiB", max_num_batched_tokens=768, enable_chunked_prefill=False, dtype="float32",
+                quantization="none")
     assert whole.llm_engine.core.kv_plan.max_model_len == 768  # a request must fit one step's budget
     outputs = whole.generate(mixed_prompts(whole.get_tokenizer(), gemma_reference), GREEDY, use_tqdm=False)
     assert token_ids(outputs) == alone

@@ -29,7 +29,7 @@ VERIFY_NOISE_LOGIT_GAP = 0.02
 
 @pytest.fixture(scope="module")
 def spec_llm() -> LLM:
-    return LLM(kv_cache_memory="160MiB", dtype="float32", speculative_config=NGRAM)
+    return LLM(kv_cache_memory="160MiB", dtype="float32", quantization="none", speculative_config=NGRAM)
 
 
 def test_greedy_outputs_with_ngram_speculation_equal_the_plain_runs_on_every_fixture_prompt(llm, spec_llm,
