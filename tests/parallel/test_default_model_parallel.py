@@ -17,7 +17,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12)
 @pytest.fixture(scope="module", params=[{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}],
                 ids=["tp2", "pp2"])
 def parallel_llm(request):
-    llm = LLM(kv_cache_memory="64MiB", dtype="float32", **request.param)
+    llm = LLM(kv_cache_memory="64MiB", dtype="float32", quantization="none", **request.param)  # as the llm fixture
     yield llm
     llm.shutdown()
 
