@@ -11,13 +11,9 @@ import pytest
 for _folder in ("models", "server"):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / _folder))
 
-from jido import LLM, SamplingParams
+from jido import LLM
+from parallel_prompts import greedy_tokens
 from tiny_families import write_family_folder
-
-GREEDY = SamplingParams(temperature=0, max_tokens=8)
-# Prompts of different lengths, so one step mixes prefills and decodes and splits into micro-batches.
-PROMPTS = [[2, 5, 9, 17, 33, 64], [2, 40, 41], [2, 7, 7, 7, 7, 7, 7, 100, 101, 4], [2, 90]]
-
 
 @pytest.fixture(scope="session")
 def family_folder(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
@@ -29,10 +25,6 @@ def family_folder(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         return folders[arch]
 
     return folder
-
-
-def greedy_tokens(llm: LLM, prompts: list = PROMPTS, params: SamplingParams = GREEDY) -> list[list[int]]:
-    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
 @pytest.fixture(scope="session")

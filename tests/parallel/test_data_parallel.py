@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import GREEDY
+from parallel_prompts import GREEDY
 from jido import LLM
 from jido.config import EngineConfig
 from jido.core.routing import CacheAwareRouter, RoundRobinRouter

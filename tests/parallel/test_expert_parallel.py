@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import PROMPTS, greedy_tokens
+from parallel_prompts import PROMPTS, greedy_tokens
 from jido import LLM
 from jido.layers.moe import FusedMoE
 from server_harness import running_server

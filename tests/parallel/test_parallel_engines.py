@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import greedy_tokens
+from parallel_prompts import greedy_tokens
 from jido import LLM
 from tiny_families import FAMILIES
 

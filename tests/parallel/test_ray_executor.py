@@ -13,7 +13,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
-from conftest import GREEDY, PROMPTS  # noqa: E402
+from parallel_prompts import GREEDY, PROMPTS  # noqa: E402
 from jido import LLM  # noqa: E402
 from server_harness import running_server  # noqa: E402
 
