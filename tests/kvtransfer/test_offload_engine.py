@@ -113,8 +113,13 @@ def test_two_engines_sharing_redis_reuse_each_others_prefixes(tiny_model_folder,
     with redis_server(tmp_path) as redis:
         first = _offload_llm(tiny_model_folder, remote=redis.url)
         _run(first, _prompts())
-        first.shutdown()  # waits for its background writes
+        # The last step's released blocks are saved by the next (idle) step, and writes that end after a step
+        # are reported by the one after it: step, wait for the writes, step again.
+        first.llm_engine.step()
+        _flush_writes(first)
+        first.llm_engine.step()
         assert len(redis.client().keys("jido:kv:*")) == _tier(first, "remote").stored_blocks > 0
+        first.shutdown()
         second = _offload_llm(tiny_model_folder, remote=redis.url)
         tokens, cached = _run(second, _prompts()[:1])
         assert tokens == reference[:1] and cached == [28]  # a prompt only the first engine has seen
