@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,15 @@ class Executor(ABC):
     @abstractmethod
     def shutdown(self) -> None:
         """Stop the workers and release what they hold; safe to call twice."""
+
+    def _execute_on_every_rank(self, scheduler_output: SchedulerOutput, non_block: bool,
+                               pool: ThreadPoolExecutor) -> ModelRunnerOutput | Future[ModelRunnerOutput]:
+        """``execute_model`` for workers outside this process: every rank runs the step and the output rank's
+        output is returned, or a Future of it from ``pool`` (one thread, so steps stay in order)."""
+        rank = self.config.parallel_config.output_rank
+        if not non_block:
+            return self.collective_rpc("execute_model", (scheduler_output,))[rank]
+        return pool.submit(lambda: self.collective_rpc("execute_model", (scheduler_output,))[rank])
 
     def get_kv_cache_spec(self) -> dict[int, KVCacheSpec]:
         """Per attention layer, what it keeps per token on the workers that hold it (each pipeline stage holds

@@ -75,10 +75,7 @@ class MultiprocExecutor(Executor):
 
     def execute_model(self, scheduler_output: SchedulerOutput,
                       non_block: bool = False) -> ModelRunnerOutput | Future[ModelRunnerOutput]:
-        rank = self.config.parallel_config.output_rank
-        if not non_block:
-            return self.collective_rpc("execute_model", (scheduler_output,))[rank]
-        return self._pool.submit(lambda: self.collective_rpc("execute_model", (scheduler_output,))[rank])
+        return self._execute_on_every_rank(scheduler_output, non_block, self._pool)
 
     def check_health(self) -> None:
         if self._failed is None:
