@@ -131,7 +131,8 @@ def test_the_plan_runs_what_serve_has_and_reports_the_rest_unavailable():
                                                                         "not fp8_e4m3"},
         {"technique": "kv-cache-dtype", "value": "fp8_e5m2", "reason": "jido serve --kv-cache-dtype takes auto, int8, "
                                                                         "not fp8_e5m2"},
-        {"technique": "data-parallel", "value": "2", "reason": "jido serve has no --data-parallel-size flag"}]
+        {"technique": "data-parallel", "value": "2", "reason": "jido serve has no --data-parallel-size flag"},
+        {"technique": "data-parallel", "value": "2-round-robin", "reason": "jido serve has no --data-parallel-size flag"}]
 
 
 def test_serve_options_are_read_from_this_jidos_serve_help():

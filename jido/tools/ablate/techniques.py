@@ -103,8 +103,11 @@ TECHNIQUES: dict[str, Technique] = {t.name: t for t in (
               _json("--speculative-config", "ngram-4", {"method": "ngram", "num_speculative_tokens": 4}), "off"),
     Technique("tensor-parallel", "scale-out", "each layer split over two workers",
               _flag("--tensor-parallel-size", ("1", "2")), "1"),
-    Technique("data-parallel", "scale-out", "two engine replicas behind one endpoint",
-              _flag("--data-parallel-size", ("1", "2")), "1"),
+    # Round robin beside cache-aware routing: what the router's prefix affinity adds to the second replica.
+    Technique("data-parallel", "scale-out", "two engine replicas behind one endpoint (cache-aware or round-robin)",
+              (*_flag("--data-parallel-size", ("1", "2")),
+               Setting("2-round-robin", ("--data-parallel-size", "2", "--data-parallel-routing", "round_robin"))),
+              "1"),
 )}
 
 
