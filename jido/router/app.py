@@ -1,4 +1,5 @@
-"""The router's HTTP app: the OpenAI endpoints it proxies, /health, /v1/models and its own /metrics."""
+"""The router's HTTP app: the OpenAI endpoints it proxies, /health, /v1/models, /tokenize and /detokenize (from a
+decode instance) and its own /metrics."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
@@ -37,7 +38,15 @@ def create_router_app(config: RouterConfig) -> FastAPI:
 
     @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def models() -> Response:
-        return await router.models()
+        return await router.passthrough("GET", "/v1/models")
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        return await router.passthrough("POST", "/tokenize", await request.body())
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        return await router.passthrough("POST", "/detokenize", await request.body())
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -300,11 +300,14 @@ class Router:
             resp.release()
             self.decode.done(instance, num_tokens)
 
-    async def models(self) -> Response:
+    async def passthrough(self, method: str, path: str, raw: bytes | None = None) -> Response:
+        """An endpoint every instance answers alike for the one model they serve (/v1/models, /tokenize,
+        /detokenize), answered by the first healthy decode instance; `jido bench` counts prompt tokens with it."""
+        headers = {"Content-Type": "application/json"} if raw is not None else None
         for instance in self.decode.usable():
             try:
-                async with self._session.get(f"{instance.url}/v1/models",
-                                             timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                async with self._session.request(method, f"{instance.url}{path}", data=raw, headers=headers,
+                                                 timeout=aiohttp.ClientTimeout(total=10)) as resp:
                     return Response(await resp.read(), status_code=resp.status, media_type=resp.content_type)
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 self.decode.mark_down(instance, str(exc))

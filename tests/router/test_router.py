@@ -91,10 +91,18 @@ def test_data_parallel_routing_keeps_a_shared_prefix_on_one_instance(tiny_model_
         assert sorted(served) == [0, 4]
 
 
-def test_router_serves_models_health_and_metrics(tiny_model_folder):
+def test_router_serves_models_tokenize_health_and_metrics(tiny_model_folder):
     with tiny_server(tiny_model_folder) as server, router(None, [server.base_url]) as proxy:
         status, _, body = proxy.request("GET", "/v1/models")
         assert status == 200 and json.loads(body)["data"][0]["id"] == "tiny-gemma30"
+        # /tokenize and /detokenize come from a decode instance: `jido bench` through the router counts tokens
+        request = {"prompt": "hello world"}
+        status, _, body = proxy.request("POST", "/tokenize", request)
+        assert status == 200 and json.loads(body) == json.loads(server.request("POST", "/tokenize", request)[2])
+        tokens = json.loads(body)["tokens"]
+        status, _, body = proxy.request("POST", "/detokenize", {"tokens": tokens})
+        assert status == 200 and json.loads(body) == json.loads(server.request("POST", "/detokenize",
+                                                                                {"tokens": tokens})[2])
         status, _, body = proxy.request("GET", "/health")
         assert status == 200 and json.loads(body)["decode"] == [server.base_url]
         routed = proxy.metrics()
