@@ -160,6 +160,21 @@ def hf_folder(model: str) -> Path:
     return resolve_model(model)
 
 
+def peer_folder(model: str) -> Path:
+    """The HF folder as a peer loads it: links to its files in ``.peers/models/<model>``, without jido's
+    own (vLLM loads every ``*.safetensors`` it finds, and failed on the quantized codes file jido keeps there)."""
+    from jido.models.loader import CODES_FILE
+
+    source, folder = hf_folder(model), PEERS_DIR / "models" / model
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.iterdir():
+        stale.unlink()
+    for path in source.iterdir():
+        if path.name != CODES_FILE and not path.name.startswith("jido_"):
+            (folder / path.name).symlink_to(path)
+    return folder
+
+
 # -- llama.cpp: llama-server built from the llama-cpp-python sdist --------------------------------------
 def llama_dir() -> Path:
     return PEERS_DIR / "llama.cpp"
@@ -243,7 +258,7 @@ def vllm_command(port: int, dtype: str, model: str = DEFAULT_MODEL) -> tuple[lis
     preload = [str(p) for p in [Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"),
                                 *sorted((PEERS_DIR / "vllm" / "venv").rglob("libiomp5.so"))[:1]] if p.exists()]
     env = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "LD_PRELOAD": ":".join(preload)}
-    return ([str(python), str(PEERS_DIR / "vllm" / "vllm_cli.py"), "serve", str(hf_folder(model)), "--dtype", dtype,
+    return ([str(python), str(PEERS_DIR / "vllm" / "vllm_cli.py"), "serve", str(peer_folder(model)), "--dtype", dtype,
              "--host", "127.0.0.1", "--port", str(port), "--served-model-name", model,
              "--max-model-len", "2048", "--max-num-seqs", "16"], env)
 
@@ -299,7 +314,7 @@ def run_transformers(workloads: list[Workload], prompts: dict[str, list[SampleRe
                      repeats: int, model: str) -> dict:
     """The random workloads offline (others have no fixed output length): batches of max_concurrency
     prompts, every answer exactly output_len tokens like ignore_eos; the whole set `repeats` times."""
-    spec = {"folder": str(hf_folder(model)), "dtype": dtype, "workloads": [
+    spec = {"folder": str(peer_folder(model)), "dtype": dtype, "workloads": [
         {"name": w.name, "batch_size": w.max_concurrency, "output_len": w.output_len,
          "prompts": [r.prompt for r in prompts[w.name]]} for w in workloads if w.dataset_name == "random"]}
     spec_path = PEERS_DIR / "transformers" / "spec.json"

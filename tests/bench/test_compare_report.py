@@ -171,3 +171,19 @@ def test_every_server_serves_the_named_model_and_its_results_get_their_own_file(
     monkeypatch.setattr(compare, "decode_limit", lambda dtype, model: (30.0, 40.0))
     path = compare.save({"jido[dtype=float32]": jido("float32", 100.0)}, [compare.WORKLOADS["batch1"]], qwen)
     assert path.name.startswith(f"compare-{qwen}-") and json.loads(path.read_text())["model"] == qwen
+
+
+def test_peers_load_a_folder_without_jidos_codes_file(compare, tmp_path, monkeypatch):
+    source = tmp_path / "converted"
+    source.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "gguf_codes.safetensors",
+                 "jido_gguf_source.json"):
+        (source / name).write_text(name)
+    monkeypatch.setattr(compare, "hf_folder", lambda model: source)
+    monkeypatch.setattr(compare, "PEERS_DIR", tmp_path / "peers")
+    folder = compare.peer_folder("gemma-3-270m")
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert (folder / "model.safetensors").read_text() == "model.safetensors"
+    (source / "gguf_codes.safetensors").unlink()
+    (source / "generation_config.json").write_text("{}")  # a second call follows the source folder as it is now
+    assert "generation_config.json" in [p.name for p in compare.peer_folder("gemma-3-270m").iterdir()]
