@@ -12,9 +12,11 @@ pytestmark = pytest.mark.skipif(int8_dot.load_int8_dot_ops() is None, reason="no
 
 # (N, K, group_size): groups of 16, 32, 64 and one per row; K a multiple of 32, with a partial last block
 # (odd, below one block, a group of 16 cut short) and the head's width; N below, at and past one panel of 8
-# rows, and past a set of 8 panels with a short last panel (70).
+# rows, and past a set of 8 panels with a short last panel (70). Odd positions get no mins: the last six give
+# the decode path for int8 (one row of x, rows n and n + N/2 together) every group size, with an odd N.
 SHAPES = [(5, 64, 16), (7, 96, 32), (4, 80, 32), (6, 67, 16), (3, 33, 32), (5, 50, None), (9, 128, 64),
-          (3, 40, 16), (2, 20, 16), (8, 640, 32), (4, 70, None), (70, 96, 32)]
+          (3, 40, 16), (2, 20, 16), (8, 640, 32), (4, 70, None), (70, 96, 32),
+          (10, 64, 16), (11, 64, 16), (6, 128, 64), (13, 128, 64), (3, 96, None), (9, 96, None)]
 KERNELS = {"rows": False, "panels": True}
 
 
