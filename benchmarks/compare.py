@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import functools
 import fcntl
 import json
 import os
@@ -470,19 +471,27 @@ def run_peer(name: str, peer: Peer, workloads: list[Workload], prompts: dict, to
 
 
 # -- results --------------------------------------------------------------------------------------------
-def decode_limit(dtype: str, model: str) -> tuple[float, float]:
-    """(batch-1 decode limit tok/s, copy bandwidth GB/s) for the model in `dtype`, from `jido roofline`'s
-    cached figures for this machine (measured now, with progress on stderr, if it has none)."""
+@functools.cache
+def decode_limit(dtype: str, model: str) -> tuple[float, float, float]:
+    """(batch-1 decode limit tok/s, copy bandwidth GB/s, weight MB read per token) for the model as `jido serve
+    --dtype DTYPE` holds it (a GGUF model's codes: jido's default), from `jido roofline`'s cached figures for this
+    machine (measured now, with progress on stderr, if it has none)."""
     import torch
 
+    from jido import LLM
     from jido.models.loader import load_config
     from jido.planner.model_shapes import shape_from_hf_config
     from jido.tools import roofline
 
     peaks, _ = roofline.cached_peaks(roofline.RooflineConfig(), torch.device("cpu"))
     shape = shape_from_hf_config(load_config(hf_folder(model)))
-    limit = roofline.limits(shape, peaks, getattr(torch, dtype), 512, WORKLOADS["batch1"].output_len)
-    return limit["decode_tok_s"], peaks.bandwidth_bytes_s / 1e9
+    llm = LLM(model=model, dtype=dtype, kv_cache_memory="64MiB")
+    try:
+        held = roofline.held_weight_bytes(llm)
+    finally:
+        llm.shutdown()
+    limit = roofline.limits(shape, peaks, getattr(torch, dtype), 512, WORKLOADS["batch1"].output_len, held)
+    return limit["decode_tok_s"], peaks.bandwidth_bytes_s / 1e9, held / 1e6
 
 
 def save(records: dict[str, Any], workloads: list[Workload], model: str = DEFAULT_MODEL) -> Path:

@@ -76,10 +76,11 @@ def same_cpu(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
 
 
 def roofline_shares(records: dict[str, Any], machine: dict[str, Any],
-                    decode_limit: Callable[[str], tuple[float, float]]) -> dict[str, Any]:
+                    decode_limit: Callable[[str], tuple[float, float, float]]) -> dict[str, Any]:
     """Each jido variant's batch-1 decode over the bandwidth limit for the dtype it ran with.
 
-    `decode_limit(dtype)` gives (limit tok/s, copy bandwidth GB/s) as measured on `machine`; a variant
+    `decode_limit(dtype)` gives (limit tok/s, copy bandwidth GB/s, weight MB read per token) as measured on
+    `machine`, the weights as jido holds them in that dtype (quantized codes where it serves them); a variant
     measured on another CPU gets a note instead. A share over 100% means the limit was measured too small:
     it is given as None with a note, never as a figure.
     """
@@ -93,10 +94,11 @@ def roofline_shares(records: dict[str, Any], machine: dict[str, Any],
             shares[label] = {"dtype": dtype, "percent_of_limit": None,
                              "note": "its CPU was not recorded or is not the one the roofline was measured on"}
             continue
-        limit, bandwidth = decode_limit(dtype)
+        limit, bandwidth, weight_mb = decode_limit(dtype)
         decode = 1000 / batch1["median_tpot_ms"]
         share: dict[str, Any] = {"dtype": dtype, "decode_limit_tok_s": limit, "jido_decode_tok_s": decode,
-                                 "bandwidth_gb_s": bandwidth, "percent_of_limit": 100 * decode / limit}
+                                 "bandwidth_gb_s": bandwidth, "weight_mb": weight_mb,
+                                 "percent_of_limit": 100 * decode / limit}
         if decode > limit:
             share.update(percent_of_limit=None, note=f"jido's {decode:.1f} tok/s is above the limit, so the "
                                                      "copy bandwidth was measured too small")
@@ -168,7 +170,8 @@ def _profile_lines(doc: dict[str, Any]) -> list[str]:
         else:
             lines.append(f"- {label}: batch-1 decode {roof['jido_decode_tok_s']:.1f} tok/s = "
                          f"{roof['percent_of_limit']:.0f}% of the {roof['decode_limit_tok_s']:.1f} tok/s bandwidth "
-                         f"limit ({roof['dtype']} weights, {roof['bandwidth_gb_s']:.1f} GB/s copy bandwidth)")
+                         f"limit ({roof['weight_mb']:.0f} MB of weights read a token as jido holds them in "
+                         f"{roof['dtype']}, {roof['bandwidth_gb_s']:.1f} GB/s copy bandwidth)")
     for label, profile in (doc.get("jido_profile") or {}).items():
         queue = {w: round(v) for w, v in profile["server_mean_queue_time_ms"].items() if v is not None}
         lines.append(f"- {label}: mean queue time in jido's server (ms): {queue}")

@@ -155,7 +155,7 @@ class ModelRunner:
                            self.parallel)
         if self.parallel.world_size > 1:
             logger.info("rank %d holds %s of weights: layers %d-%d of %d, %d of %d query heads and %d of %d KV heads "
-                        "per layer", self.parallel.rank, _mib(_weight_bytes(model)), self.layer_ids.start,
+                        "per layer", self.parallel.rank, _mib(weight_bytes(model)), self.layer_ids.start,
                         self.layer_ids.stop - 1, self.model_arch.num_layers,
                         self.model_arch.num_heads // self.parallel.tp.world_size, self.model_arch.num_heads,
                         self.num_kv_heads, self.model_arch.num_kv_heads)
@@ -282,7 +282,7 @@ class ModelRunner:
         return VerifiedTokens([[t] for t in token_ids], [[] if lp is None else [lp] for lp in logprobs])
 
 
-def _weight_bytes(model: torch.nn.Module) -> int:
+def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of the model's weights as held: parameters, buffers, quantized codes and the packed copies beside them."""
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     for module in model.modules():

@@ -19,7 +19,7 @@ from jido.engine.llm import LLM
 from jido.engine.llm_engine import LLMEngine
 from jido.models.loader import load_config, resolve_model
 from jido.planner.model_shapes import ModelShape, shape_from_hf_config
-from jido.runner.model_runner import resolve_device, resolve_dtype
+from jido.runner.model_runner import resolve_device, resolve_dtype, weight_bytes
 from jido.utils.cli_args import add_dataclass_arguments, dataclass_kwargs
 from jido.utils.cpu import cpu_info
 
@@ -187,15 +187,30 @@ def prefill_flops_per_token(shape: ModelShape, prompt_len: int) -> float:
 
 
 def limits(shape: ModelShape, peaks: MachinePeaks, dtype: torch.dtype, prompt_len: int,
-           decode_tokens: int) -> dict[str, float | None]:
+           decode_tokens: int, weight_bytes: float | None = None) -> dict[str, float | None]:
     """Best-case tok/s: decode at the decode probe's mean context, prefill at the prefill probe's length
-    (None when the dtype's matmul rate is unknown: not measured, or too slow to measure)."""
+    (None when the dtype's matmul rate is unknown: not measured, or too slow to measure).
+
+    ``weight_bytes``: what the engine's weights occupy as it holds them (quantized codes and scales, the tied
+    table once), which a decode step reads; default: every parameter in ``dtype``, as an unquantized engine.
+    """
     dtype_bytes = torch.tensor([], dtype=dtype).element_size()
     context = DECODE_PROMPT_LEN + decode_tokens / 2
     matmul = peaks.matmul_flops.get(str(dtype).removeprefix("torch."))
-    return {"decode_tok_s": peaks.bandwidth_bytes_s / decode_bytes_per_token(shape, dtype_bytes, round(context)),
+    weights = decode_bytes_per_token(shape, dtype_bytes, 0) if weight_bytes is None else weight_bytes
+    per_token = weights + shape.kv_bytes(round(context), dtype_bytes)
+    return {"decode_tok_s": peaks.bandwidth_bytes_s / per_token,
             "prefill_tok_s": None if matmul is None else matmul / prefill_flops_per_token(shape, prompt_len),
-            "weight_bytes_per_token": decode_bytes_per_token(shape, dtype_bytes, 0)}
+            "weight_bytes_per_token": weights}
+
+
+def _held_weight_bytes(worker: Any) -> int:
+    return weight_bytes(worker.runner.model)
+
+
+def held_weight_bytes(llm: LLM) -> int:
+    """Bytes of the weights the engine's workers hold, all ranks together: what one decode step reads."""
+    return sum(llm.collective_rpc(_held_weight_bytes))
 
 
 # What each limit is divided out of, named when the limit cannot be trusted.
@@ -255,7 +270,7 @@ def report(config: RooflineConfig, llm_factory: Callable[..., LLM]) -> dict[str,
     shape = shape_from_hf_config(load_config(folder), name=folder.name)
     peaks, from_cache = cached_peaks(config, device)
     result: dict[str, Any] = {"model": folder.name, "dtype": dtype_name, "machine": asdict(peaks),
-                              "machine_from_cache": from_cache,
+                              "machine_from_cache": from_cache, "weights": f"every parameter in {dtype_name}",
                               "limit": limits(shape, peaks, dtype, config.prompt_len, config.decode_tokens)}
     if config.measure_jido:
         _progress(f"timing jido: a {config.decode_tokens}-token batch-1 decode, then a {config.prompt_len}-token "
@@ -263,6 +278,10 @@ def report(config: RooflineConfig, llm_factory: Callable[..., LLM]) -> dict[str,
         # Prefix caching off: the warm-up must not turn the measured prefill into a cache hit.
         llm = llm_factory(model=config.model, device=config.device, dtype=config.dtype,
                           enable_prefix_caching=False, max_num_batched_tokens=max(2048, config.prompt_len))
+        # The limit for the bytes jido reads: a GGUF model's codes, not its float size.
+        result["weights"] = "as jido's engine holds them"
+        result["limit"] = limits(shape, peaks, dtype, config.prompt_len, config.decode_tokens,
+                                 held_weight_bytes(llm))
         result["jido"] = measure_jido(llm, shape.vocab_size, config.prompt_len, config.decode_tokens)
     result["percent_of_limit"], result["warnings"] = check_limits(result["limit"], result.get("jido", {}),
                                                                   dtype_name)
@@ -277,7 +296,8 @@ def format_report(result: dict[str, Any]) -> str:
     lines += [f"  matmul {name:<17} " + ("too slow to measure" if flops is None else f"{flops / 1e12:8.3f} TFLOPS")
               for name, flops in machine["matmul_flops"].items()]
     lines += [f"model: {result['model']}, {result['dtype']}, "
-              f"{limit['weight_bytes_per_token'] / 1e6:.0f} MB of weights read per decoded token",
+              f"{limit['weight_bytes_per_token'] / 1e6:.0f} MB of weights read per decoded token "
+              f"({result['weights']})",
               f"{'':<22}{'limit':>10}{'jido':>10}{'% of limit':>12}"]
     for key, label in (("decode_tok_s", "batch-1 decode tok/s"), ("prefill_tok_s", "prefill tok/s")):
         ceiling, jido = limit[key], result.get("jido", {}).get(key)

@@ -50,7 +50,7 @@ def test_an_entry_is_keyed_by_engine_and_configuration(compare):
 def test_a_second_jido_dtype_is_saved_beside_the_first(compare, tmp_path, monkeypatch):
     monkeypatch.setattr(compare, "RESULTS", tmp_path)
     monkeypatch.setattr(compare, "run_machine", lambda: dict(CPU, platform="Linux"))
-    limits = {"float32": (30.0, 40.0), "bfloat16": (60.0, 40.0)}
+    limits = {"float32": (30.0, 40.0, 300.0), "bfloat16": (60.0, 40.0, 300.0)}
     monkeypatch.setattr(compare, "decode_limit", lambda dtype, model: limits[dtype])
     workloads = [compare.WORKLOADS["batch1"], compare.WORKLOADS["random-c16"]]
     compare.save({"jido[dtype=float32]": jido("float32", 100.0)}, workloads)
@@ -97,7 +97,7 @@ def test_repeats_give_the_median_of_each_figure_its_spread_and_summed_failures(c
 def test_roofline_share_uses_each_variants_own_dtype_and_cpu(compare):
     recs = records() | {"jido[dtype=bfloat16,old]": jido("bfloat16", 40.0, machine=AVX2_CPU),
                         "jido[dtype=float16]": jido("float16", 10.0)}
-    limits = {"float32": (30.0, 40.0), "bfloat16": (60.0, 40.0), "float16": (60.0, 40.0)}
+    limits = {"float32": (30.0, 40.0, 300.0), "bfloat16": (60.0, 40.0, 300.0), "float16": (60.0, 40.0, 300.0)}
     shares = compare.roofline_shares(recs, CPU, lambda dtype: limits[dtype])
     assert shares["jido[dtype=float32]"]["percent_of_limit"] == pytest.approx(100 * 10.0 / 30.0)
     assert shares["jido[dtype=bfloat16]"]["percent_of_limit"] == pytest.approx(100 * 25.0 / 60.0)
@@ -110,8 +110,8 @@ def test_roofline_share_uses_each_variants_own_dtype_and_cpu(compare):
     assert "- jido[dtype=float16]: batch-1 decode share of the bandwidth limit: none (jido's 100.0 tok/s is above " \
            "the limit, so the copy bandwidth was measured too small)" in lines
     assert not any("%" in line for line in lines if line.startswith("- jido[dtype=float16]"))
-    assert "- jido[dtype=bfloat16]: batch-1 decode 25.0 tok/s = 42% of the 60.0 tok/s bandwidth limit (bfloat16 " \
-           "weights, 40.0 GB/s copy bandwidth)" in lines
+    assert "- jido[dtype=bfloat16]: batch-1 decode 25.0 tok/s = 42% of the 60.0 tok/s bandwidth limit (300 MB of " \
+           "weights read a token as jido holds them in bfloat16, 40.0 GB/s copy bandwidth)" in lines
 
 
 def markdown(compare, **doc) -> str:
@@ -161,14 +161,17 @@ def test_every_workload_is_a_valid_bench_config(compare):
 
 def test_every_server_serves_the_named_model_and_its_results_get_their_own_file(compare, tmp_path, monkeypatch):
     qwen = "qwen2.5-coder-1.5b-instruct"
+    (tmp_path / qwen).mkdir()
     monkeypatch.setattr(compare, "hf_folder", lambda model: tmp_path / model)
+    monkeypatch.setattr(compare, "PEERS_DIR", tmp_path / "peers")
     table = compare.peers("float32", "float32", "float32", qwen)
     jido_command, vllm_command = table["jido"].command(8765)[0], table["vllm"].command(8765)[0]
     assert jido_command[jido_command.index("--model") + 1] == qwen
-    assert vllm_command[vllm_command.index("--served-model-name") + 1] == qwen and str(tmp_path / qwen) in vllm_command
+    assert vllm_command[vllm_command.index("--served-model-name") + 1] == qwen
+    assert str(tmp_path / "peers" / "models" / qwen) in vllm_command
     monkeypatch.setattr(compare, "RESULTS", tmp_path)
     monkeypatch.setattr(compare, "run_machine", lambda: dict(CPU, platform="Linux"))
-    monkeypatch.setattr(compare, "decode_limit", lambda dtype, model: (30.0, 40.0))
+    monkeypatch.setattr(compare, "decode_limit", lambda dtype, model: (30.0, 40.0, 300.0))
     path = compare.save({"jido[dtype=float32]": jido("float32", 100.0)}, [compare.WORKLOADS["batch1"]], qwen)
     assert path.name.startswith(f"compare-{qwen}-") and json.loads(path.read_text())["model"] == qwen
 

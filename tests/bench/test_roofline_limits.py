@@ -100,7 +100,8 @@ def fake_factory(monkeypatch, factory_kwargs: dict):
 
     def factory(**kwargs):
         factory_kwargs.update(kwargs)
-        return types.SimpleNamespace(llm_engine=FakeEngine(clock))
+        # two ranks holding 100 MB and 50 MB of (quantized) weights
+        return types.SimpleNamespace(llm_engine=FakeEngine(clock), collective_rpc=lambda fn: [100e6, 50e6])
     return factory
 
 
@@ -118,9 +119,14 @@ def test_roofline_main_prints_jidos_figures_as_a_share_of_the_limit(tmp_path, ge
     limit = result["limit"]
     assert result["percent_of_limit"] == pytest.approx({k: 100 * v / limit[k] for k, v in result["jido"].items()})
     assert result["warnings"] == []
+    # The decode limit is for the bytes the engine holds (a GGUF model's codes), not its parameters in float32.
+    assert result["weights"] == "as jido's engine holds them" and limit["weight_bytes_per_token"] == 150e6
+    float_limit = 40e9 / roofline.decode_bytes_per_token(GEMMA, 4, 0)  # 1.07 GB of float32 weights
+    assert 6 * float_limit < limit["decode_tok_s"] < 40e9 / 150e6
     assert roofline.roofline_main([*argv[:-1], "--no-measure-jido"], factory) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[-2].startswith("batch-1 decode tok/s") and out[-2].endswith(" -           -")
+    assert "MB of weights read per decoded token (every parameter in float32)" in "\n".join(out)
 
 
 def test_the_cache_key_of_an_avx2_day_differs_from_an_avx512_bf16_day(monkeypatch):
@@ -185,4 +191,5 @@ def test_roofline_main_prints_a_suspect_limit_and_no_share_over_100_percent(tmp_
     assert "  matmul bfloat16          too slow to measure" in out
     assert out[-2].startswith("prefill tok/s") and out[-2].split()[-2:] == ["1000.0", "suspect"]
     assert out[-1].startswith("! prefill limit suspect: jido measured 1000.0 tok/s, above its limit of 4.")
-    assert out[-3].startswith("batch-1 decode tok/s") and out[-3].split()[-2:] == ["20.0", "54%"]
+    # 20 tok/s of the 263.6 that 40 GB/s allows over the 150 MB the fake engine holds
+    assert out[-3].startswith("batch-1 decode tok/s") and out[-3].split()[-3:] == ["263.6", "20.0", "8%"]
