@@ -12,8 +12,9 @@ pytestmark = pytest.mark.skipif(int8_dot.load_int8_dot_ops() is None, reason="no
 
 # (N, K, group_size): groups of 16, 32, 64 and one per row; K a multiple of 32, with a partial last block
 # (odd, below one block, a group of 16 cut short) and the head's width; N below, at and past one panel of 8
-# rows, and past a set of 8 panels with a short last panel (70). Odd positions get no mins: the last six give
-# the decode path for int8 (one row of x, rows n and n + N/2 together) every group size, with an odd N.
+# rows, and past a set of 8 panels with a short last panel (70). Odd positions get no mins. At one row of x a
+# shape with K a multiple of 32 takes the decode path (rows n and n + N/2 together); the last six give it every
+# group size with and without mins, at odd N.
 SHAPES = [(5, 64, 16), (7, 96, 32), (4, 80, 32), (6, 67, 16), (3, 33, 32), (5, 50, None), (9, 128, 64),
           (3, 40, 16), (2, 20, 16), (8, 640, 32), (4, 70, None), (70, 96, 32),
           (10, 64, 16), (11, 64, 16), (6, 128, 64), (13, 128, 64), (3, 96, None), (9, 96, None)]
@@ -88,6 +89,19 @@ def test_every_row_gets_the_same_result_alone_and_in_any_step() -> None:
         together = int8_dot.int8_dot_linear(x, w)
         alone = torch.cat([int8_dot.int8_dot_linear(x[i:i + 1], w) for i in range(40)])
         torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5 * float(alone.abs().max()))
+
+
+def test_the_decode_path_gives_each_output_bit_for_bit_what_the_one_row_kernel_gives() -> None:
+    # At one row of x, rows n and n + N/2 go together (two_rows_dot); in a step of two rows each row runs the
+    # row-at-a-time kernel. Both do the same float operations per output in the same order.
+    gen = torch.Generator().manual_seed(7)
+    for bits, group_size, with_mins in [(8, 32, False), (8, 16, False), (8, 32, True), (4, 32, True), (4, 16, True),
+                                        (4, 64, False)]:
+        w = random_weight(37, 640, group_size, bits, with_mins=with_mins, gen=gen)
+        x = random_x(2, 640, torch.float32, gen)
+        alone = int8_dot.int8_dot_linear(x[:1], w, panels=False)
+        paired = int8_dot.int8_dot_linear(x, w, panels=False)[:1]
+        assert torch.equal(alone, paired), (bits, group_size, with_mins)
 
 
 def _magnitudes(w: qk.QuantizedWeight) -> qk.QuantizedWeight:

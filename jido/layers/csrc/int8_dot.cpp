@@ -535,20 +535,23 @@ JIDO_INLINE void row_dot(const Weight& w, int64_t n, const QuantizedX& x, int64_
   }
 }
 
-// acc += one block of int8 codes (at q) . the block of x (xv, its scale dx), scaled by ws.
-JIDO_INLINE __m256 block_fma_int8(const uint8_t* q, __m256i xv, __m256 scale, __m256 acc) {
-  const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-  const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(_mm256_sign_epi8(qv, qv), _mm256_sign_epi8(xv, qv)));
-  return _mm256_fmadd_ps(p, scale, acc);
+// acc += one block of codes (at q; as block_dot reads them) . the block of x (xv), scaled by `scale` (w's times x's).
+template <int Bits>
+JIDO_INLINE __m256 block_fma(const uint8_t* q, __m256i xv, __m256 scale, __m256 acc) {
+  const __m256i qv = load_codes<Bits>(q);
+  const __m256i p = Bits == 8 ? dot_u8s8(_mm256_sign_epi8(qv, qv), _mm256_sign_epi8(xv, qv)) : dot_u8s8(qv, xv);
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc);
 }
 
-// Decode (one row of x, int8 codes, no mins, whole blocks): weight rows a and b against x in one pass over x's
-// blocks. Measured at M = 1 on Gemma 3's shapes (AVX2 EPYC, 2 threads, weights cold), against one row at a
-// time: x's block and scale are loaded once for two rows, and the two FMA chains overlap (26.9 against 16.5
-// GB/s with the weights in cache). a and b must be far apart: with b = a + 1 the two rows' blocks alternate
-// in memory and the streams fell to 8.5 GB/s from memory; two monotonic streams gave 18-20 GB/s against 12.
-template <bool Groups16>
-JIDO_INLINE void two_rows_dot_int8(const Weight& w, int64_t a, int64_t b, const QuantizedX& x, float* out) {
+// Decode (one row of x, whole blocks): weight rows a and b against x in one pass over x's blocks, each output the
+// same float operations in the same order as row_dot<1>'s. Measured at M = 1 on Gemma 3's shapes (AVX2 EPYC, 2
+// threads, weights cold), against one row at a time: x's block and scale are loaded once for two rows, and the
+// two FMA chains overlap (int8: 26.9 against 16.5 GB/s with the weights in cache). a and b must be far apart:
+// with b = a + 1 the two rows' blocks alternate in memory and the streams fell to 8.5 GB/s from memory; two
+// monotonic streams gave 18-20 GB/s against 12.
+template <int Bits, bool Groups16>
+JIDO_INLINE void two_rows_dot(const Weight& w, int64_t a, int64_t b, const QuantizedX& x, float* out) {
+  constexpr int64_t kBlockBytes = Bits == 8 ? kBlock : kBlock / 2;
   const uint8_t* qa = w.data + a * w.row_bytes;
   const uint8_t* qb = w.data + b * w.row_bytes;
   const float* sa = w.scales + a * w.num_groups;
@@ -559,8 +562,8 @@ JIDO_INLINE void two_rows_dot_int8(const Weight& w, int64_t a, int64_t b, const 
     for (int64_t k = 0; k < full; ++k) {
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + k * kBlock));
       const __m256 dx = _mm256_broadcast_ss(x.d + k);
-      acc_a = block_fma_int8(qa + k * kBlock, xv, _mm256_mul_ps(pair_scales<8>(sa + 2 * k), dx), acc_a);
-      acc_b = block_fma_int8(qb + k * kBlock, xv, _mm256_mul_ps(pair_scales<8>(sb + 2 * k), dx), acc_b);
+      acc_a = block_fma<Bits>(qa + k * kBlockBytes, xv, _mm256_mul_ps(pair_scales<Bits>(sa + 2 * k), dx), acc_a);
+      acc_b = block_fma<Bits>(qb + k * kBlockBytes, xv, _mm256_mul_ps(pair_scales<Bits>(sb + 2 * k), dx), acc_b);
     }
   } else {
     const int64_t per_group = w.group_size >= w.K ? full : w.group_size / kBlock;
@@ -569,25 +572,30 @@ JIDO_INLINE void two_rows_dot_int8(const Weight& w, int64_t a, int64_t b, const 
       for (const int64_t end = std::min(full, k + per_group); k < end; ++k) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + k * kBlock));
         const __m256 dx = _mm256_broadcast_ss(x.d + k);
-        acc_a = block_fma_int8(qa + k * kBlock, xv, _mm256_mul_ps(wa, dx), acc_a);
-        acc_b = block_fma_int8(qb + k * kBlock, xv, _mm256_mul_ps(wb, dx), acc_b);
+        acc_a = block_fma<Bits>(qa + k * kBlockBytes, xv, _mm256_mul_ps(wa, dx), acc_a);
+        acc_b = block_fma<Bits>(qb + k * kBlockBytes, xv, _mm256_mul_ps(wb, dx), acc_b);
       }
     }
   }
-  out[a] = lane_sum(acc_a), out[b] = lane_sum(acc_b);
+  float sum_a = lane_sum(acc_a), sum_b = lane_sum(acc_b);
+  if (w.mins) {
+    const float* ma = w.mins + a * w.num_groups;
+    const float* mb = w.mins + b * w.num_groups;
+    for (int64_t g = 0; g < w.num_groups; ++g) sum_a += ma[g] * x.sums[g], sum_b += mb[g] * x.sums[g];
+  }
+  out[a] = sum_a, out[b] = sum_b;
 }
 
 // Output columns [n0, n1) of out [M, N], x's rows in blocks of 4, 2 and 1 for each weight row (read from L1
 // again after the first block).
 template <int Bits, bool Groups16>
 void rows_dot(const Weight& w, const QuantizedX& x, int64_t n0, int64_t n1, float* out) {
-  // Decode on int8 codes: rows n and n + half together, as two monotonic streams (see two_rows_dot_int8).
-  const bool decode = Bits == 8 && x.M == 1 && w.mins == nullptr && w.K % kBlock == 0;
-  const int64_t half = decode ? (n1 - n0) / 2 : 0;
+  // Decode: rows n and n + half together, as two monotonic streams (see two_rows_dot).
+  const int64_t half = x.M == 1 && w.K % kBlock == 0 ? (n1 - n0) / 2 : 0;
   for (int64_t n = n0; n < n0 + half; ++n) {
     prefetch_row(w, n + kPrefetchRows);
     prefetch_row(w, n + half + kPrefetchRows);
-    two_rows_dot_int8<Groups16>(w, n, n + half, x, out);
+    two_rows_dot<Bits, Groups16>(w, n, n + half, x, out);
   }
   float part[4];
   for (int64_t n = n0 + 2 * half; n < n1; ++n) {
