@@ -25,6 +25,7 @@ from decode_step import time_decode
 
 from jido import LLM, SamplingParams
 from jido.bench.machine import machine_info, now_iso
+from jido.tools.roofline import held_weight_bytes
 
 RESULTS = Path(__file__).parent / "results"
 FIXTURE = Path(__file__).parent.parent / "tests" / "fixtures" / "gemma3_reference.json"
@@ -42,20 +43,6 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
         key, _, value = item.partition("=")
         kwargs[key] = int(value) if value.isdigit() else value
     return name, kwargs
-
-
-def weight_bytes(worker) -> int:
-    """Bytes of every weight the model holds: parameters, buffers, quantized weights and packed dense copies."""
-    model = worker.runner.model
-    tensors = [*model.parameters(), *model.buffers()]
-    for module in model.modules():
-        qweight = getattr(module, "qweight", None)
-        if qweight is not None:
-            tensors += [qweight.data, qweight.scales] + ([qweight.mins] if qweight.mins is not None else [])
-        # a dense tied head's packed copy for logits
-        packed = getattr(module, "packed_logits_weight", None)
-        tensors += [packed] if packed is not None else []
-    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def time_prefill(llm: LLM, tokens: int) -> float:
@@ -109,7 +96,7 @@ def main() -> None:
         llms[name] = LLM(kv_cache_memory="2GiB", max_model_len=max(args.context, args.prefill) + 64,
                          max_num_seqs=32, **kwargs)
         rows[name] = {"variant": name, "settings": kwargs, "load_s": time.perf_counter() - start,
-                      "weight_bytes": llms[name].llm_engine.collective_rpc(weight_bytes)[0]}
+                      "weight_bytes": held_weight_bytes(llms[name])}
     samples: dict[str, dict[str, list[float]]] = {n: {} for n in variants}
     for r in range(args.repeats):
         for name, llm in llms.items():

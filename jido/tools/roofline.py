@@ -270,9 +270,11 @@ def report(config: RooflineConfig, llm_factory: Callable[..., LLM]) -> dict[str,
     shape = shape_from_hf_config(load_config(folder), name=folder.name)
     peaks, from_cache = cached_peaks(config, device)
     result: dict[str, Any] = {"model": folder.name, "dtype": dtype_name, "machine": asdict(peaks),
-                              "machine_from_cache": from_cache, "weights": f"every parameter in {dtype_name}",
-                              "limit": limits(shape, peaks, dtype, config.prompt_len, config.decode_tokens)}
-    if config.measure_jido:
+                              "machine_from_cache": from_cache}
+    if not config.measure_jido:
+        result["weights"] = f"every parameter in {dtype_name}"
+        result["limit"] = limits(shape, peaks, dtype, config.prompt_len, config.decode_tokens)
+    else:
         _progress(f"timing jido: a {config.decode_tokens}-token batch-1 decode, then a {config.prompt_len}-token "
                   "prefill")
         # Prefix caching off: the warm-up must not turn the measured prefill into a cache hit.
