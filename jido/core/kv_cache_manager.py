@@ -1,7 +1,7 @@
 """KVCacheManager: each request's block tables (one per layer group), prefix-cache lookups and slot allocation."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from jido.core.block_pool import BlockPool, KVCacheBlock
 from jido.core.kv_connector import ReleasedBlock
@@ -78,6 +78,26 @@ class KVCacheManager:
     def reads_prefix_cache(self, request: Request) -> bool:
         """Whether the request may start from cached KV (device or external): not while it owes prompt logprobs."""
         return self.enable_caching and not owes_prompt_logprobs(request)
+
+    def cached_blocks(self, token_ids: list[int]) -> list[BlockTable]:
+        """Per group, the cached block at each whole-block position of ``token_ids`` (None where there is none;
+        full groups end at their first miss). Nothing is taken: see :meth:`hold_blocks`."""
+        path = self.pool.index.match(token_ids, len(token_ids) // self.block_size)
+        return [self._cached_run(path, group) for group in range(self.num_groups)]
+
+    def num_cached_tokens(self, token_ids: list[int]) -> int:
+        """Leading tokens of ``token_ids`` whose whole blocks are cached in every group."""
+        tables = self.cached_blocks(token_ids)
+        num = min(len(t) for t in tables)
+        return next((i for i in range(num) if any(t[i] is None for t in tables)), num) * self.block_size
+
+    def hold_blocks(self, blocks: list[KVCacheBlock]) -> None:
+        """Take a reference on cached blocks outside any request's table (a blend's sources), reviving free ones."""
+        self.pool.touch(blocks)
+
+    def release_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Drop the references :meth:`hold_blocks` took, in the given order."""
+        self.pool.free(blocks)
 
     def _cached_run(self, path: list[Copies], group: int) -> BlockTable:
         """The group's cached block at each position of the matched path (None where it has none).
@@ -199,6 +219,8 @@ class KVCacheManager:
             return
         tables = self.req_to_blocks[request.request_id]
         num_known = min(request.num_computed_tokens, request.num_tokens)
+        if request.kv_blend is not None:  # blended KV is not what a prefill of these tokens computes
+            num_known = min(num_known, request.kv_blend.num_exact_tokens)
         num_full = min(num_known // self.block_size, *(len(t) for t in tables))
         start = self._num_cached_blocks[request.request_id]
         if num_full <= start:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from jido.core.kv_blend import BlendPlan
 from jido.core.kv_connector import KVConnectorOutput
 from jido.core.sampling_params import SamplingParams
 from jido.metrics.stats import IterationStats, SchedulerStats
@@ -44,6 +45,8 @@ class SchedulerOutput:
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     # The KV connector's instructions to the workers for this step (jido.core.kv_connector); None without one.
     kv_connector_metadata: Any = None
+    # Requests whose whole prompt (past the prefix hit) this step blends from cached chunks (CacheBlend).
+    kv_blend_plans: dict[str, BlendPlan] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:

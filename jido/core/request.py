@@ -5,6 +5,7 @@ import enum
 import time
 from typing import Any
 
+from jido.core.kv_blend import BlendSpec
 from jido.core.sampling_params import SamplingParams
 from jido.utils.hashing import BlockHash
 
@@ -34,7 +35,7 @@ class Request:
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None, priority: int = 0,
-                 kv_transfer_params: Any = None) -> None:
+                 kv_transfer_params: Any = None, kv_blend: BlendSpec | None = None) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
@@ -56,6 +57,7 @@ class Request:
         # opaque to the core, read only by the connector.
         self.kv_transfer_params = kv_transfer_params
         self.kv_load_s = 0.0  # time spent waiting for an external load (WAITING_FOR_REMOTE_KVS)
+        self.kv_blend = kv_blend  # a prompt of cached chunks to blend (CacheBlend); None: an ordinary prompt
 
     @property
     def num_tokens_with_spec(self) -> int:

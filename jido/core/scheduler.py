@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from jido.core.batching_mode import make_batching_mode
 from jido.core.block_pool import KVCacheBlock
+from jido.core.blend_sources import ChunkBlends
+from jido.core.kv_blend import BlendPlan
 from jido.core.kv_cache_manager import KVCacheManager
 from jido.core.kv_connector import KVConnectorScheduler
 from jido.core.kv_loading import ExternalKVLoads
@@ -49,6 +51,7 @@ class Scheduler:
         self.connector = connector
         self.loads = ExternalKVLoads(connector, kv_cache_manager) if connector is not None else None
         self.pins = PinnedPrefixes(kv_cache_manager)
+        self.blends = ChunkBlends(kv_cache_manager)
         if connector is not None:
             kv_cache_manager.set_release_listener(lambda block: connector.on_blocks_released([block]))
         self.batching = make_batching_mode(limits.scheduling_mode, limits.max_num_seqs, limits.max_batch_wait_s)
@@ -102,10 +105,11 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         num_scheduled: dict[str, int] = {}
         new_block_ids: dict[str, list[list[int]]] = {}
+        blend_plans: dict[str, BlendPlan] = {}
         budget = self._schedule_running(num_scheduled, new_block_ids)
         if not self._preempted_this_step:
-            self._schedule_waiting(num_scheduled, new_block_ids, budget)
-        return self._make_output(num_scheduled, new_block_ids)
+            self._schedule_waiting(num_scheduled, new_block_ids, budget, blend_plans)
+        return self._make_output(num_scheduled, new_block_ids, blend_plans)
 
     def _schedule_running(self, num_scheduled: dict[str, int], new_block_ids: dict[str, list[list[int]]]) -> int:
         budget = self.limits.max_num_batched_tokens
@@ -142,7 +146,7 @@ class Scheduler:
                 return None
 
     def _schedule_waiting(self, num_scheduled: dict[str, int], new_block_ids: dict[str, list[list[int]]],
-                          budget: int) -> None:
+                          budget: int, blend_plans: dict[str, BlendPlan]) -> None:
         self.waiting = order_waiting(self.waiting, self.limits.policy, self._cached_len)
         num_admissible = self.batching.num_admissible(len(self.running), self.waiting, time.monotonic())
         while self.waiting and budget > 0 and len(self.running) < self.limits.max_num_seqs and num_admissible > 0:
@@ -161,31 +165,51 @@ class Scheduler:
             if not self.limits.enable_chunked_prefill and request.num_tokens - num_hit_tokens > budget:
                 break
             num_new = min(request.num_tokens - num_hit_tokens, budget)
+            plan = self._plan_blend(request, num_hit_tokens)
+            if plan is not None and num_new < request.num_tokens - num_hit_tokens:
+                self.blends.release(request.request_id)
+                break  # a blended prefill is one step: wait for a step with room for all of it
             blocks = self.kv.allocate_slots(request, num_new, hits, self.limits.num_lookahead_tokens)
             if blocks is None:
+                self.blends.release(request.request_id)
                 break
+            if plan is not None:
+                blend_plans[request.request_id] = plan
             self.waiting.popleft()
-            self.running.append(request)
-            self.batching.admitted()
+            self._start_running(request, num_hit_tokens)
             num_admissible -= 1
-            request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = num_hit_tokens
-            if request.num_cached_tokens < 0:
-                request.num_cached_tokens = num_hit_tokens
-                self.pins.count_hit(request, num_hit_tokens)
-                request.first_scheduled_time = time.monotonic()
-                # Waiting for external KV is the transfer's time, not the queue's.
-                self._queue_times.append(request.first_scheduled_time - request.arrival_time - request.kv_load_s)
             num_scheduled[request.request_id] = num_new
             new_block_ids[request.request_id] = _ids(blocks)
             budget -= num_new
+
+    def _plan_blend(self, request: Request, num_hit_tokens: int) -> BlendPlan | None:
+        """Hold a blend request's chunk sources for this step; None for other requests and when nothing is left to blend."""
+        if request.kv_blend is None:
+            return None
+        if request.num_tokens - num_hit_tokens > self.limits.max_num_batched_tokens:
+            # Grown past one step's budget since it was accepted (outputs, then a preemption): computed in full.
+            request.kv_blend = None
+            return None
+        return self.blends.plan(request, num_hit_tokens)
+
+    def _start_running(self, request: Request, num_hit_tokens: int) -> None:
+        self.running.append(request)
+        self.batching.admitted()
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_hit_tokens
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_hit_tokens
+            self.pins.count_hit(request, num_hit_tokens)
+            request.first_scheduled_time = time.monotonic()
+            # Waiting for external KV is the transfer's time, not the queue's.
+            self._queue_times.append(request.first_scheduled_time - request.arrival_time - request.kv_load_s)
 
     def _cached_len(self, request: Request) -> int:
         return request.num_computed_tokens if self.kv.has_blocks(request.request_id) \
             else self.kv.get_computed_blocks(request)[1]
 
-    def _make_output(self, num_scheduled: dict[str, int],
-                     new_block_ids: dict[str, list[list[int]]]) -> SchedulerOutput:
+    def _make_output(self, num_scheduled: dict[str, int], new_block_ids: dict[str, list[list[int]]],
+                     blend_plans: dict[str, BlendPlan]) -> SchedulerOutput:
         new_reqs, cached_reqs, spec_tokens = [], [], {}
         for req_id, num_new in num_scheduled.items():
             request = self.requests[req_id]
@@ -201,7 +225,7 @@ class Scheduler:
                 request.eos_token_ids, self.kv.get_block_ids(req_id), request.num_computed_tokens))
         dropped, self._dropped = self._dropped, set()
         output = SchedulerOutput(new_reqs, cached_reqs, num_scheduled, sum(num_scheduled.values()), dropped,
-                                 spec_tokens)
+                                 spec_tokens, kv_blend_plans=blend_plans)
         if self.connector is not None:
             output.kv_connector_metadata = self.connector.build_connector_meta(output, self.kv.get_block_ids)
         return output
@@ -215,6 +239,8 @@ class Scheduler:
         first rejected proposal.
         """
         outputs = []
+        for req_id in scheduler_output.kv_blend_plans:
+            self.blends.release(req_id)
         if self.loads is not None and runner_output.kv_connector_output is not None:
             # Requests whose loads ended go back to the front of the queue, in the order they arrived.
             self.waiting.extendleft(reversed(self.loads.finish(runner_output.kv_connector_output)))

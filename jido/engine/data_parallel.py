@@ -63,10 +63,12 @@ class DataParallelEngine:
         if pin:
             raise ValueError("pinning a prefix (POST /v1/cache) is not supported with data_parallel_size > 1: "
                              "serve one replica, or let the prefix cache and the router's affinity keep it")
-        token_ids = prompt.token_ids if isinstance(prompt, ProcessedPrompt) else self.engine.prepare_prompt(prompt).token_ids
-        replica = self.replicas[self.router.route(token_ids, self.loads())]
-        return replica.add_request(request_id, ProcessedPrompt(None, token_ids), params, arrival_time, priority,
-                                   kv_transfer_params=kv_transfer_params)
+        if not isinstance(prompt, ProcessedPrompt):
+            prompt = self.engine.prepare_prompt(prompt)
+        replica = self.replicas[self.router.route(prompt.token_ids, self.loads())]
+        # The text is dropped (tokenized once); a kv_blend spec goes with the ids.
+        return replica.add_request(request_id, ProcessedPrompt(None, prompt.token_ids, prompt.kv_blend), params,
+                                   arrival_time, priority, kv_transfer_params=kv_transfer_params)
 
     def check_health(self) -> None:
         for index, replica in enumerate(self.replicas):

@@ -188,6 +188,10 @@ class EngineCore:
     def reset_prefix_cache(self) -> None:
         self.scheduler.kv.reset_prefix_cache()
 
+    def num_cached_tokens(self, token_ids: list[int]) -> int:
+        """Leading tokens of ``token_ids`` whose blocks the device prefix cache holds in every layer group."""
+        return self.scheduler.kv.num_cached_tokens(token_ids)
+
     def check_health(self) -> None:
         self.executor.check_health()
 

@@ -8,9 +8,11 @@ import time
 from dataclasses import dataclass, field
 
 from jido.config import EngineConfig
+from jido.core.kv_blend import BlendSpec
 from jido.core.outputs import EngineCoreOutput, Logprobs, PromptLogprobsLists
 from jido.core.request import Request
 from jido.core.sampling_params import SamplingParams
+from jido.engine.blend_prompts import ChunkWarmups, blend_prompt, parse_kv_blend, split_on_separator
 from jido.engine.detokenizer import IncrementalDetokenizer
 from jido.engine.engine_core import EngineCore
 from jido.engine.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
@@ -27,6 +29,7 @@ class ProcessedPrompt:
 
     text: str | None
     token_ids: list[int]
+    kv_blend: BlendSpec | None = None  # a prompt of cached chunks to blend (CacheBlend)
 
 
 PromptType = str | list[int] | dict | ProcessedPrompt
@@ -84,6 +87,7 @@ class LLMEngine:
         self._parents: dict[str, _Parent] = {}
         self._child_to_parent: dict[str, tuple[str, int]] = {}
         self._pending_pins: dict[str, tuple[list[int], int]] = {}  # pin id -> (prompt ids, blocks reserved)
+        self._warmups = ChunkWarmups()
         self.kv_block_bytes = self.core.kv_plan.kv_cache_config.block_bytes
 
     # -- input ----------------------------------------------------------------------------------
@@ -124,10 +128,49 @@ class LLMEngine:
                                  f"vocabulary: ids must be in [0, {self.vocab_size})")
 
     def prepare_prompt(self, prompt: PromptType) -> ProcessedPrompt:
-        """Validate and tokenize a prompt once (length checked too); raise ValueError saying what is wrong."""
-        text, ids = self.process_prompt(prompt)
+        """Validate and tokenize a prompt once (length checked too); raise ValueError saying what is wrong.
+
+        A dict with ``kv_blend`` (``{"chunks": [...]}``), or a text split by ``kv_blend_separator``, is a blend
+        prompt: its chunks are tokenized one by one after the head (BOS), then the question.
+        """
+        blend = None
+        if isinstance(prompt, dict) and "kv_blend" in prompt:
+            question = prompt.get("prompt_token_ids", prompt.get("prompt", ""))
+            text = prompt.get("prompt") if isinstance(prompt.get("prompt"), str) else None
+            ids, blend = parse_kv_blend(prompt["kv_blend"], question, self.tokenizer, self._blend_ratio)
+            self._check_token_ids(ids)
+        else:
+            text, ids = self.process_prompt(prompt)
+            split = split_on_separator(text, self._blend_separator) if text and self._blend_separator else None
+            if split is not None:
+                ids, blend = blend_prompt(self.tokenizer, *split, self._blend_ratio)
         self.check_prompt_length(ids)
-        return ProcessedPrompt(text, ids)
+        return ProcessedPrompt(text, ids, blend)
+
+    @property
+    def _blend_ratio(self) -> float:
+        return self.config.cache_config.kv_blend_recompute_ratio
+
+    @property
+    def _blend_separator(self) -> str | None:
+        return self.config.cache_config.kv_blend_separator
+
+    def _check_blend(self, num_tokens: int, params: SamplingParams, transfer: object) -> None:
+        if transfer is not None:
+            raise ValueError("kv_blend and kv_transfer_params cannot be combined: a blend prefills from local chunks")
+        if self.config.speculative_config is not None:
+            raise ValueError("kv_blend is not supported with speculative decoding (speculative_config)")
+        if self.config.parallel_config.world_size > 1:
+            raise ValueError("kv_blend needs a single-worker engine (tensor/pipeline parallel size 1)")
+        if not self.config.cache_config.enable_prefix_caching:
+            raise ValueError("kv_blend reuses chunks from the prefix cache: it needs enable_prefix_caching")
+        if params.prompt_logprobs is not None:
+            raise ValueError("kv_blend computes only some prompt tokens past its check layer: it cannot give "
+                             "prompt_logprobs")
+        budget = self.config.scheduler_config.max_num_batched_tokens
+        if num_tokens > budget:
+            raise ValueError(f"a kv_blend prompt is prefilled in one step: its {num_tokens} tokens exceed "
+                             f"max_num_batched_tokens={budget}; raise it or send fewer chunks")
 
     def check_prompt_length(self, prompt_token_ids: list[int]) -> None:
         if len(prompt_token_ids) >= self.max_model_len:
@@ -153,16 +196,32 @@ class LLMEngine:
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         if not isinstance(prompt, ProcessedPrompt):
             prompt = self.prepare_prompt(prompt)
-        text, ids = prompt.text, prompt.token_ids
+        text, ids, blend = prompt.text, prompt.token_ids, prompt.kv_blend
+        if blend is not None:
+            self._check_blend(len(ids), params, transfer)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         children = self._child_params(params)
         sequences = [_Sequence(i, IncrementalDetokenizer(self.tokenizer, ids, p)) for i, p in enumerate(children)]
         self._parents[request_id] = _Parent(request_id, text, ids, params, sequences, arrival)
+        requests = []
         for i, child_params in enumerate(children):
             child_id = request_id if params.n == 1 else f"{i}_{request_id}"
             self._child_to_parent[child_id] = (request_id, i)
-            self.core.add_request(Request(child_id, ids, child_params, self.eos_token_ids, arrival, priority,
-                                          transfer))
+            requests.append(Request(child_id, ids, child_params, self.eos_token_ids, arrival, priority,
+                                    transfer, blend))
+        missing = self._uncached_chunks(ids, blend) if blend is not None else []
+        if missing:  # held back until its chunks are cached on their own
+            for warmup in self._warmups.hold(request_id, requests, missing):
+                self.core.add_request(warmup)
+            return
+        for request in requests:
+            self.core.add_request(request)
+
+    def _uncached_chunks(self, ids: list[int], blend: BlendSpec) -> list[list[int]]:
+        """The chunk prompts (head + chunk) whose whole blocks the prefix cache does not all hold."""
+        size = self.config.cache_config.block_size
+        prompts = [blend.standalone(ids, i) for i in range(len(blend.chunk_ends))]
+        return [p for p in prompts if self.core.num_cached_tokens(p) < len(p) // size * size]
 
     def check_transfer_params(self, params: dict | None, sampling: SamplingParams | None = None) -> object:
         """A request's ``kv_transfer_params`` parsed and checked against this engine's role (and ``sampling``).
@@ -226,6 +285,7 @@ class LLMEngine:
         for request_id in request_ids:
             self._parents.pop(request_id, None)
             self._pending_pins.pop(request_id, None)
+            self.core.abort_requests(self._warmups.abort(request_id))
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._parents)
@@ -268,6 +328,11 @@ class LLMEngine:
         core_outputs = self.core.step()
         self.last_iteration_stats = core_outputs.iteration_stats
         for out in core_outputs.outputs:
+            if self._warmups.is_warmup(out.req_id):
+                if out.finish_reason is not None:
+                    for request in self._warmups.finished(out.req_id):
+                        self.core.add_request(request)
+                continue
             parent_id, index = self._child_to_parent[out.req_id]
             parent = self._parents[parent_id]
             self._apply(parent, parent.sequences[index], out, now)

@@ -14,7 +14,8 @@ class LayerwiseHooks(AttentionBackend):
     :meth:`KVConnectorWorker.save_kv_layer` after each layer's attention, so transfers overlap the forward.
 
     NOTE: layers are numbered by the order of ``forward`` calls within a step (every model calls attention
-    once per layer, first to last); the runner calls :meth:`begin_step` before each forward.
+    once per layer, first to last); the runner calls :meth:`begin_step` before each forward, with the first
+    layer it runs (a CacheBlend prefill runs its layers in two parts, after the batch's forward).
     """
 
     def __init__(self, inner: AttentionBackend, connector: KVConnectorWorker) -> None:
@@ -23,8 +24,8 @@ class LayerwiseHooks(AttentionBackend):
         self.name = inner.name
         self._layer = 0
 
-    def begin_step(self) -> None:
-        self._layer = 0
+    def begin_step(self, first_layer: int = 0) -> None:
+        self._layer = first_layer
 
     def get_kv_cache_shape(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                            dtype: torch.dtype | None = None) -> tuple[int, ...]:

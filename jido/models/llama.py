@@ -154,11 +154,18 @@ class LlamaModel(nn.Module):
         hidden_states: torch.Tensor | None = None,
     ) -> torch.Tensor:
         x = self.embed(input_ids) if self.is_first_stage else hidden_states
-        ropes = [rope(positions, attn_metadata.max_seq_len) for rope in self.ropes]
         # As many layers as caches were given: fewer run only the first ones (a layer-truncated self-draft).
-        for i in range(self.start_layer, min(self.end_layer, len(kv_caches))):
-            x = self.layers[i](x, ropes[self.layer_rope_idx[i]], kv_caches[i], attn_metadata.per_layer[i])
+        x = self.forward_layers(x, positions, kv_caches, attn_metadata,
+                                range(self.start_layer, min(self.end_layer, len(kv_caches))))
         return self.norm(x) if self.is_last_stage else x
+
+    def forward_layers(self, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                       attn_metadata: StepAttentionMetadata, layer_ids: range) -> torch.Tensor:
+        """Run decoder layers ``layer_ids`` (consecutive) on hidden states ``x`` ``[num_tokens, hidden]``."""
+        ropes = [rope(positions, attn_metadata.max_seq_len) for rope in self.ropes]
+        for i in layer_ids:
+            x = self.layers[i](x, ropes[self.layer_rope_idx[i]], kv_caches[i], attn_metadata.per_layer[i])
+        return x
 
 
 class LlamaForCausalLM(nn.Module):
@@ -213,6 +220,22 @@ class LlamaForCausalLM(nn.Module):
         those run (then the final norm): the target's early exit, which a layer-truncated self-draft proposes with.
         """
         return self.model(input_ids, positions, kv_caches, attn_metadata, hidden_states)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The hidden states ``[num_tokens, hidden]`` that enter the first layer."""
+        return self.model.embed(input_ids)
+
+    def forward_layers(self, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                       attn_metadata: StepAttentionMetadata, layer_ids: range) -> torch.Tensor:
+        """Layers ``layer_ids`` of :meth:`forward` alone: a forward may change its tokens between layers (CacheBlend)."""
+        return self.model.forward_layers(x, positions, kv_caches, attn_metadata, layer_ids)
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.norm(x)
+
+    def rotary(self, layer_id: int) -> RotaryEmbedding:
+        """The RoPE table layer ``layer_id`` rotates its queries and keys with (Gemma 3: local or global base)."""
+        return self.model.ropes[self.model.layer_rope_idx[layer_id]]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits ``[N, vocab]`` for the rows the caller samples from, soft-capped if configured."""

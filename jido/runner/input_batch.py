@@ -111,6 +111,12 @@ class InputBatch:
         self.block_tables[group][row, start:end] = block_ids
         self.num_blocks[group, row] = end
 
+    def request_view(self, req_id: str) -> tuple[np.ndarray, int, list[np.ndarray]]:
+        """One request's known tokens, computed count and block table per group (copies of its row)."""
+        row = self.req_index[req_id]
+        tables = [table[row, :self.num_blocks[g, row]].copy() for g, table in enumerate(self.block_tables)]
+        return self.token_ids[row, :self.num_tokens[row]].copy(), int(self.num_computed_tokens[row]), tables
+
     # -- the step's flat batch --------------------------------------------------------------------
     def prepare_inputs(self, sched: SchedulerOutput) -> ModelInputs:
         """Lay the scheduled tokens of every request end to end, with positions, slots and metadata."""

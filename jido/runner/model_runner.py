@@ -1,10 +1,12 @@
 """ModelRunner: owns the model weights and the physical KV cache, and runs one scheduled step."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from jido.attention.backend import AttentionBackend, build_step_metadata
@@ -22,6 +24,7 @@ from jido.models.config import ModelArchConfig
 from jido.models.loader import CODES_FILE, gguf_source, iter_quantized_weights, iter_weights, load_config
 from jido.models.registry import get_model_class
 from jido.parallel.state import ModelParallel, building_for, layer_range, local_kv_heads
+from jido.runner.cache_blend import CacheBlender
 from jido.runner.input_batch import InputBatch, ModelInputs
 from jido.runner.prompt_logprobs import PromptLogprobsCollector
 from jido.runner.spec_decode import ProposerContext, SpecDecoder, make_proposer
@@ -148,6 +151,7 @@ class ModelRunner:
                                       self.kv_cache_dtype, self.block_size, self.sampler,
                                       config.model_config.quantization_group_size)
             self.spec_decoder = SpecDecoder(spec, self.sampler, make_proposer(spec, context))
+        self.blender: CacheBlender | None = None
 
     def _load_model(self) -> torch.nn.Module:
         model = load_model(self.model_folder, self.model_arch, self.layer_hooks or self.attn_backend, self.device,
@@ -188,6 +192,9 @@ class ModelRunner:
                         len(tensors), kv_cache_config.num_blocks, self.num_kv_heads, arch.num_kv_heads)
         if self.spec_decoder is not None:
             self.spec_decoder.bind_kv_cache(kv_cache_config, tensors, self.kv_caches, self.layer_groups)
+        self.blender = CacheBlender(self.model, self.attn_backend, self.kv_caches, self.layer_groups, self.block_size,
+                                    self.attn_backend.block_token_dim, self.config.cache_config.kv_blend_check_layer,
+                                    self.layer_hooks.begin_step if self.layer_hooks is not None else None)
         self.input_batch = InputBatch(self.config.scheduler_config.max_num_seqs, len(kv_cache_config.groups),
                                       self.block_size, arch.vocab_size, self.device)
         self.fingerprint = self._kv_fingerprint(kv_cache_config)
@@ -250,6 +257,8 @@ class ModelRunner:
             self.spec_decoder.update(sched)
         if sched.is_empty:
             return ModelRunnerOutput({})
+        if sched.kv_blend_plans:  # CacheBlend prefills change their tokens between layers: not one flat batch
+            return self._execute_with_blends(sched, begin)
         inputs = batch.prepare_inputs(sched)
         attn_metadata = build_step_metadata(self.attn_backend, inputs.group_metadata, self.layer_groups)
         start = time.perf_counter()
@@ -273,6 +282,39 @@ class ModelRunner:
             model_time_s=model_done - start,
             sample_time_s=sample_done - model_done, propose_time_s=time.perf_counter() - sample_done,
             expert_load=self.take_expert_load())
+
+    def _execute_with_blends(self, sched: SchedulerOutput, begin: float) -> ModelRunnerOutput:
+        """A step with CacheBlend prefills: the other requests as one flat forward, then each blend on its own.
+
+        The engine refuses kv_blend with speculative decoding and with several workers, so this step only samples.
+        """
+        batch = self.input_batch
+        rest = {r: n for r, n in sched.num_scheduled_tokens.items() if r not in sched.kv_blend_plans}
+        flat = dataclasses.replace(sched, num_scheduled_tokens=rest, total_num_scheduled_tokens=sum(rest.values()))
+        hidden_rows, req_ids, rows, prompt_logprobs = [], [], [], {}
+        start = time.perf_counter()
+        if rest:
+            inputs = batch.prepare_inputs(flat)
+            attn_metadata = build_step_metadata(self.attn_backend, inputs.group_metadata, self.layer_groups)
+            start = time.perf_counter()
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn_metadata)
+            prompt_logprobs = self.prompt_logprobs.collect(flat, hidden)  # only ever due in a sampling step
+            hidden_rows.append(hidden[inputs.logits_indices])
+            req_ids += inputs.sampled_req_ids
+            rows += inputs.sampled_rows.tolist()
+        for req_id, plan in sched.kv_blend_plans.items():
+            hidden_rows.append(self.blender.prefill(plan, *batch.request_view(req_id)))
+            req_ids.append(req_id)
+            rows.append(batch.req_index[req_id])
+        logits = self.model.compute_logits(torch.cat(hidden_rows))
+        model_done = time.perf_counter()
+        token_ids, logprobs = self.sampler.sample(logits, batch.sampling.metadata(rows))
+        batch.append_sampled(np.asarray(rows, dtype=np.int64), [[t] for t in token_ids])
+        return ModelRunnerOutput(
+            {r: [t] for r, t in zip(req_ids, token_ids)},
+            {r: [lp] for r, lp in zip(req_ids, logprobs) if lp is not None}, prompt_logprobs,
+            prepare_time_s=start - begin, model_time_s=model_done - start,
+            sample_time_s=time.perf_counter() - model_done)
 
     def _sample(self, logits: torch.Tensor, inputs: ModelInputs) -> VerifiedTokens:
         """Each sampled request's new tokens: one drawn by the sampler, or its verified proposals and one more."""

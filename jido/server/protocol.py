@@ -150,6 +150,8 @@ class CompletionRequest(_SamplingBody):
     max_tokens: int | None = 16
     logprobs: int | None = None
     echo: bool | None = False
+    # CacheBlend (jido's): {"chunks": [doc, ...], "recompute_ratio": r}; ``prompt`` is then the question after them.
+    kv_blend: dict[str, Any] | None = None
 
     @property
     def num_prompt_logprobs(self) -> int | None:

@@ -53,7 +53,8 @@ class OpenAIServing:
         self.check_model(body.model)
         prompts = _batch_of_prompts(body.prompt)
         # Tokenized on a worker thread: a long prompt must not stall the event loop (every stream, /health).
-        prompt_ids = await asyncio.to_thread(self._batch_prompt_ids, prompts)
+        prepared = await asyncio.to_thread(self._batch_prompts, prompts, body.kv_blend)
+        prompt_ids = [p.token_ids for p in prepared]
         params = [_in_batch(i, len(prompts), self._params, body, ids, body.max_tokens, body.logprobs,
                             body.num_prompt_logprobs) for i, ids in enumerate(prompt_ids)]
         if body.kv_transfer_params is not None and len(prompts) > 1:
@@ -61,11 +62,12 @@ class OpenAIServing:
         self._check_transfer(body, params[0])
         request_id = f"cmpl-{uuid.uuid4().hex}"
         fmts = [CompletionFormat(request_id, self.model_name, self.llm.tokenizer,
-                                 echo_text=self._echo_text(p, ids) if body.echo else None)
+                                 echo_text=self._echo_text(p if body.kv_blend is None else ids, ids)
+                                 if body.echo else None)
                 for p, ids in zip(prompts, prompt_ids)]
         if len(prompts) == 1:
-            return await self._respond(http_request, fmts[0], prompt_ids[0], params[0], body, timer)
-        return await self._respond_batch(http_request, fmts, prompt_ids, params, body, timer)
+            return await self._respond(http_request, fmts[0], prepared[0], params[0], body, timer)
+        return await self._respond_batch(http_request, fmts, prepared, params, body, timer)
 
     async def chat(self, http_request: Request) -> Response:
         timer = RequestTimer()
@@ -79,7 +81,7 @@ class OpenAIServing:
         params = self._params(body, prompt_ids, body.requested_max_tokens, body.num_logprobs)
         self._check_transfer(body, params)
         fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer)
-        return await self._respond(http_request, fmt, prompt_ids, params, body, timer)
+        return await self._respond(http_request, fmt, ProcessedPrompt(None, prompt_ids), params, body, timer)
 
     async def tokenize(self, http_request: Request) -> Response:
         """vLLM's /tokenize: ``{"tokens", "count", "max_model_len", "token_strs"}``."""
@@ -112,8 +114,13 @@ class OpenAIServing:
             raise APIError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
                            param="model", code="model_not_found")
 
-    def _batch_prompt_ids(self, prompts: list[object]) -> list[list[int]]:
-        return [_in_batch(i, len(prompts), self.completion_prompt_ids, p) for i, p in enumerate(prompts)]
+    def _batch_prompts(self, prompts: list[object], kv_blend: dict | None) -> list[ProcessedPrompt]:
+        if kv_blend is not None:
+            if len(prompts) > 1:
+                raise bad_request("kv_blend gives one prompt's chunks: send one prompt (the question) with it",
+                                  "kv_blend")
+            return [self._prepared({"prompt": prompts[0], "kv_blend": kv_blend}, "kv_blend")]
+        return [_in_batch(i, len(prompts), self.completion_prompt, p) for i, p in enumerate(prompts)]
 
     def _check_transfer(self, body: CompletionRequest | ChatCompletionRequest, params: SamplingParams) -> None:
         try:
@@ -129,9 +136,13 @@ class OpenAIServing:
         return info
 
     def completion_prompt_ids(self, prompt: object) -> list[int]:
+        return self.completion_prompt(prompt).token_ids
+
+    def completion_prompt(self, prompt: object) -> ProcessedPrompt:
+        """A completions prompt checked and tokenized (a text with the kv_blend separator becomes a blend)."""
         if isinstance(prompt, str):
             self._check_prompt_bytes(_utf8_len(prompt), "prompt")
-        return self._prompt_ids(prompt)
+        return self._prepared(prompt)
 
     def _echo_text(self, prompt: object, prompt_ids: list[int]) -> str:
         # Token ids are echoed as their text, special tokens included (as vLLM decodes them).
@@ -154,10 +165,13 @@ class OpenAIServing:
                               f"{PROMPT_BYTES_PER_TOKEN} bytes), and no prompt that long fits", param)
 
     def _prompt_ids(self, prompt: object) -> list[int]:
+        return self._prepared(prompt).token_ids
+
+    def _prepared(self, prompt: object, param: str = "prompt") -> ProcessedPrompt:
         try:
-            return self.llm.prepare_prompt(prompt).token_ids
+            return self.llm.prepare_prompt(prompt)
         except ValueError as exc:
-            raise bad_request(str(exc), "prompt") from exc
+            raise bad_request(str(exc), param) from exc
 
     def _params(self, body: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int],
                 max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
@@ -180,10 +194,10 @@ class OpenAIServing:
             raise bad_request(f"{param} {rest}", param if param in type(body).model_fields else None) from exc
 
     # -- running ----------------------------------------------------------------------------------
-    async def _respond(self, http_request: Request, fmt: ResponseFormat, prompt_ids: list[int],
+    async def _respond(self, http_request: Request, fmt: ResponseFormat, prompt: ProcessedPrompt,
                        params: SamplingParams, body: CompletionRequest | ChatCompletionRequest,
                        timer: RequestTimer) -> Response:
-        outputs = self.submit(fmt.request_id, prompt_ids, params, timer, body.priority,
+        outputs = self.submit(fmt.request_id, prompt, params, timer, body.priority,
                               kv_transfer_params=body.kv_transfer_params)
         if body.stream:
             chunks = _numbered(self._chunks(outputs, fmt, params, timer), 0)
@@ -191,15 +205,15 @@ class OpenAIServing:
         final = await self._collect(http_request, self._last(outputs, timer))
         return JSONResponse(fmt.response(final))
 
-    async def _respond_batch(self, http_request: Request, fmts: list[CompletionFormat], prompt_ids: list[list[int]],
+    async def _respond_batch(self, http_request: Request, fmts: list[CompletionFormat], prompts: list[ProcessedPrompt],
                              params: list[SamplingParams], body: CompletionRequest, timer: RequestTimer) -> Response:
         """Several prompts in one completions request, as vLLM serves them: one engine request each, and
         choice ``index`` ``i * n + j`` for completion ``j`` of prompt ``i``; usage sums them all."""
         timers = [timer] + [RequestTimer(timer.arrival) for _ in fmts[1:]]
         streams: list[RequestStream] = []
         try:
-            for i, (ids, p, t) in enumerate(zip(prompt_ids, params, timers)):
-                streams.append(self.submit(f"{fmts[i].request_id}-{i}", ids, p, t, body.priority))
+            for i, (prompt, p, t) in enumerate(zip(prompts, params, timers)):
+                streams.append(self.submit(f"{fmts[i].request_id}-{i}", prompt, p, t, body.priority))
         except APIError:
             for submitted in streams:
                 submitted.close()  # aborts the prompts already queued
@@ -218,13 +232,16 @@ class OpenAIServing:
         merged["usage"] = usage(*finals)
         return JSONResponse(merged)
 
-    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams, timer: RequestTimer,
-               priority: int = 0, pin: bool = False, kv_transfer_params: dict | None = None) -> RequestStream:
+    def submit(self, request_id: str, prompt: ProcessedPrompt | list[int], params: SamplingParams,
+               timer: RequestTimer, priority: int = 0, pin: bool = False,
+               kv_transfer_params: dict | None = None) -> RequestStream:
         """Queue a request (``pin``: a prefix to pin, see /v1/cache); overload and drain are 503s."""
+        if not isinstance(prompt, ProcessedPrompt):
+            prompt = ProcessedPrompt(None, prompt)
         try:
-            # Validated and tokenized once, in _prompt_ids: the engine takes the ids as they are.
-            return self.engine.add_request(request_id, ProcessedPrompt(None, prompt_ids), params, timer.arrival,
-                                           priority, pin, kv_transfer_params)
+            # Validated and tokenized once, in _prepared: the engine takes the ids as they are.
+            return self.engine.add_request(request_id, prompt, params, timer.arrival, priority, pin,
+                                           kv_transfer_params)
         except EngineOverloadedError as exc:
             self.metrics.on_rejected("overload")
             raise APIError(503, str(exc), "service_unavailable", code="overloaded",
