@@ -7,9 +7,12 @@ from dataclasses import dataclass
 
 # Counts decay by this factor per step: the fit follows a workload that changes, over ~100 steps.
 DECAY = 0.99
-# Before any evidence a position holds half the time (a Beta(1, 1) prior worth two request-steps): optimistic
-# enough that every depth gets tried, soon outweighed by what is measured.
-PRIOR_ACCEPTED, PRIOR_ASKED = 1.0, 2.0
+# Before any evidence the first proposal holds half the time, and each deeper one, given the one before it held,
+# as often as the measured depths before it did (acceptance falls geometrically with depth). The prior weighs
+# as much as PRIOR_WEIGHT request-steps at each depth, soon outweighed by what is measured. A flat prior of a
+# half at every depth promised E(8) = 5 tokens before anything was measured, and the first steps at 32 streams
+# then verified 9 rows per request.
+FIRST_PRIOR, PRIOR_WEIGHT = 0.5, 2.0
 # Every EXPLORE_EVERY-th step proposes one more or one fewer token than the fit prefers, so the costs of the
 # neighbouring step sizes stay measured rather than extrapolated.
 EXPLORE_EVERY = 16
@@ -21,8 +24,8 @@ class AcceptanceModel:
     match) still counts as asked, so ``a_j`` is what asking buys, not what a proposal holds."""
 
     def __init__(self, max_k: int) -> None:
-        self.accepted = [PRIOR_ACCEPTED] * max_k
-        self.asked = [PRIOR_ASKED] * max_k
+        self.accepted = [0.0] * max_k
+        self.asked = [0.0] * max_k
 
     def observe(self, verified: list[tuple[int, int]]) -> None:
         """One step's (proposals asked for, proposals accepted) per request."""
@@ -35,7 +38,19 @@ class AcceptanceModel:
                 self.accepted[j] += j < num_accepted
 
     def rates(self) -> list[float]:
-        return [a / n for a, n in zip(self.accepted, self.asked)]
+        rates: list[float] = []
+        for accepted, asked in zip(self.accepted, self.asked):
+            rates.append((accepted + PRIOR_WEIGHT * self._prior(rates)) / (asked + PRIOR_WEIGHT))
+        return rates
+
+    @staticmethod
+    def _prior(shallower: list[float]) -> float:
+        """The next depth's prior from the rates of the depths before it: the last one times the last
+        measured fall from one depth to the next (the first rate itself for depth 1), never a rise."""
+        if not shallower:
+            return FIRST_PRIOR
+        fall = shallower[-1] / shallower[-2] if len(shallower) > 1 and shallower[-2] > 0 else shallower[0]
+        return shallower[-1] * min(1.0, fall)
 
     def expected_tokens(self, k: int) -> float:
         """Tokens a request gains from a step that asks for ``k`` proposals: 1 + sum of ``a_j`` for ``j < k``."""
@@ -125,9 +140,9 @@ class AutoK:
 
     def _tokens_per_s(self, num_requests: int, k: int) -> float:
         verify = self.verify_cost.predict(num_requests * (k + 1))
-        draft = self.draft_cost.predict(num_requests) if k else 0.0
-        if verify is None or draft is None and k:
-            # Nothing measured yet: the first steps take the largest K, which measures the most.
+        if verify is None:  # no pass measured yet: the largest K, which measures the most
             return float(k)
-        seconds = verify + (draft or 0.0) * k
+        # A proposer not yet timed is taken as free: its first step measures it.
+        draft = (self.draft_cost.predict(num_requests) or 0.0) if k else 0.0
+        seconds = verify + draft * k
         return num_requests * self.acceptance.expected_tokens(k) / seconds if seconds > 0 else 0.0

@@ -66,3 +66,25 @@ def test_cost_curve_interpolates_between_measured_sizes_and_extends_their_slope(
     assert curve.predict(1) == pytest.approx(0.0085)
     curve.observe(2, 0.001)
     assert curve.predict(1) == pytest.approx(0.0005)  # the proportional floor, not the line's negative value
+
+
+def test_unmeasured_depths_expect_the_fall_measured_at_shallower_ones():
+    model = AcceptanceModel(4)
+    assert model.rates() == pytest.approx([0.5, 0.25, 0.125, 0.0625])  # nothing measured: halves
+    for _ in range(500):
+        model.observe([(2, 2), (2, 2), (2, 2), (2, 1), (2, 0)])  # depth 0 holds 4/5, depth 1 3/5; never asked deeper
+    rates = model.rates()
+    assert rates[:2] == pytest.approx([0.8, 0.6], abs=0.01)
+    fall = rates[1] / rates[0]
+    assert rates[2] == pytest.approx(rates[1] * fall) and rates[3] == pytest.approx(rates[2] * fall)
+
+
+def test_the_first_decode_step_at_a_large_batch_does_not_verify_the_largest_k():
+    # Only a prefill chunk and a plain decode step measured, no proposal timed: before, K = MAX_K (9 rows per
+    # request at 32 streams); the halving prior expects E(K) <= 2, which 9 rows' cost does not pay.
+    for batch, most in ((32, 1), (1, MAX_K)):
+        auto = AutoK(MAX_K)
+        auto.observe_step(512, memory_bound_then_compute_bound(512), [])
+        auto.observe_step(batch, memory_bound_then_compute_bound(batch), [])
+        assert auto.choose(batch).k <= most
+    assert auto.choose(1).k >= 2  # at batch 1 extra rows cost little: it still speculates
