@@ -164,10 +164,15 @@ def agreement(configs: dict[str, dict]) -> list[dict]:
     return rows
 
 
+SPEED_CASES = ("ngram-batch1", "draft-batch1", "auto-32-streams")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", default=["verify", "speed", "auto", "agreement"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cases", nargs="*", default=list(SPEED_CASES), choices=list(SPEED_CASES),
+                        help="the speed section's cases to run")
     parser.add_argument("--num-prompts", type=int, default=6, help="prompts per batch-1 workload")
     parser.add_argument("--output-len", type=int, default=96)
     parser.add_argument("--out", default=str(RESULTS / f"spec_decode-{now_iso()[:10]}.json"))
@@ -178,7 +183,7 @@ def main() -> None:
                             for row in verify_cost(batch, [0, 1, 2, 3, 4, 6, 8, 15, 16], steps=7, context=256)]
     if "speed" in args.only:
         n, out = args.num_prompts, args.output_len
-        result["speed"] = speed([
+        cases = dict(zip(SPEED_CASES, [
             {"label": "n-gram, batch 1, input-grounded", "dataset": "rewrite", "batch": 1, "num_prompts": n,
              "input_len": 256, "output_len": out,
              "configs": {"baseline": None, "ngram k=4": ngram(4), "ngram k=8": ngram(8), "ngram auto": ngram("auto")}},
@@ -187,7 +192,8 @@ def main() -> None:
              "configs": {"baseline": None, "self-draft 12 layers": self_draft(12), "ngram auto": ngram("auto")}},
             {"label": "auto K, 32 streams", "dataset": "random", "batch": 32, "num_prompts": 32, "input_len": 256,
              "output_len": out, "configs": {"baseline": None, "ngram auto": ngram("auto")}},
-        ], args.repeats)
+        ]))
+        result["speed"] = speed([cases[name] for name in args.cases], args.repeats)
     if "auto" in args.only:
         result["auto"] = auto_fit([1, 8, 32], args.output_len)
     if "agreement" in args.only:
