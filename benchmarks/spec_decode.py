@@ -6,7 +6,8 @@ Sections (``--only`` picks some; all by default), each against the plain engine 
   1-row step, at batch 1, 8 and 32: what speculation can buy on this machine.
 - ``speed``: output tok/s per configuration, interleaved rounds, median of ``--repeats``: n-gram at batch 1
   on the input-grounded ``rewrite`` prompts of ``jido bench``, draft methods at batch 1 on open-ended text
-  (``random`` windows of the pydoc text), automatic K at 32 streams.
+  (``random`` windows of the pydoc text), automatic K at 32 streams, and the real pair: Qwen2.5-Coder-0.5B-Instruct
+  drafting for Qwen2.5-Coder-1.5B-Instruct on coding requests (``--cases qwen-pair-batch1``; both installed).
 - ``auto``: the model automatic K fitted (per-position acceptance, pass costs) and the K it chose at batch
   1, 8 and 32.
 - ``agreement``: greedy tokens with and without speculation on every engine fixture prompt, and where they
@@ -76,7 +77,20 @@ def verify_cost(batch: int, ks: list[int], steps: int, context: int) -> list[dic
 
 
 # -- speed --------------------------------------------------------------------------------------------------
+# Coding requests for the Qwen pair, in Qwen's ChatML (the chat template's form of one user turn).
+CODING = [
+    "Write a Python function that parses an ISO 8601 date string and returns a datetime, with tests.",
+    "Implement a least-recently-used cache class in Python with get and put in O(1), and explain it.",
+    "Write a Python script that counts the words of a text file and prints the ten most common ones.",
+    "Write a binary search over a sorted Python list that returns the insertion point, with doctests.",
+    "Write a Python generator that yields the lines of a large file in reverse order without reading it whole.",
+    "Implement merge sort in Python for a list of integers and give its time complexity.",
+]
+
+
 def prompts_for(dataset: str, num: int, input_len: int, output_len: int) -> list[str]:
+    if dataset == "coding":
+        return [f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n" for text in CODING[:num]]
     folder = resolve_model(None)
     corpus = Corpus(reference_text(), TokenizerJsonCounter(folder / "tokenizer.json"))
     config = BenchConfig(dataset_name=dataset, num_prompts=num, random_input_len=input_len,
@@ -103,7 +117,8 @@ def speed(cases: list[dict], repeats: int) -> list[dict]:
     results = []
     for case in cases:
         prompts = prompts_for(case["dataset"], case["num_prompts"], case["input_len"], case["output_len"])
-        llms = {name: LLM(kv_cache_memory=KV, speculative_config=config) for name, config in case["configs"].items()}
+        llms = {name: LLM(case.get("model"), kv_cache_memory=KV, speculative_config=config)
+                for name, config in case["configs"].items()}
         for llm in llms.values():  # warm-up: kernels built and loaded, caches touched
             llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
         rounds: dict[str, list[dict]] = {name: [] for name in llms}
@@ -115,7 +130,7 @@ def speed(cases: list[dict], repeats: int) -> list[dict]:
         for name, runs in rounds.items():
             ratios = [r["tok_s"] / b for r, b in zip(runs, base)]
             results.append({**{k: case[k] for k in ("label", "dataset", "batch", "num_prompts", "input_len",
-                                                      "output_len")},
+                                                      "output_len")}, "model": case.get("model"),
                             "config": name, "speculative_config": case["configs"][name],
                             "tok_s_median": statistics.median(r["tok_s"] for r in runs),
                             "tok_s_runs": [r["tok_s"] for r in runs], "ratio_median": statistics.median(ratios),
@@ -164,14 +179,15 @@ def agreement(configs: dict[str, dict]) -> list[dict]:
     return rows
 
 
-SPEED_CASES = ("ngram-batch1", "draft-batch1", "auto-32-streams")
+SPEED_CASES = ("ngram-batch1", "draft-batch1", "auto-32-streams", "qwen-pair-batch1")
+QWEN_TARGET, QWEN_DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", default=["verify", "speed", "auto", "agreement"])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--cases", nargs="*", default=list(SPEED_CASES), choices=list(SPEED_CASES),
+    parser.add_argument("--cases", nargs="*", default=list(SPEED_CASES[:3]), choices=list(SPEED_CASES),
                         help="the speed section's cases to run")
     parser.add_argument("--num-prompts", type=int, default=6, help="prompts per batch-1 workload")
     parser.add_argument("--output-len", type=int, default=96)
@@ -192,6 +208,11 @@ def main() -> None:
              "configs": {"baseline": None, "self-draft 12 layers": self_draft(12), "ngram auto": ngram("auto")}},
             {"label": "auto K, 32 streams", "dataset": "random", "batch": 32, "num_prompts": 32, "input_len": 256,
              "output_len": out, "configs": {"baseline": None, "ngram auto": ngram("auto")}},
+            {"label": "Qwen pair, batch 1, coding", "dataset": "coding", "batch": 1, "num_prompts": n, "input_len": 0,
+             "output_len": out, "model": QWEN_TARGET,
+             "configs": {"baseline": None, "draft 0.5B k=3": {"method": "draft_model", "model": QWEN_DRAFT,
+                                                             "num_speculative_tokens": 3},
+                         "ngram auto": ngram("auto")}},
         ]))
         result["speed"] = speed([cases[name] for name in args.cases], args.repeats)
     if "auto" in args.only:
