@@ -12,7 +12,8 @@ from jido.tools.ablate.results import Ablation, ratio
 
 def plot_ratios(ablation: Ablation, path: Path) -> Path:
     """Bars of each measured variant's median ratio to the baseline per metric, whiskers from its fastest to
-    its slowest run; a line at 1 (the baseline)."""
+    its slowest run, drawn from the baseline's 1 on a log scale: a 2x and a 0.5x are bars of one length, and
+    a 20x TTFT (static batching) leaves the 1.1x gains readable."""
     plt = pyplot()
     arms = [arm for arm in ablation.variants if arm.runs]
     baseline = ablation.baseline.medians()
@@ -28,8 +29,9 @@ def plot_ratios(ablation: Ablation, path: Path) -> Path:
         shown = [h if h is not None else np.nan for h in heights]
         errors = [[max(h - lo, 0) if None not in (h, lo) else 0 for h, lo in zip(heights, lows)],
                   [max(hi - h, 0) if None not in (h, hi) else 0 for h, hi in zip(heights, highs)]]
-        ax.bar(groups - 0.4 + width * (i + 0.5), shown, width, yerr=errors, capsize=2, label=arm.label,
-               color=colors(i % 20))
+        ax.bar(groups - 0.4 + width * (i + 0.5), [h - 1.0 for h in shown], width, bottom=1.0, yerr=errors,
+               capsize=2, label=arm.label, color=colors(i % 20))
+    ax.set_yscale("log", base=2)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(groups, [title for _, title in COLUMNS])
     ax.set_ylabel("ratio to the baseline")
