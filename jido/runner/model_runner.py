@@ -274,8 +274,7 @@ class ModelRunner:
         sample_done = time.perf_counter()
         spec_token_ids = {}
         if self.spec_decoder is not None:  # a draft model computes prefill chunks too, to hold their KV
-            # Auto K weighs the pass with its sampling: verifying K + 1 rows per request samples K + 1 rows too.
-            spec_token_ids = self.spec_decoder.propose(sched, inputs, batch, hidden, verified, sample_done - start)
+            spec_token_ids = self.spec_decoder.propose(sched, inputs, batch, hidden, verified, model_done - start)
         req_ids = inputs.sampled_req_ids
         return ModelRunnerOutput(
             dict(zip(req_ids, verified.token_ids)), {r: lps for r, lps in zip(req_ids, verified.logprobs) if lps},

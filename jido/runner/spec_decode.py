@@ -155,8 +155,7 @@ class SpecDecoder:
 
     def propose(self, sched: SchedulerOutput, inputs: ModelInputs, batch: InputBatch, hidden: torch.Tensor,
                 verified: VerifiedTokens, model_s: float) -> dict[str, list[int]]:
-        """The next step's proposals per sampled request (none for the others); ``model_s`` is the step's pass and
-        its sampling (both grow with the rows verified)."""
+        """The next step's proposals per sampled request (none for the others); ``model_s`` is the step's pass."""
         k = self._next_k(sched, inputs, verified, model_s)
         start = time.perf_counter()
         drafts = self.proposer.propose(ProposalStep(sched, inputs, batch, hidden, verified, k))
