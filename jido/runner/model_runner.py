@@ -192,9 +192,11 @@ class ModelRunner:
                         len(tensors), kv_cache_config.num_blocks, self.num_kv_heads, arch.num_kv_heads)
         if self.spec_decoder is not None:
             self.spec_decoder.bind_kv_cache(kv_cache_config, tensors, self.kv_caches, self.layer_groups)
-        self.blender = CacheBlender(self.model, self.attn_backend, self.kv_caches, self.layer_groups, self.block_size,
-                                    self.attn_backend.block_token_dim, self.config.cache_config.kv_blend_check_layer,
-                                    self.layer_hooks.begin_step if self.layer_hooks is not None else None)
+        if self.parallel.world_size == 1:  # the engine refuses kv_blend with several workers (a stage lacks layers)
+            self.blender = CacheBlender(self.model, self.attn_backend, self.kv_caches, self.layer_groups,
+                                        self.block_size, self.attn_backend.block_token_dim,
+                                        self.config.cache_config.kv_blend_check_layer,
+                                        self.layer_hooks.begin_step if self.layer_hooks is not None else None)
         self.input_batch = InputBatch(self.config.scheduler_config.max_num_seqs, len(kv_cache_config.groups),
                                       self.block_size, arch.vocab_size, self.device)
         self.fingerprint = self._kv_fingerprint(kv_cache_config)
