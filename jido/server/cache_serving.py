@@ -27,6 +27,8 @@ class CacheServing:
     def __init__(self, serving: OpenAIServing) -> None:
         self.serving = serving
         self.engine = serving.engine
+        # DELETEd ids, hidden until the engine's next report stops listing them (the unpin runs on its thread).
+        self._unpinned: set[str] = set()
 
     async def create(self, http_request: Request) -> Response:
         body = validate_body(CacheRequest, parse_json(await http_request.body()))
@@ -61,10 +63,13 @@ class CacheServing:
             raise APIError(404, f"no pinned prefix {pin_id!r}; GET /v1/cache lists them", param="id",
                            code="cache_not_found")
         self.engine.unpin(pin_id)
+        self._unpinned.add(pin_id)
         return JSONResponse({"id": pin_id, "object": "cache", "deleted": True})
 
     def _pins(self) -> dict[str, dict]:
         block_bytes = self.serving.llm.kv_block_bytes
-        return {p.pin_id: {"id": p.pin_id, "object": "cache", "num_cached_tokens": p.num_tokens,
-                           "num_blocks": p.num_blocks, "num_bytes": p.num_blocks * block_bytes, "hits": p.hits}
-                for p in self.engine.last_report.stats.pinned}
+        listed = {p.pin_id: {"id": p.pin_id, "object": "cache", "num_cached_tokens": p.num_tokens,
+                             "num_blocks": p.num_blocks, "num_bytes": p.num_blocks * block_bytes, "hits": p.hits}
+                  for p in self.engine.last_report.stats.pinned}
+        self._unpinned &= listed.keys()  # the report caught up with these: forget them
+        return {pin_id: pin for pin_id, pin in listed.items() if pin_id not in self._unpinned}
