@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -60,16 +59,6 @@ def test_special_ids_follow_gguf_metadata(tokenizer: Tokenizer) -> None:
     assert tokenizer.chat_template is None
     assert {0, 1, 2, 3, 4} <= tokenizer.all_special_ids
     assert 107 not in tokenizer.all_special_ids  # "\n" is a user-defined token, not a special one
-
-
-def test_cached_tokenizer_loads_in_under_two_seconds(gemma_folder: Path) -> None:
-    def load_seconds() -> float:
-        start = time.perf_counter()
-        Tokenizer.from_folder(gemma_folder)
-        return time.perf_counter() - start
-
-    # ~0.9 s alone; the better of two loads keeps a busy shared machine from failing the test.
-    assert min(load_seconds(), load_seconds()) < 2.0
 
 
 def test_folder_without_tokenizer_json_is_rejected(tmp_path: Path) -> None:

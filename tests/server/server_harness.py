@@ -47,9 +47,9 @@ class Server:
                 headers: dict[str, str | bytes] | None = None) -> tuple[int, dict[str, str], bytes]:
         """One HTTP(S) request; returns status, headers (lower-case names) and the raw body."""
         if self.ssl_context is None:
-            connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+            connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
         else:
-            connection = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=60, context=self.ssl_context)
+            connection = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=120, context=self.ssl_context)
         try:
             data = json.dumps(body).encode() if isinstance(body, dict) else body
             connection.request(method, path, body=data, headers={"Content-Type": "application/json",
