@@ -103,6 +103,9 @@ class QuantizedLinearMethod(LinearMethod):
         qweight = getattr(layer, "qweight", None)
         if qweight is None:
             return self.dense.apply(layer, x, bias)
+        panels = getattr(layer, "qpanels", None)
+        if panels is not None and int8_dot.prefers_panels(x.shape[0]):
+            return int8_dot.panel_linear(x, panels, bias)
         if int8_dot.runs(qweight):
             return int8_dot.int8_dot_linear(x, qweight, bias, self.per_token)
         if self.per_token:
@@ -120,6 +123,7 @@ class QuantizedLinearMethod(LinearMethod):
             self.dense.process_weights_after_loading(layer)
         else:
             _replace_weight(layer, qweight)
+            self._pack_panels(layer)
 
     def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
         # A tied head is the embedding: its gathers read the same qweight, so no dense table is kept.
@@ -130,6 +134,13 @@ class QuantizedLinearMethod(LinearMethod):
             self.dense.process_logits_weights_after_loading(layer)
         else:
             _replace_weight(layer, qweight)
+            self._pack_panels(layer)
+
+    def _pack_panels(self, layer: nn.Module) -> None:
+        """Keep the weight's panels packed beside its codes where the panel kernel runs (int8_dot.PackedPanels):
+        steps of a few rows then skip repacking the whole weight per call, which dominated the LM head."""
+        if int8_dot.runs(layer.qweight):
+            layer.qpanels = int8_dot.pack_panels(layer.qweight, self.per_token)
 
     def _quantized(self, layer: nn.Module) -> QuantizedWeight | None:
         staged: dict[str | None, QuantizedCodes] = getattr(layer, "staged_codes", {})

@@ -336,10 +336,13 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 def _held_beside(module: torch.nn.Module) -> list[torch.Tensor]:
     """Weight tensors a layer keeps outside its parameters (see jido/layers/quantized_linear.py)."""
-    held = [getattr(module, name, None) for name in ("dense_weight", "packed_logits_weight")]
+    held = [getattr(module, "packed_logits_weight", None)]
     qweight = getattr(module, "qweight", None)
     if qweight is not None:
         held += [qweight.data, qweight.scales, qweight.mins]
+    panels = getattr(module, "qpanels", None)
+    if panels is not None:
+        held += [panels.codes, panels.scales, panels.mins, panels.meta]
     return [t for t in held if isinstance(t, torch.Tensor)]
 
 

@@ -177,3 +177,43 @@ def test_groups_the_kernels_do_not_take_are_refused_by_supports_and_by_the_kerne
     with pytest.raises(RuntimeError, match="int8 dot products need groups of 16, of a multiple of 32 or of a "
                                            "whole row; got 24"):
         int8_dot.int8_dot_linear(torch.randn(1, 72), w)
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_prepacked_panels_give_bit_for_bit_what_the_panel_kernel_packing_per_call_gives(bits, per_token) -> None:
+    gen = torch.Generator().manual_seed(11)
+    for i, (num_rows, num_cols, group_size) in enumerate(SHAPES):
+        if group_size == 16 and per_token:
+            continue  # w8a8 weights have groups of 32 or more
+        w = random_weight(num_rows, num_cols, group_size, bits, with_mins=i % 2 == 0, gen=gen)
+        packed = int8_dot.pack_panels(w, per_token)
+        bias = torch.randn(num_rows, generator=gen)
+        for rows in (1, 2, 5, 13):
+            x = random_x(rows, num_cols, torch.float32, gen)
+            expected = int8_dot.int8_dot_linear(x, w, bias, per_token, panels=True)
+            assert torch.equal(int8_dot.panel_linear(x, packed, bias), expected), (num_rows, num_cols, group_size, rows)
+
+
+def test_narrow_codes_pack_unsigned_and_wide_ones_signed() -> None:
+    gen = torch.Generator().manual_seed(12)
+    narrow = random_weight(16, 64, 32, 8, with_mins=False, gen=gen, codes=(-20, 20))
+    wide = random_weight(16, 64, 32, 8, with_mins=False, gen=gen)
+    # a span of at most 127 codes is stored shifted, with the shift in a mins' term; a wider one as it is
+    assert int8_dot.pack_panels(narrow).meta[:, 1].tolist() == [1, 1] and int8_dot.pack_panels(narrow).mins.numel() > 0
+    assert int8_dot.pack_panels(wide).meta[:, 1].tolist() == [0, 0] and int8_dot.pack_panels(wide).mins.numel() == 0
+    for w in (narrow, wide):
+        x = random_x(3, 64, torch.float32, gen)
+        assert_equals_reference(x, w, None, False, True, "panels")
+        packed = int8_dot.pack_panels(w)
+        assert torch.equal(int8_dot.panel_linear(x, packed), int8_dot.int8_dot_linear(x, w, panels=True))
+
+
+def test_panels_packed_for_one_rounding_of_x_are_refused_for_the_other() -> None:
+    # One scale per row (a whole-row group): per block of x, 20 chunks of 32 columns; per token, one chunk.
+    w = random_weight(8, 640, None, 8, with_mins=False, gen=torch.Generator().manual_seed(13))
+    per_block = int8_dot.pack_panels(w)
+    mixed = int8_dot.PackedPanels(per_block.codes, per_block.scales, per_block.mins, per_block.meta, w.group_size,
+                                  w.shape, per_token=True)
+    with pytest.raises(RuntimeError, match="packed for another x_block"):
+        int8_dot.panel_linear(torch.randn(2, 640), mixed)

@@ -25,8 +25,8 @@ from jido.models.loader import iter_gguf_weights
 from jido.models.named import CACHE_DIR_ENV
 from jido.runner.model_runner import resolve_quantization
 
-# A step of 20 rows: at least int8_dot.PANEL_MIN_ROWS, so the layers run the panel kernel; a decode step of
-# two rows runs the rows kernel.
+# A prefill of 20 rows; the layers run every step of two rows or more on their prepacked panels, and a decode
+# step of one row on the rows kernel.
 TOKENS = {"a": [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], "b": [2, 7, 1, 8, 2, 8, 1, 8]}
 SCHEMES = [("int8", None), ("int8", 16), ("int4", None), ("int4", 64), ("w8a8", None)]
 
@@ -67,30 +67,39 @@ def test_quantized_model_on_exact_x_equals_the_dense_model_on_its_dequantized_we
 def test_quantized_steps_run_the_int8_dot_kernels_and_stay_near_the_dense_model(arch, scheme, group_size,
                                                                                  monkeypatch):
     # Every step runs the int8 dot kernels, which round x to int8 per block of 32 (per token under w8a8): the
-    # prefill (every row's logits) the panel kernel, the decode steps the rows kernel. Every call must
-    # equal the kernels' float64 reference on its own input (a whole-model comparison cannot be tight: a
-    # last-bit change upstream moves a code across a rounding boundary), and the logits stay near the dense
-    # model's (a random tiny model compounds the rounding to a few percent of its logits; a wrong group,
-    # nibble or sign would be far off).
-    steps = (TOKENS, {"a": [7], "b": [4]}, {"a": [1], "b": [9]})  # a prefill, then two decode steps
+    # prefill and a decode step of two rows on each layer's prepacked panels, a decode step of one row on the
+    # rows kernel. Every call must equal the kernels' float64 reference on its own input (a whole-model
+    # comparison cannot be tight: a last-bit change upstream moves a code across a rounding boundary), and the
+    # logits stay near the dense model's (a random tiny model compounds the rounding to a few percent of its
+    # logits; a wrong group, nibble or sign would be far off).
+    steps = (TOKENS, {"a": [7], "b": [4]}, {"a": [1]})  # a prefill, then decode steps of two rows and of one
     quantized, dense = _quantized_and_reference(arch, scheme, group_size)
-    kernel, calls = int8_dot.int8_dot_linear, []
+    weights = {id(m.qpanels): m.qweight for m in quantized.modules() if hasattr(m, "qpanels")}
+    rows_kernel, panel_kernel, calls = int8_dot.int8_dot_linear, int8_dot.panel_linear, []
 
-    def checked(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None,
-                per_token: bool = False) -> torch.Tensor:
-        out = kernel(x, w, bias, per_token)
+    def check(kernel: str, x: torch.Tensor, out: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
+              per_token: bool) -> torch.Tensor:
         reference = int8_dot.int8_dot_linear_reference(x, w, bias, per_token)
-        calls.append((x.shape[0], float((out.double() - reference).abs().max())))
+        calls.append((kernel, x.shape[0], float((out.double() - reference).abs().max())))
         return out
 
-    monkeypatch.setattr(int8_dot, "int8_dot_linear", checked)
+    def rows(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None,
+             per_token: bool = False) -> torch.Tensor:
+        return check("rows", x, rows_kernel(x, w, bias, per_token), w, bias, per_token)
+
+    def panels(x: torch.Tensor, packed: int8_dot.PackedPanels, bias: torch.Tensor | None = None) -> torch.Tensor:
+        assert packed.per_token == (scheme == "w8a8")
+        return check("panels", x, panel_kernel(x, packed, bias), weights[id(packed)], bias, packed.per_token)
+
+    monkeypatch.setattr(int8_dot, "int8_dot_linear", rows)
+    monkeypatch.setattr(int8_dot, "panel_linear", panels)
     ours, expected = _run_steps(quantized, steps), _run_steps(dense, steps)
-    layers, head = quantized.config.num_layers * 4, 1
-    assert [rows for rows, _ in calls] == [20] * (layers + head) + [2] * (2 * (layers + head))
-    assert max(error for _, error in calls) < 1e-4, calls
-    for request in TOKENS:
-        error = (ours[request] - expected[request]).abs().max()
-        assert error <= 0.06 * expected[request].abs().max(), (request, error)
+    calls_per_step = quantized.config.num_layers * 4 + 1  # the layers' projections and the head
+    assert [call[:2] for call in calls] == ([("panels", 20)] * calls_per_step + [("panels", 2)] * calls_per_step
+                                            + [("rows", 1)] * calls_per_step)
+    assert max(error for *_, error in calls) < 1e-4, calls
+    error = (ours["a"] - expected["a"]).abs().max()
+    assert error <= 0.06 * expected["a"].abs().max(), error
 
 
 def _run_steps(model, steps: tuple[dict[str, list[int]], ...]) -> dict[str, torch.Tensor]:

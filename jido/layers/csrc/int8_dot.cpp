@@ -295,7 +295,7 @@ inline void transpose_quads(const __m256i* r, uint8_t* dst) {
 // Rows [n0, n0 + 8) of w (rows past N as zeros) as a panel (see Panel) in `codes`, `scales`, `mins`; returns
 // the kernel for its span of codes. `rows` is scratch of 8 * kpad bytes.
 PanelFn pack_panel(const Weight& w, int64_t n0, int64_t chunk, int64_t num_chunks, int64_t isa, uint8_t* rows,
-                   uint8_t* codes, float* scales, float* mins, bool* with_mins) {
+                   uint8_t* codes, float* scales, float* mins, bool* with_mins, int* span) {
   const int64_t kpad = w.nb * kBlock;
   int lo = 255, hi = -255;
   for (int64_t i = 0; i < kPanel; ++i) {
@@ -308,6 +308,7 @@ PanelFn pack_panel(const Weight& w, int64_t n0, int64_t chunk, int64_t num_chunk
     }
   }
   bool unsigned_codes = false;
+  *span = hi - lo;
   const PanelFn dot = pick_panel(hi - lo, isa, &unsigned_codes);
   const int shift = unsigned_codes ? lo : 0;
   if (shift != 0) {  // stored as q - shift (what lies past K does not matter: x is 0 there)
@@ -363,43 +364,124 @@ Weight make_weight(const at::Tensor& data, const at::Tensor& scales, const c10::
                 std::min(group_size, K), bits, data.size(1), num_groups, nb, group_size == 16 && K > 16};
 }
 
-void panels(const Weight& w, const QuantizedX& x, int64_t x_block, int64_t isa, float* out) {
-  const int64_t num_panels = (w.N + kPanel - 1) / kPanel, kpad = w.nb * kBlock;
-  // A chunk of columns shares one scale of w and one of x: an int32 sum, then one float multiply-add.
-  int64_t chunk = std::min(w.group_size, x_block == 0 ? w.K : x_block);
-  if (chunk >= w.K) chunk = kpad;  // one chunk over the padded row: whole quads, a multiple of 8 of them
-  const int64_t num_chunks = (w.K + chunk - 1) / chunk;
+// The columns of x that share one scale of w and one of x (a chunk): an int32 sum, then one float multiply-add.
+int64_t panel_chunk(const Weight& w, int64_t x_block) {
+  const int64_t chunk = std::min(w.group_size, x_block == 0 ? w.K : x_block);
+  return chunk >= w.K ? w.nb * kBlock : chunk;  // one chunk over the padded row: whole quads, a multiple of 8
+}
+
+// Panels as `get(set scratch, panel index, &panel)` gives them (packed there, or prepacked), swept in sets of
+// kPanelGroup, each set against every row of x, the sets split over threads.
+template <class GetPanel>
+void sweep_panels(int64_t N, const QuantizedX& x, float* out, int64_t scratch_bytes, GetPanel get) {
+  const int64_t num_panels = (N + kPanel - 1) / kPanel;
   const int64_t num_sets = (num_panels + kPanelGroup - 1) / kPanelGroup;
   at::parallel_for(0, num_sets, 1, [&](int64_t s0, int64_t s1) {
-    std::vector<uint8_t> rows(kPanel * kpad), codes(kPanelGroup * kPanel * kpad);
-    std::vector<float> scales(kPanelGroup * num_chunks * kPanel), mins(kPanelGroup * w.num_groups * kPanel);
+    std::vector<uint8_t> scratch(scratch_bytes);
     Panel panel[kPanelGroup];
     PanelFn dot[kPanelGroup];
     alignas(32) float tile[kPanelRows * kPanel];
     for (int64_t set = s0; set < s1; ++set) {
       const int64_t p0 = set * kPanelGroup, count = std::min(kPanelGroup, num_panels - p0);
-      for (int64_t i = 0; i < count; ++i) {
-        uint8_t* pc = codes.data() + i * kPanel * kpad;
-        float* ps = scales.data() + i * num_chunks * kPanel;
-        float* pm = mins.data() + i * w.num_groups * kPanel;
-        bool with_mins = false;
-        dot[i] = pack_panel(w, (p0 + i) * kPanel, chunk, num_chunks, isa, rows.data(), pc, ps, pm, &with_mins);
-        panel[i] = Panel{pc, ps, with_mins ? pm : nullptr, kpad / 4, chunk / 4, num_chunks, w.num_groups};
-      }
+      for (int64_t i = 0; i < count; ++i) dot[i] = get(scratch.data(), p0 + i, i, &panel[i]);
       for (int64_t m = 0; m < x.M; m += kPanelRows) {
         const int64_t rows_here = std::min(kPanelRows, x.M - m);
         for (int64_t i = 0; i < count; ++i) {
-          const int64_t n0 = (p0 + i) * kPanel, width = std::min(kPanel, w.N - n0);
+          const int64_t n0 = (p0 + i) * kPanel, width = std::min(kPanel, N - n0);
           if (width == kPanel) {
-            dot[i](panel[i], x, m, rows_here, out + m * w.N + n0, w.N);
+            dot[i](panel[i], x, m, rows_here, out + m * N + n0, N);
           } else {  // the last panel of an N that is not a multiple of 8: through a tile
             dot[i](panel[i], x, m, rows_here, tile, kPanel);
             for (int64_t r = 0; r < rows_here; ++r)
-              std::memcpy(out + (m + r) * w.N + n0, tile + r * kPanel, width * sizeof(float));
+              std::memcpy(out + (m + r) * N + n0, tile + r * kPanel, width * sizeof(float));
           }
         }
       }
     }
+  });
+}
+
+// The panel kernel with each set of panels packed into scratch as it is reached.
+void panels(const Weight& w, const QuantizedX& x, int64_t x_block, int64_t isa, float* out) {
+  const int64_t kpad = w.nb * kBlock, chunk = panel_chunk(w, x_block);
+  const int64_t num_chunks = (w.K + chunk - 1) / chunk;
+  // scratch: one panel's rows, then per panel of the set its codes, scales and mins
+  const int64_t codes_bytes = kPanel * kpad, scales_bytes = num_chunks * kPanel * 4, mins_bytes = w.num_groups * kPanel * 4;
+  const int64_t per_panel = codes_bytes + scales_bytes + mins_bytes;
+  sweep_panels(w.N, x, out, codes_bytes + kPanelGroup * per_panel,
+               [&](uint8_t* scratch, int64_t p, int64_t i, Panel* panel) {
+                 uint8_t* pc = scratch + codes_bytes + i * per_panel;
+                 float* ps = reinterpret_cast<float*>(pc + codes_bytes);
+                 float* pm = reinterpret_cast<float*>(pc + codes_bytes + scales_bytes);
+                 bool with_mins = false;
+                 int span = 0;
+                 const PanelFn dot = pack_panel(w, p * kPanel, chunk, num_chunks, isa, scratch, pc, ps, pm, &with_mins,
+                                                &span);
+                 *panel = Panel{pc, ps, with_mins ? pm : nullptr, kpad / 4, chunk / 4, num_chunks, w.num_groups};
+                 return dot;
+               });
+}
+
+// Every panel of w packed once, as `panels` packs them per call: codes [panels, 8 * kpad], scales [panels,
+// chunks * 8], mins [panels, groups * 8] (empty when no panel has a mins' term) and per panel its span of codes
+// and whether it has a mins' term ([panels, 2]). Decode and verification steps of a few rows spent most of the
+// LM head's time packing (the head is 168 M codes); packed once, the panel kernel serves them too.
+std::vector<at::Tensor> pack_all_panels(const Weight& w, int64_t x_block, int64_t isa) {
+  const int64_t num_panels = (w.N + kPanel - 1) / kPanel, kpad = w.nb * kBlock, chunk = panel_chunk(w, x_block);
+  const int64_t num_chunks = (w.K + chunk - 1) / chunk;
+  const auto bytes = at::TensorOptions().dtype(at::kByte), floats = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor codes = at::empty({num_panels, kPanel * kpad}, bytes);
+  at::Tensor scales = at::empty({num_panels, num_chunks * kPanel}, floats);
+  at::Tensor mins = at::zeros({num_panels, w.num_groups * kPanel}, floats);
+  at::Tensor meta = at::empty({num_panels, 2}, at::TensorOptions().dtype(at::kInt));
+  int32_t* mp = meta.data_ptr<int32_t>();
+  at::parallel_for(0, num_panels, 64, [&](int64_t p0, int64_t p1) {
+    std::vector<uint8_t> rows(kPanel * kpad);
+    for (int64_t p = p0; p < p1; ++p) {
+      bool with_mins = false;
+      int span = 0;
+      pack_panel(w, p * kPanel, chunk, num_chunks, isa, rows.data(), codes.data_ptr<uint8_t>() + p * kPanel * kpad,
+                 scales.data_ptr<float>() + p * num_chunks * kPanel, mins.data_ptr<float>() + p * w.num_groups * kPanel,
+                 &with_mins, &span);
+      mp[2 * p] = span, mp[2 * p + 1] = with_mins;
+    }
+  });
+  bool any_mins = false;
+  for (int64_t p = 0; p < num_panels; ++p) any_mins = any_mins || mp[2 * p + 1];
+  return {codes, scales, any_mins ? mins : at::empty({0}, floats), meta};
+}
+
+// The panel kernel over panels packed by pack_all_panels.
+void prepacked_panels(const Weight& w, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                      const at::Tensor& meta, const QuantizedX& x, int64_t x_block, int64_t isa, float* out) {
+  const int64_t kpad = w.nb * kBlock, chunk = panel_chunk(w, x_block), num_chunks = (w.K + chunk - 1) / chunk;
+  const int64_t num_panels = (w.N + kPanel - 1) / kPanel;
+  TORCH_CHECK(codes.dim() == 2 && codes.size(0) == num_panels && codes.size(1) == kPanel * kpad &&
+                  codes.scalar_type() == at::kByte && codes.is_contiguous(),
+              "panel codes must be contiguous uint8 [", num_panels, ", ", kPanel * kpad, "]");
+  TORCH_CHECK(scales.sizes() == at::IntArrayRef({num_panels, num_chunks * kPanel}) && scales.is_contiguous() &&
+                  scales.scalar_type() == at::kFloat,
+              "panel scales must be contiguous float32 [", num_panels, ", ", num_chunks * kPanel,
+              "]: packed for another x_block?");
+  TORCH_CHECK(meta.sizes() == at::IntArrayRef({num_panels, 2}) && meta.scalar_type() == at::kInt && meta.is_contiguous(),
+              "panel meta must be contiguous int32 [", num_panels, ", 2]");
+  const int32_t* mp = meta.data_ptr<int32_t>();
+  const bool has_mins = mins.numel() > 0;
+  TORCH_CHECK(!has_mins || (mins.sizes() == at::IntArrayRef({num_panels, w.num_groups * kPanel}) &&
+                            mins.is_contiguous() && mins.scalar_type() == at::kFloat),
+              "panel mins must be empty or contiguous float32 [", num_panels, ", ", w.num_groups * kPanel, "]");
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* mnp = has_mins ? mins.data_ptr<float>() : nullptr;
+  for (int64_t p = 0; p < num_panels; ++p)
+    TORCH_CHECK(!mp[2 * p + 1] || has_mins, "panel ", p, " has a mins' term but no mins were given");
+  sweep_panels(w.N, x, out, 0, [&](uint8_t*, int64_t p, int64_t, Panel* panel) {
+    bool unsigned_codes = false;
+    const PanelFn dot = pick_panel(mp[2 * p], isa, &unsigned_codes);
+    *panel = Panel{cp + p * kPanel * kpad, sp + p * num_chunks * kPanel,
+                   mp[2 * p + 1] ? mnp + p * w.num_groups * kPanel : nullptr, kpad / 4, chunk / 4, num_chunks,
+                   w.num_groups};
+    return dot;
   });
 }
 #endif
@@ -432,6 +514,43 @@ at::Tensor int8_dot_linear(const at::Tensor& x, const at::Tensor& data, const at
 #endif
 }
 
+// w's panels packed once (see pack_all_panels), for panel_linear with the same x_block and isa.
+std::vector<at::Tensor> int8_dot_pack_panels(const at::Tensor& data, const at::Tensor& scales,
+                                             const c10::optional<at::Tensor>& mins, int64_t group_size, int64_t bits,
+                                             int64_t K, int64_t isa, int64_t x_block) {
+#if defined(__AVX2__)
+  check_weight(data, scales, mins, group_size, bits, K);
+  TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
+  TORCH_CHECK(isa_supported(isa), "this CPU does not run the int8 dot kernel for isa ", isa);
+  return pack_all_panels(make_weight(data, scales, mins, group_size, bits, K), x_block, isa);
+#else
+  TORCH_CHECK(false, "the int8 dot kernels need an AVX2 build");
+#endif
+}
+
+// y = x w^T (+ bias) by the panel kernel over w's prepacked panels (int8_dot_pack_panels), x rounded as in
+// int8_dot_linear: each output the same float operations as int8_dot_linear's panel kernel gives it.
+at::Tensor int8_dot_panel_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                                 const at::Tensor& mins, const at::Tensor& meta, int64_t N, int64_t K,
+                                 int64_t group_size, const c10::optional<at::Tensor>& bias, int64_t isa,
+                                 int64_t x_block) {
+#if defined(__AVX2__)
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "]");
+  TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
+  TORCH_CHECK(isa_supported(isa), "this CPU does not run the int8 dot kernel for isa ", isa);
+  const int64_t nb = (K + kBlock - 1) / kBlock, gs = std::min(group_size, K);
+  const Weight w{nullptr, nullptr, nullptr, N, K, gs, 8, 0, (K + gs - 1) / gs, nb, group_size == 16 && K > 16};
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const RoundedX rx = round_x(xf, w.group_size, x_block == 0, false);
+  at::Tensor out = at::empty({xf.size(0), N}, xf.options());
+  prepacked_panels(w, codes, scales, mins, meta, rx.view, x_block, isa, out.data_ptr<float>());
+  if (bias.has_value()) out.add_(bias->to(at::kFloat));
+  return out.to(x.scalar_type());
+#else
+  TORCH_CHECK(false, "the int8 dot kernels need an AVX2 build");
+#endif
+}
+
 bool int8_dot_supported(int64_t isa) {
 #if defined(__AVX2__)
   return isa_supported(isa);
@@ -445,10 +564,18 @@ bool int8_dot_supported(int64_t isa) {
 TORCH_LIBRARY(jido_int8_dot, m) {
   m.def("linear(Tensor x, Tensor data, Tensor scales, Tensor? mins, int group_size, int bits, int K, Tensor? bias, "
         "int isa, int x_block, bool panels) -> Tensor");
+  m.def("pack_panels(Tensor data, Tensor scales, Tensor? mins, int group_size, int bits, int K, int isa, "
+        "int x_block) -> Tensor[]");
+  m.def("panel_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, Tensor meta, int N, int K, int group_size, "
+        "Tensor? bias, int isa, int x_block) -> Tensor");
   m.def("supported(int isa) -> bool", &jido_int8_dot::int8_dot_supported);
 }
 
-TORCH_LIBRARY_IMPL(jido_int8_dot, CPU, m) { m.impl("linear", &jido_int8_dot::int8_dot_linear); }
+TORCH_LIBRARY_IMPL(jido_int8_dot, CPU, m) {
+  m.impl("linear", &jido_int8_dot::int8_dot_linear);
+  m.impl("pack_panels", &jido_int8_dot::int8_dot_pack_panels);
+  m.impl("panel_linear", &jido_int8_dot::int8_dot_panel_linear);
+}
 
 #else  // JIDO_INT8_DOT_PASS: the kernels, compiled once per ISA inside its namespace (see the top of the file)
 
