@@ -75,7 +75,8 @@ def main() -> None:
     result = {"date": now_iso(), "machine": machine_info() | {"torch": torch.__version__,
                                                               "torch_threads": torch.get_num_threads()},
               "context": args.context, "steps": args.steps, "repeats": args.repeats,
-              "weight_bytes": weight_bytes(model), "rows": rows}
+              "weight_bytes": weight_bytes(model),
+              "weight_bytes_without_panels": weight_bytes(model, prepacked=False), "rows": rows}
     out = Path(args.out) if args.out else RESULTS / f"prepacked-panels-{result['date'][:10]}.json"
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {out}")

@@ -326,22 +326,26 @@ class ModelRunner:
         return VerifiedTokens([[t] for t in token_ids], [[] if lp is None else [lp] for lp in logprobs])
 
 
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the model's weights as held: parameters, buffers, quantized codes and the packed copies beside them."""
+def weight_bytes(model: torch.nn.Module, prepacked: bool = True) -> int:
+    """Bytes of the model's weights as held: parameters, buffers, quantized codes and the packed copies beside them.
+
+    Without ``prepacked``, less the panels packed beside quantized codes (``qpanels``): what a one-row decode
+    step reads, since it runs on the codes.
+    """
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     for module in model.modules():
-        tensors.update((id(t), t) for t in _held_beside(module))
+        tensors.update((id(t), t) for t in _held_beside(module, prepacked))
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def _held_beside(module: torch.nn.Module) -> list[torch.Tensor]:
+def _held_beside(module: torch.nn.Module, prepacked: bool) -> list[torch.Tensor]:
     """Weight tensors a layer keeps outside its parameters (see jido/layers/quantized_linear.py)."""
     held = [getattr(module, "packed_logits_weight", None)]
     qweight = getattr(module, "qweight", None)
     if qweight is not None:
         held += [qweight.data, qweight.scales, qweight.mins]
     panels = getattr(module, "qpanels", None)
-    if panels is not None:
+    if panels is not None and prepacked:
         held += [panels.codes, panels.scales, panels.mins, panels.meta]
     return [t for t in held if isinstance(t, torch.Tensor)]
 

@@ -205,11 +205,12 @@ def limits(shape: ModelShape, peaks: MachinePeaks, dtype: torch.dtype, prompt_le
 
 
 def _held_weight_bytes(worker: Any) -> int:
-    return weight_bytes(worker.runner.model)
+    return weight_bytes(worker.runner.model, prepacked=False)
 
 
 def held_weight_bytes(llm: LLM) -> int:
-    """Bytes of the weights the engine's workers hold, all ranks together: what one decode step reads."""
+    """Bytes of the weights the engine's workers hold, all ranks together, less the panels packed beside
+    quantized codes: what one decode step reads."""
     return sum(llm.collective_rpc(_held_weight_bytes))
 
 

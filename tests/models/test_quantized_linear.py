@@ -23,7 +23,7 @@ from jido.layers.quant_kernels import QuantizedWeight
 from jido.layers.quantized_linear import QuantizedCodes, merge_codes
 from jido.models.loader import iter_gguf_weights
 from jido.models.named import CACHE_DIR_ENV
-from jido.runner.model_runner import resolve_quantization
+from jido.runner.model_runner import resolve_quantization, weight_bytes
 
 # A prefill of 20 rows; the layers run every step of two rows or more on their prepacked panels, and a decode
 # step of one row on the rows kernel.
@@ -284,3 +284,12 @@ def test_gguf_codes_need_the_source_gguf(tmp_path):
 
     with pytest.raises(ValueError, match="not converted from a GGUF file that still exists"):
         list(iter_quantized_weights(tmp_path))
+
+
+def test_prepacked_panels_count_as_held_weights_but_not_as_what_a_decode_step_reads():
+    quantized, _ = _quantized_and_reference("gemma3", "int8", None)
+    panels = [m.qpanels for m in quantized.modules() if hasattr(m, "qpanels")]
+    assert len(panels) == quantized.config.num_layers * 4 + 1  # every projection and the tied head
+    codes = sum(m.qweight.data.numel() for m in quantized.modules() if hasattr(m, "qpanels"))
+    assert sum(p.codes.numel() for p in panels) >= codes  # a byte a code, rows padded to panels of 8
+    assert weight_bytes(quantized) - weight_bytes(quantized, prepacked=False) == sum(p.nbytes for p in panels)
