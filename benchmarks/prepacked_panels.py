@@ -1,10 +1,10 @@
 """Decode steps on prepacked panels against the kernels they replaced, in the same run and the same engine.
 
 The default model (Gemma 3 270M's GGUF, `gguf` codes) decodes ``--batches`` requests of ``--context`` tokens;
-each figure is the median step of ``--steps`` decode steps. ``prepacked`` is jido as shipped: steps of two rows
-or more run on panels packed once at load (``int8_dot.PackedPanels``). ``per_call`` sets
-``int8_dot.PREPACKED_MIN_ROWS`` out of reach, which is the dispatch before them: the rows kernel below 8 rows,
-the panel kernel packing every weight on every call from 8. Both modes run in every round, batches
+each figure is the median step of ``--steps`` decode steps (``decode_step.time_decode``). ``prepacked`` is jido
+as shipped: steps of two rows or more run on panels packed once at load (``int8_dot.PackedPanels``).
+``per_call`` sets ``int8_dot.PREPACKED_MIN_ROWS`` out of reach, which is the dispatch before them: the rows
+kernel below 8 rows, the panel kernel packing every weight on every call from 8. Both modes run in every round, batches
 interleaved, so drift on a shared machine hits them alike; figures are medians over ``--repeats`` rounds.
 
     flock /tmp/jido-bench.lock env PYTHONPATH=. .venv/bin/python benchmarks/prepacked_panels.py \\
@@ -15,38 +15,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
+from decode_step import time_decode
 
-from jido import LLM, SamplingParams
+from jido import LLM
 from jido.bench.machine import machine_info, now_iso
 from jido.layers import int8_dot
 from jido.runner.model_runner import weight_bytes
 
 RESULTS = Path(__file__).parent / "results"
 MODES = {"prepacked": int8_dot.PREPACKED_MIN_ROWS, "per_call": 2**31}
-
-
-def decode_step_ms(llm: LLM, batch: int, context: int, steps: int) -> float:
-    """The median decode step of ``batch`` requests of ``context`` distinct prompt tokens each."""
-    engine = llm.llm_engine
-    engine.reset_prefix_cache()
-    params = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
-    for i in range(batch):
-        prompt = [2] + [1000 + (i * 7919 + j * 31) % 200000 for j in range(context - 1)]
-        engine.add_request(f"panels-{time.perf_counter_ns()}-{i}", prompt, params)
-    while (stats := engine.last_iteration_stats) is None or stats.num_tokens != batch:
-        engine.step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - start)
-    while engine.has_unfinished_requests():
-        engine.step()
-    return 1e3 * statistics.median(times)
 
 
 def main() -> None:
@@ -62,7 +42,7 @@ def main() -> None:
     for r in range(args.repeats):
         for mode, batch in runs:
             int8_dot.PREPACKED_MIN_ROWS = MODES[mode]
-            runs[(mode, batch)].append(decode_step_ms(llm, batch, args.context, args.steps))
+            runs[(mode, batch)].append(time_decode(llm, batch, args.context, args.steps)["step_ms"])
             print(f"round {r + 1}: {mode} batch {batch}: {runs[(mode, batch)][-1]:.1f} ms", flush=True)
     int8_dot.PREPACKED_MIN_ROWS = MODES["prepacked"]
     rows = [{"batch": b, **{f"{m}_ms": statistics.median(runs[(m, b)]) for m in MODES},

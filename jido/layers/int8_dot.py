@@ -55,6 +55,12 @@ def dot_isa(cpu: CpuInfo) -> str | None:
 
 
 @functools.cache
+def _isa_index() -> int:
+    """The C++ ``isa`` argument for this CPU's kernel (see :func:`dot_isa`)."""
+    return ISAS.index(dot_isa(cpu_info()))
+
+
+@functools.cache
 def load_int8_dot_ops(source: Path = SOURCE) -> object | None:
     """``torch.ops.jido_int8_dot`` built from ``source`` when this CPU runs one of its kernels, else None."""
     isa = dot_isa(cpu_info())
@@ -86,7 +92,7 @@ def int8_dot_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | No
     if panels is None:
         panels = x.shape[0] >= PANEL_MIN_ROWS
     return ops.linear(x, w.data, w.scales, w.mins, w.group_size, w.bits, w.shape[1], bias,
-                      ISAS.index(dot_isa(cpu_info())), 0 if per_token else BLOCK, panels)
+                      _isa_index(), 0 if per_token else BLOCK, panels)
 
 
 @dataclass(frozen=True)
@@ -117,7 +123,7 @@ def pack_panels(w: QuantizedWeight, per_token: bool = False) -> PackedPanels:
     """``w``'s panels packed once, for :func:`panel_linear` with the same ``per_token``."""
     ops = load_int8_dot_ops()
     codes, scales, mins, meta = ops.pack_panels(w.data, w.scales, w.mins, w.group_size, w.bits, w.shape[1],
-                                                ISAS.index(dot_isa(cpu_info())), 0 if per_token else BLOCK)
+                                                _isa_index(), 0 if per_token else BLOCK)
     return PackedPanels(codes, scales, mins, meta, w.group_size, w.shape, per_token)
 
 
@@ -126,7 +132,7 @@ def panel_linear(x: torch.Tensor, panels: PackedPanels, bias: torch.Tensor | Non
     per_token, panels=True)`` gives, without packing w on every call."""
     n, k = panels.shape
     return load_int8_dot_ops().panel_linear(x, panels.codes, panels.scales, panels.mins, panels.meta, n, k,
-                                            panels.group_size, bias, ISAS.index(dot_isa(cpu_info())),
+                                            panels.group_size, bias, _isa_index(),
                                             0 if panels.per_token else BLOCK)
 
 

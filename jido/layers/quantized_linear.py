@@ -122,8 +122,7 @@ class QuantizedLinearMethod(LinearMethod):
         if qweight is None:
             self.dense.process_weights_after_loading(layer)
         else:
-            _replace_weight(layer, qweight)
-            self._pack_panels(layer)
+            self._hold(layer, qweight)
 
     def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
         # A tied head is the embedding: its gathers read the same qweight, so no dense table is kept.
@@ -133,14 +132,16 @@ class QuantizedLinearMethod(LinearMethod):
         if qweight is None:
             self.dense.process_logits_weights_after_loading(layer)
         else:
-            _replace_weight(layer, qweight)
-            self._pack_panels(layer)
+            self._hold(layer, qweight)
 
-    def _pack_panels(self, layer: nn.Module) -> None:
-        """Keep the weight's panels packed beside its codes where the panel kernel runs (int8_dot.PackedPanels):
-        steps of a few rows then skip repacking the whole weight per call, which dominated the LM head."""
-        if int8_dot.runs(layer.qweight):
-            layer.qpanels = int8_dot.pack_panels(layer.qweight, self.per_token)
+    def _hold(self, layer: nn.Module, qweight: QuantizedWeight) -> None:
+        """Drop the checkpoint's float weight for ``qweight`` (an embedding keeps gathering in its dtype from it),
+        and where the panel kernel runs keep its panels packed beside it (int8_dot.PackedPanels): steps of a few
+        rows then skip repacking the whole weight per call, which dominated the LM head."""
+        del layer.weight
+        layer.qweight = qweight
+        if int8_dot.runs(qweight):
+            layer.qpanels = int8_dot.pack_panels(qweight, self.per_token)
 
     def _quantized(self, layer: nn.Module) -> QuantizedWeight | None:
         staged: dict[str | None, QuantizedCodes] = getattr(layer, "staged_codes", {})
@@ -180,12 +181,6 @@ def _codes_of(layer: nn.Module, staged: dict[str | None, QuantizedCodes]) -> Qua
                              f"{(rows.stop - rows.start, layer.weight.shape[1])}, got {codes.shape}")
         parts.append(codes)
     return merge_codes(parts)
-
-
-def _replace_weight(layer: nn.Module, qweight: QuantizedWeight) -> None:
-    """Drop the checkpoint's float weight; an embedding keeps gathering in its dtype from ``qweight``."""
-    del layer.weight
-    layer.qweight = qweight
 
 
 class GGUFConfig(QuantizationConfig):

@@ -473,8 +473,8 @@ void prepacked_panels(const Weight& w, const at::Tensor& codes, const at::Tensor
   const uint8_t* cp = codes.data_ptr<uint8_t>();
   const float* sp = scales.data_ptr<float>();
   const float* mnp = has_mins ? mins.data_ptr<float>() : nullptr;
-  for (int64_t p = 0; p < num_panels; ++p)
-    TORCH_CHECK(!mp[2 * p + 1] || has_mins, "panel ", p, " has a mins' term but no mins were given");
+  for (int64_t p = 0; !has_mins && p < num_panels; ++p)
+    TORCH_CHECK(!mp[2 * p + 1], "panel ", p, " has a mins' term but no mins were given");
   sweep_panels(w.N, x, out, 0, [&](uint8_t*, int64_t p, int64_t, Panel* panel) {
     bool unsigned_codes = false;
     const PanelFn dot = pick_panel(mp[2 * p], isa, &unsigned_codes);
