@@ -1,35 +1,18 @@
 """DraftModelProposer: a smaller model (or the target's first layers) proposes tokens, its KV in the same pool."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import numpy as np
 import torch
 
-from jido.attention.backend import AttentionMetadata, StepAttentionMetadata, build_common_metadata
 from jido.config.speculative import SpeculativeConfig
 from jido.core.kv_cache_spec import KVCacheConfig, KVCacheSpec
 from jido.models.config import ModelArchConfig
 from jido.models.loader import gguf_source, load_config, resolve_model
-from jido.runner.model_runner import layer_kv_specs, load_model, resolve_quantization
+from jido.runner.draft_kv import DraftKV
+from jido.runner.model_runner import load_model, resolve_quantization
 from jido.runner.spec_decode import ProposalStep, ProposerContext
 from jido.sampling.metadata import shift_metadata
 from jido.sampling.rejection_sampler import Drafts, sample_draft
-
-
-@dataclass(frozen=True)
-class _DraftLayer:
-    """Where one draft layer's KV lives: its cache tensor, and which pool group's block table addresses it.
-
-    A draft whose KV page is ``pack`` times smaller than the target's keeps ``pack`` layers in one pool
-    layer: its tensor is viewed as ``pack`` times as many blocks, and pool block ``b`` of the group holds
-    the layer's block ``b * pack + slot``.
-    """
-
-    cache: torch.Tensor
-    group: int
-    pack: int = 1
-    slot: int = 0
 
 
 class DraftModelProposer:
@@ -54,66 +37,15 @@ class DraftModelProposer:
         else:
             self.model, self.arch = _load_draft(config, context)
             self.num_layers, self.shares_target_kv = self.arch.num_layers, False
-        self.layers: list[_DraftLayer] = []
-        self._first_layer_id = 0
+        self.kv = DraftKV(context, self.arch, self.num_layers, self.shares_target_kv)
 
-    # -- the KV cache ---------------------------------------------------------------------------------
+    # -- the KV cache: the pool's (see DraftKV) ------------------------------------------------------
     def kv_cache_spec(self, first_layer_id: int) -> dict[int, KVCacheSpec]:
-        """The draft's layers as pool layers from ``first_layer_id`` on (several packed in one if pages are smaller)."""
-        if self.shares_target_kv:
-            return {}
-        self._first_layer_id = first_layer_id
-        specs, _ = self._packing()
-        return {first_layer_id + i: spec for i, spec in enumerate(specs)}
+        return self.kv.kv_cache_spec(first_layer_id)
 
     def bind_kv_cache(self, kv_cache_config: KVCacheConfig, tensors: list[torch.Tensor],
                       target_caches: list[torch.Tensor], target_groups: list[int]) -> None:
-        if self.shares_target_kv:
-            self.layers = [_DraftLayer(target_caches[i], target_groups[i]) for i in range(self.num_layers)]
-            return
-        pack, ctx = self._pack(), self.context
-        shape = ctx.attn_backend.get_kv_cache_shape(kv_cache_config.num_blocks * pack, ctx.block_size,
-                                                    self.arch.num_kv_heads, self.arch.head_dim, ctx.kv_cache_dtype)
-        self.layers = []
-        for pool_index, slot in self._packing()[1]:
-            pool_layer = self._first_layer_id + pool_index
-            # NOTE: the view reinterprets each pool block as `pack` consecutive draft blocks; every backend's
-            # layout puts the block index right after the K/V index, with each block contiguous.
-            cache = tensors[kv_cache_config.tensor_index(pool_layer)].view(shape)
-            self.layers.append(_DraftLayer(cache, kv_cache_config.group_index(pool_layer), pack, slot))
-
-    def _packing(self) -> tuple[list[KVCacheSpec], list[tuple[int, int]]]:
-        """The pool layers' specs, and each draft layer's (pool layer, slot in it).
-
-        ``pack`` draft layers of one spec (the same window) share a pool layer, as KV heads side by side:
-        the same page bytes as a target layer.
-        """
-        pack = self._pack()
-        by_spec: dict[KVCacheSpec, list[int]] = {}
-        for layer_id, spec in enumerate(self._draft_specs()):
-            by_spec.setdefault(spec, []).append(layer_id)
-        specs: list[KVCacheSpec] = []
-        places: dict[int, tuple[int, int]] = {}
-        for spec, layer_ids in by_spec.items():
-            for start in range(0, len(layer_ids), pack):
-                for slot, layer_id in enumerate(layer_ids[start:start + pack]):
-                    places[layer_id] = (len(specs), slot)
-                specs.append(replace(spec, num_kv_heads=spec.num_kv_heads * pack))
-        return specs, [places[i] for i in range(self.num_layers)]
-
-    def _draft_specs(self) -> list[KVCacheSpec]:
-        specs = layer_kv_specs(self.arch, self.context.block_size, self.context.kv_cache_dtype)
-        return [specs[i] for i in range(self.num_layers)]
-
-    def _pack(self) -> int:
-        """How many draft layers share one pool layer: the target's page over the draft's."""
-        target_page = layer_kv_specs(self.context.model_arch, self.context.block_size,
-                                     self.context.kv_cache_dtype)[0].page_size_bytes
-        draft_page = self._draft_specs()[0].page_size_bytes
-        if target_page % draft_page:
-            raise ValueError(f"the draft model's KV page ({draft_page} bytes per block and layer) does not divide "
-                             f"the target's ({target_page}): their KV cannot share one block pool")
-        return target_page // draft_page
+        self.kv.bind_kv_cache(kv_cache_config, tensors, target_caches, target_groups)
 
     # -- proposing ------------------------------------------------------------------------------------
     def propose(self, step: ProposalStep) -> Drafts:
@@ -187,24 +119,10 @@ class DraftModelProposer:
 
         ``block_tables`` are the input batch's, one per pool group.
         """
+        metadata = self.kv.attention_metadata(query_lens, seq_lens, rows, block_tables)
         device = self.context.device
-        metadata = self._attention_metadata(query_lens, seq_lens, rows, block_tables)
         return self.model(torch.tensor(token_ids, device=device), torch.tensor(positions, device=device),
-                          [layer.cache for layer in self.layers], metadata)
-
-    def _attention_metadata(self, query_lens: list[int], seq_lens: list[int], rows: np.ndarray,
-                            batch_tables: list[np.ndarray]) -> StepAttentionMetadata:
-        block_size = self.context.block_size
-        max_blocks = -(-max(seq_lens) // block_size)
-        built: dict[tuple[int, int], object] = {}
-        for layer in self.layers:
-            key = (layer.group, layer.slot)
-            if key not in built:
-                table = batch_tables[layer.group][rows, :max_blocks].astype(np.int64) * layer.pack + layer.slot
-                common: AttentionMetadata = build_common_metadata(query_lens, seq_lens, table, block_size,
-                                                                  self.context.device)
-                built[key] = self.context.attn_backend.build_metadata(common)
-        return StepAttentionMetadata([built[(layer.group, layer.slot)] for layer in self.layers], max(seq_lens))
+                          self.kv.caches, metadata)
 
     def remove(self, req_id: str) -> None:
         """Nothing per request: the draft's KV is the pool's, freed with the request's blocks."""
