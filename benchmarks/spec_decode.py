@@ -7,7 +7,9 @@ Sections (``--only`` picks some; all by default), each against the plain engine 
 - ``speed``: output tok/s per configuration, interleaved rounds, median of ``--repeats``: n-gram at batch 1
   on the input-grounded ``rewrite`` prompts of ``jido bench``, draft methods at batch 1 on open-ended text
   (``random`` windows of the pydoc text), automatic K at 32 streams, and the real pair: Qwen2.5-Coder-0.5B-Instruct
-  drafting for Qwen2.5-Coder-1.5B-Instruct on coding requests (``--cases qwen-pair-batch1``; both installed).
+  drafting for Qwen2.5-Coder-1.5B-Instruct on coding requests (``--cases qwen-pair-batch1``; both installed),
+  and the EAGLE draft `jido train-draft` wrote to ``~/.cache/jido/drafts/gemma3-270m-eagle`` on windows of the
+  pydoc topics it never trained on (``--cases eagle-batch1``).
 - ``auto``: the model automatic K fitted (per-position acceptance, pass costs) and the K it chose at batch
   1, 8 and 32.
 - ``agreement``: greedy tokens with and without speculation on every engine fixture prompt, and where they
@@ -31,11 +33,14 @@ from jido.bench.datasets import sample_requests
 from jido.bench.machine import machine_info, now_iso
 from jido.bench.tokens import TokenizerJsonCounter
 from jido.models.loader import resolve_model
+from jido.tools.train_draft import held_out_text
 
 RESULTS = Path(__file__).parent / "results"
 FIXTURE = Path(__file__).parent.parent / "tests" / "fixtures" / "gemma3_reference.json"
 NGRAM = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 KV = "512MiB"
+# `jido train-draft --method eagle --out` this folder trains the EAGLE draft the eagle case measures.
+EAGLE = Path.home() / ".cache" / "jido" / "drafts" / "gemma3-270m-eagle"
 
 
 def ngram(k: int | str) -> dict:
@@ -44,6 +49,10 @@ def ngram(k: int | str) -> dict:
 
 def self_draft(num_layers: int, k: int = 3) -> dict:
     return {"method": "draft_model", "num_layers": num_layers, "num_speculative_tokens": k}
+
+
+def eagle(k: int | str, folder: Path = EAGLE) -> dict:
+    return {"method": "eagle", "model": str(folder), "num_speculative_tokens": k}
 
 
 # -- verify -------------------------------------------------------------------------------------------------
@@ -92,9 +101,11 @@ def prompts_for(dataset: str, num: int, input_len: int, output_len: int) -> list
     if dataset == "coding":
         return [f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n" for text in CODING[:num]]
     folder = resolve_model(None)
-    corpus = Corpus(reference_text(), TokenizerJsonCounter(folder / "tokenizer.json"))
-    config = BenchConfig(dataset_name=dataset, num_prompts=num, random_input_len=input_len,
-                         random_output_len=output_len, random_range_ratio=0.0, seed=0)
+    # "held-out": open-ended windows of the pydoc topics `jido train-draft` never trains on.
+    text = held_out_text() if dataset == "held-out" else reference_text()
+    corpus = Corpus(text, TokenizerJsonCounter(folder / "tokenizer.json"))
+    config = BenchConfig(dataset_name="random" if dataset == "held-out" else dataset, num_prompts=num,
+                         random_input_len=input_len, random_output_len=output_len, random_range_ratio=0.0, seed=0)
     return [r.prompt for r in sample_requests(config, corpus)]
 
 
@@ -179,7 +190,7 @@ def agreement(configs: dict[str, dict]) -> list[dict]:
     return rows
 
 
-SPEED_CASES = ("ngram-batch1", "draft-batch1", "auto-32-streams", "qwen-pair-batch1")
+SPEED_CASES = ("ngram-batch1", "draft-batch1", "auto-32-streams", "qwen-pair-batch1", "eagle-batch1")
 QWEN_TARGET, QWEN_DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 
 
@@ -213,12 +224,16 @@ def main() -> None:
              "configs": {"baseline": None, "draft 0.5B k=3": {"method": "draft_model", "model": QWEN_DRAFT,
                                                              "num_speculative_tokens": 3},
                          "ngram auto": ngram("auto")}},
+            {"label": "EAGLE, batch 1, open-ended held-out text", "dataset": "held-out", "batch": 1,
+             "num_prompts": n, "input_len": 256, "output_len": out,
+             "configs": {"baseline": None, "eagle k=2": eagle(2), "eagle k=3": eagle(3), "eagle auto": eagle("auto")}},
         ]))
         result["speed"] = speed([cases[name] for name in args.cases], args.repeats)
     if "auto" in args.only:
         result["auto"] = auto_fit([1, 8, 32], args.output_len)
     if "agreement" in args.only:
-        result["agreement"] = agreement({"ngram k=4": ngram(4), "self-draft 12 layers": self_draft(12)})
+        configs = {"ngram k=4": ngram(4), "self-draft 12 layers": self_draft(12)}
+        result["agreement"] = agreement({**configs, **({"eagle k=3": eagle(3)} if EAGLE.is_dir() else {})})
     Path(args.out).write_text(json.dumps(result, indent=1), encoding="utf-8")
     print(json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=1))
 

@@ -192,6 +192,8 @@ _DELEGATES = {
     "doctor": ("jido.planner.cli:doctor_main", "name the bottleneck from a bench result or /metrics"),
     "bench": ("jido.bench.cli:bench_main", "load-test any OpenAI-compatible server"),
     "router": ("jido.router.cli:router_main", "route requests over prefill/decode or data-parallel instances"),
+    "train-draft": ("jido.tools.train_draft:train_draft_main", "train an EAGLE draft on the target's own "
+                                                                "continuations, on CPU"),
     "roofline": ("jido.tools.roofline:roofline_main", "this machine's limits for the model, next to jido's figures"),
     "ablate": ("jido.tools.ablate.cli:ablate_main", "which serving techniques pay on a workload, each on its own "
                                                      "server"),

@@ -94,3 +94,18 @@ def tiny_model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tiny_model_folder import write_tiny_model_folder
 
     return write_tiny_model_folder(tmp_path_factory.mktemp("tiny-gemma3"))
+
+
+@pytest.fixture(scope="session")
+def eagle_for(tmp_path_factory: pytest.TempPathFactory):
+    """``eagle_for(target)``: an EAGLE draft folder trained for a tiny target (once per target), and its record."""
+    from eagle_draft import train_tiny_eagle
+
+    drafts: dict[Path, tuple[Path, dict]] = {}
+
+    def trained_for(target: Path) -> tuple[Path, dict]:
+        if target not in drafts:
+            drafts[target] = train_tiny_eagle(target, tmp_path_factory.mktemp("eagle"))
+        return drafts[target]
+
+    return trained_for

@@ -98,6 +98,7 @@ class NgramDrafter:
 _PROPOSERS: dict[str, tuple[str, str]] = {
     "ngram": ("jido.runner.spec_decode", "NgramDrafter"),
     "draft_model": ("jido.runner.draft_model", "DraftModelProposer"),
+    "eagle": ("jido.runner.eagle", "EagleProposer"),
 }
 
 
@@ -174,5 +175,9 @@ class SpecDecoder:
         if self.auto_k is None:
             return self.config.max_num_speculative_tokens
         outcomes = [(self._asked.pop(r, 0), len(ids) - 1) for r, ids in zip(inputs.sampled_req_ids, verified.token_ids)]
-        self.auto_k.observe_step(sched.total_num_scheduled_tokens, model_s, outcomes)
+        # Only a pass whose every row is sampled (decode and verify rows) measures what K changes: a prefill
+        # chunk's tokens skip the LM head and attend causally, and cost a third of a verify row each (measured:
+        # 281 prefill tokens in 623 ms, 216 verify rows in 1545 ms), so they would price verifying far too low.
+        all_sampled = len(inputs.logits_indices) == sched.total_num_scheduled_tokens
+        self.auto_k.observe_step(sched.total_num_scheduled_tokens if all_sampled else None, model_s, outcomes)
         return self.auto_k.choose(len(inputs.sampled_req_ids)).k if inputs.sampled_req_ids else 0

@@ -1,0 +1,152 @@
+"""EagleDraft: EAGLE's draft, one decoder layer that runs on the target's hidden states (feature-level drafting).
+
+At entry ``i`` the draft reads the target's final hidden state ``h_i`` and the embedding of the token after it,
+``x_{i+1}``. From them it predicts the target's next hidden state, ``h_{i+1}``, and through the target's own LM
+head rows the token after that, ``x_{i+2}``. Its prediction then stands in for ``h_{i+1}`` at the next entry,
+so a chain of K proposals costs K passes of one layer. (Li et al., "EAGLE: Speculative Sampling Requires
+Rethinking Feature Uncertainty", 2024; the multi-pass training is EAGLE-3's "training-time test".)
+
+Two choices of jido's own:
+- The LM head is the target's rows for a *draft vocabulary*, the tokens the target emits most, so that a
+  proposal costs a fraction of the target's head: 16k rows against Gemma 3's 262k.
+- Norms before the concatenation, since a Gemma embedding is ~25x the scale of a normed hidden state.
+
+Attention is passed in, so the same module trains on dense sequences and proposes on the paged cache.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from jido.layers.activation import get_gated_activation
+from jido.layers.rotary import RotaryEmbedding, apply_rotary
+
+CONFIG_FILE, WEIGHTS_FILE = "draft_config.json", "draft.safetensors"
+# q, k, v: [tokens, heads * head_dim] -> attention output [tokens, num_heads * head_dim]
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class EagleDraftConfig:
+    """The draft's shape, and what it was trained for (``target``: the target model's description)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    draft_vocab_size: int
+    target_vocab_size: int
+    hidden_act: str = "silu"
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10_000.0
+    final_logit_softcapping: float | None = None  # the target's, applied to the draft's logits alike
+    method: str = "eagle"
+    target: dict[str, Any] = field(default_factory=dict)
+    training: dict[str, Any] = field(default_factory=dict)  # what `jido train-draft` ran and measured
+
+    def __post_init__(self) -> None:
+        if self.method != "eagle":
+            raise ValueError(f"an EAGLE draft folder holds method 'eagle', this one {self.method!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if not 0 < self.draft_vocab_size <= self.target_vocab_size:
+            raise ValueError(f"draft_vocab_size must be in 1..{self.target_vocab_size}, got {self.draft_vocab_size}")
+
+
+class _Norm(nn.Module):
+    """RMSNorm ``w * x`` in plain autograd ops (jido's fused kernel has no backward)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class EagleDraft(nn.Module):
+    """The draft layer over flat rows ``[tokens, ...]``; ``draft_vocab`` maps its logits' columns to token ids."""
+
+    def __init__(self, config: EagleDraftConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        hidden, q_size, kv_size = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        self.embed_norm, self.hidden_norm = _Norm(hidden, c.rms_norm_eps), _Norm(hidden, c.rms_norm_eps)
+        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        self.input_norm = _Norm(hidden, c.rms_norm_eps)
+        self.qkv_proj = nn.Linear(hidden, q_size + 2 * kv_size, bias=False)
+        self.o_proj = nn.Linear(q_size, hidden, bias=False)
+        self.post_attention_norm = _Norm(hidden, c.rms_norm_eps)
+        self.gate_up_proj = nn.Linear(hidden, 2 * c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, hidden, bias=False)
+        self.out_norm = _Norm(hidden, c.rms_norm_eps)
+        self.lm_head = nn.Linear(hidden, c.draft_vocab_size, bias=False)  # the target's rows, kept frozen
+        self.register_buffer("draft_vocab", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.rope = RotaryEmbedding(c.head_dim, c.rope_theta)
+        self.act = get_gated_activation(c.hidden_act)
+        self.sizes = [q_size, kv_size, kv_size]
+
+    @property
+    def scale(self) -> float:
+        return self.config.head_dim ** -0.5
+
+    def project(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The residual stream and rotated q, k, v of entries (``embeds``: of the token after each hidden state)."""
+        x = self.fc(torch.cat([self.embed_norm(embeds), self.hidden_norm(hidden)], dim=-1))
+        q, k, v = self.qkv_proj(self.input_norm(x)).split(self.sizes, dim=-1)
+        num, head_dim = x.shape[0], self.config.head_dim
+        cos, sin = self.rope(positions, int(positions.max()) + 1 if positions.numel() else 1)
+        q = apply_rotary(q.reshape(num, -1, head_dim), cos, sin).reshape(num, -1)
+        k = apply_rotary(k.reshape(num, -1, head_dim), cos, sin).reshape(num, -1)
+        return x, q, k, v
+
+    def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The predicted next hidden states from the residual stream and the attention output."""
+        x = x + self.o_proj(attended)
+        x = x + self.down_proj(self.act(self.gate_up_proj(self.post_attention_norm(x))))
+        return self.out_norm(x)
+
+    def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                attend: Attend) -> torch.Tensor:
+        x, q, k, v = self.project(embeds, hidden, positions)
+        return self.finish(x, attend(q, k, v))
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary ``[rows, draft_vocab_size]``, soft-capped as the target's."""
+        logits = self.lm_head(features)
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def save(self, folder: Path, training: dict[str, Any] | None = None) -> None:
+        """Write the config (with ``training``: what trained it) and the weights to ``folder``."""
+        folder.mkdir(parents=True, exist_ok=True)
+        config = {**asdict(self.config), **({"training": training} if training is not None else {})}
+        (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        save_file({name: t.detach().contiguous() for name, t in self.state_dict().items()}, str(folder / WEIGHTS_FILE))
+
+
+def load_eagle_draft(folder: str | Path, device: torch.device, dtype: torch.dtype) -> EagleDraft:
+    """The draft `jido train-draft --method eagle` wrote to ``folder``, in eval mode.
+
+    Raises:
+        ValueError: the folder does not hold an EAGLE draft.
+    """
+    folder = Path(folder)
+    if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
+        raise ValueError(f"{folder} holds no EAGLE draft ({CONFIG_FILE} and {WEIGHTS_FILE}): train one with "
+                         f"`jido train-draft --method eagle --out {folder}`")
+    config = EagleDraftConfig(**json.loads((folder / CONFIG_FILE).read_text()))
+    draft = EagleDraft(config)
+    draft.load_state_dict(load_file(str(folder / WEIGHTS_FILE)))
+    return draft.to(device=device, dtype=dtype).eval()

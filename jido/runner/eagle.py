@@ -1,0 +1,127 @@
+"""EagleProposer: K tokens per request from an EAGLE draft layer on the target's hidden states, its KV in the pool."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from jido.attention.backend import AttentionLayerSpec, StepAttentionMetadata
+from jido.config.speculative import SpeculativeConfig
+from jido.core.kv_cache_spec import KVCacheConfig, KVCacheSpec
+from jido.models.eagle import EagleDraft, load_eagle_draft
+from jido.runner.draft_kv import DraftKV
+from jido.runner.spec_decode import ProposalStep, ProposerContext
+from jido.sampling.metadata import shift_metadata
+from jido.sampling.rejection_sampler import Drafts, sample_draft
+
+
+class EagleProposer:
+    """``eagle``: the draft's entry ``i`` pairs the target's hidden state at position ``i`` with the token at
+    ``i + 1``, in the draft's KV slot ``i``.
+
+    After each step it first runs an entry for every position the target computed and kept (prefill chunks,
+    verified tokens), so its KV covers every position with a known hidden state; its last entry predicts the
+    hidden state of the new token, and each proposal's predicted state feeds the next entry. Entries written
+    for proposals that are then rejected are simply written again.
+
+    A prefix-cache hit brings the draft's entries with the target's blocks; the entry in a block's last slot
+    pairs with the token after the block, so a request that shares the block but not that next token reads
+    one entry made for another. That costs acceptance, never correctness: the target verifies every token.
+    """
+
+    def __init__(self, config: SpeculativeConfig, context: ProposerContext) -> None:
+        self.context = context
+        self.draft: EagleDraft = load_eagle_draft(config.model, context.device, context.dtype)
+        c, arch = self.draft.config, context.model_arch
+        if (c.hidden_size, c.target_vocab_size) != (arch.hidden_size, arch.vocab_size):
+            raise ValueError(f"the EAGLE draft in {config.model} was trained for hidden size {c.hidden_size} and "
+                             f"{c.target_vocab_size} tokens; this target has {arch.hidden_size} and {arch.vocab_size}")
+        draft_arch = replace(arch, num_layers=1, sliding_windows=(None,), num_heads=c.num_heads,
+                             num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, intermediate_size=c.intermediate_size)
+        self.kv = DraftKV(context, draft_arch, 1)
+        self.spec = AttentionLayerSpec(num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                                       scale=self.draft.scale, sliding_window=None, logit_softcap=None)
+
+    def kv_cache_spec(self, first_layer_id: int) -> dict[int, KVCacheSpec]:
+        return self.kv.kv_cache_spec(first_layer_id)
+
+    def bind_kv_cache(self, kv_cache_config: KVCacheConfig, tensors: list[torch.Tensor],
+                      target_caches: list[torch.Tensor], target_groups: list[int]) -> None:
+        self.kv.bind_kv_cache(kv_cache_config, tensors, target_caches, target_groups)
+
+    def remove(self, req_id: str) -> None:
+        """Nothing per request: the draft's KV is the pool's, freed with the request's blocks."""
+
+    @torch.inference_mode()
+    def propose(self, step: ProposalStep) -> Drafts:
+        k, sampled = step.num_speculative_tokens, step.inputs.sampled_req_ids
+        features, seq_lens = self._first_pass(step)
+        if not sampled or k == 0:
+            return Drafts([[] for _ in sampled], [None] * len(sampled))
+        md = step.batch.sampling.metadata(step.inputs.sampled_rows.tolist())
+        vocab = self.draft.draft_vocab
+        tokens: list[list[int]] = [[] for _ in sampled]
+        probs: list[list[torch.Tensor]] = [[] for _ in sampled]
+        for j in range(k):
+            logits = torch.full((len(sampled), self.context.model_arch.vocab_size), float("-inf"),
+                                device=features.device)
+            logits[:, vocab] = self.draft.logits(features).float()
+            ids, q = sample_draft(self.context.sampler, logits, shift_metadata(md, list(range(len(sampled))), tokens))
+            for i, token_id in enumerate(ids):
+                tokens[i].append(token_id)
+                if q is not None:
+                    probs[i].append(q[i])
+            if j + 1 < k:
+                # The next entry, at slot seq_len: the predicted hidden state with the token just proposed.
+                features = self._forward(torch.tensor(ids, device=features.device), features, list(seq_lens),
+                                         [1] * len(ids), [n + 1 for n in seq_lens], step.inputs.sampled_rows,
+                                         step.batch.block_tables)
+                seq_lens = [n + 1 for n in seq_lens]
+        greedy = (md.temperature == 0).tolist()
+        return Drafts(tokens, [None if greedy[i] or not probs[i] else torch.stack(probs[i])
+                               for i in range(len(sampled))])
+
+    def _first_pass(self, step: ProposalStep) -> tuple[torch.Tensor, list[int]]:
+        """Entries for the positions the target computed and kept this step; the features of each sampled
+        request's last entry, and the draft's context length after it."""
+        inputs, verified, batch = step.inputs, step.verified, step.batch
+        rejected = {r: len(d) + 1 - len(ids) for r, d, ids in zip(inputs.sampled_req_ids, inputs.draft_token_ids,
+                                                                  verified.token_ids)}
+        common = inputs.group_metadata[0]
+        req_ids = list(step.sched.num_scheduled_tokens)
+        rows = np.fromiter((batch.req_index[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
+        starts = np.concatenate([[0], np.cumsum(common.query_lens_list)]).astype(np.int64)
+        firsts = [s - q for s, q in zip(common.seq_lens_list, common.query_lens_list)]
+        # A position makes an entry once the token after it is known (a prompt scored with no output never is).
+        keeps = [min(q - rejected.get(r, 0), int(batch.num_tokens[row]) - 1 - f)
+                 for r, q, row, f in zip(req_ids, common.query_lens_list, rows, firsts)]
+        live = [i for i, n in enumerate(keeps) if n > 0]
+        if not live:
+            return torch.empty(0), []
+        hidden_rows = np.concatenate([np.arange(starts[i], starts[i] + keeps[i]) for i in live])
+        positions = np.concatenate([np.arange(firsts[i], firsts[i] + keeps[i]) for i in live])
+        rows, keeps = rows[live], [keeps[i] for i in live]
+        # Each entry's token: the one after its position (the prompt's next, a verified one, or the new one).
+        next_ids = batch.token_ids[np.repeat(rows, keeps), positions + 1]
+        seq_lens = [firsts[i] + n for i, n in zip(live, keeps)]
+        device = step.hidden.device
+        features = self._forward(torch.from_numpy(next_ids).to(device),
+                                 step.hidden[torch.from_numpy(hidden_rows).to(device)], positions.tolist(), keeps,
+                                 seq_lens, rows, batch.block_tables)
+        at = {req_ids[i]: j for j, i in enumerate(live)}
+        ends = np.cumsum(keeps) - 1
+        last = torch.tensor([int(ends[at[r]]) for r in inputs.sampled_req_ids], dtype=torch.long, device=device)
+        return features[last], [seq_lens[at[r]] for r in inputs.sampled_req_ids]
+
+    def _forward(self, token_ids: torch.Tensor, hidden: torch.Tensor, positions: list[int], query_lens: list[int],
+                 seq_lens: list[int], rows: np.ndarray, block_tables: list[np.ndarray]) -> torch.Tensor:
+        """The draft's predicted hidden states for a flat batch of entries, writing their KV as it goes."""
+        metadata: StepAttentionMetadata = self.kv.attention_metadata(query_lens, seq_lens, rows, block_tables)
+        cache, layer_metadata = self.kv.caches[0], metadata.per_layer[0]
+        embeds = self.context.model.embed(token_ids).to(hidden.dtype)
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return self.context.attn_backend.forward(self.spec, q, k, v, cache, layer_metadata)
+
+        return self.draft(embeds, hidden, torch.tensor(positions, device=hidden.device), attend)
