@@ -58,8 +58,9 @@ class AcceptanceModel:
 
 
 class CostCurve:
-    """Seconds of a pass by its size (tokens, or requests), measured: a decayed mean per size seen, linear
-    between sizes, and beyond them along the slope of the nearest two (flat with one point).
+    """Seconds of a pass by its size (rows, or requests), measured: a decayed mean per size seen, linear
+    between sizes, and beyond them along the slope of the nearest two. With one size measured, in proportion
+    to the size: every row costs its share until a second size shows what rows cost.
 
     Below the smallest size measured the line is kept between that size's cost (a pass never costs more for
     fewer rows) and the same cost scaled down with the size (nor less than in proportion).
@@ -84,7 +85,7 @@ class CostCurve:
         if i < len(self.sizes) and self.sizes[i] == size:
             return self.seconds[i]
         if len(self.sizes) == 1:
-            return self.seconds[0]
+            return self.seconds[0] * size / self.sizes[0]
         lo = min(max(i - 1, 0), len(self.sizes) - 2)
         slope = (self.seconds[lo + 1] - self.seconds[lo]) / (self.sizes[lo + 1] - self.sizes[lo])
         value = self.seconds[lo] + slope * (size - self.sizes[lo])
@@ -104,9 +105,9 @@ class KChoice:
 class AutoK:
     """Picks K per step to maximise expected output tokens per second, ``B * E(K) / (verify(B * (K + 1)) + draft(B, K))``.
 
-    ``E(K)`` comes from :class:`AcceptanceModel`; the target's pass is a :class:`CostCurve` over the tokens it
-    computes (prefill chunks measure the large sizes), the proposer's a curve over the batch per proposed
-    token. While verifying K + 1 rows costs about what one costs (decode reads the weights once per step),
+    ``E(K)`` comes from :class:`AcceptanceModel`; the target's pass is a :class:`CostCurve` over the rows of its
+    decode and verify passes (passes with prefill chunks are left out: their tokens cost far less than a verify
+    row), the proposer's a curve over the batch per proposed token. While verifying K + 1 rows costs about what one costs (decode reads the weights once per step),
     a large K pays; as the batch grows the pass becomes compute-bound, each extra row costs its share, and
     the best K falls, to 0 (no speculation) once no expected acceptance covers the rows it adds.
     """
@@ -119,9 +120,11 @@ class AutoK:
         self.chosen: Counter[tuple[int, int]] = Counter()  # (requests, K) -> steps that chose it
         self._num_steps = 0
 
-    def observe_step(self, num_tokens: int, model_s: float, verified: list[tuple[int, int]]) -> None:
-        """A target pass over ``num_tokens`` tokens took ``model_s``; its requests' (asked, accepted) proposals."""
-        self.verify_cost.observe(num_tokens, model_s)
+    def observe_step(self, num_rows: int | None, model_s: float, verified: list[tuple[int, int]]) -> None:
+        """A decode/verify pass over ``num_rows`` sampled rows took ``model_s`` (``None``: a pass with prefill
+        tokens, which prices no K); its requests' (asked, accepted) proposals."""
+        if num_rows is not None:
+            self.verify_cost.observe(num_rows, model_s)
         self.acceptance.observe(verified)
 
     def observe_proposal(self, num_requests: int, k: int, propose_s: float) -> None:
@@ -140,8 +143,8 @@ class AutoK:
 
     def _tokens_per_s(self, num_requests: int, k: int) -> float:
         verify = self.verify_cost.predict(num_requests * (k + 1))
-        if verify is None:  # no pass measured yet: the largest K, which measures the most
-            return float(k)
+        if verify is None:  # no decode pass measured yet: plain decode first, then its cost prices the others
+            return 0.0 if k else 1.0
         # A proposer not yet timed is taken as free: its first step measures it.
         draft = (self.draft_cost.predict(num_requests) or 0.0) if k else 0.0
         seconds = verify + draft * k

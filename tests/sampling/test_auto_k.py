@@ -19,8 +19,7 @@ def run(batch: int, steps: int, alpha: float = 0.8, seed: int = 0) -> tuple[Auto
     """Drive AutoK against the machine above with proposals that each hold with probability alpha."""
     rng = random.Random(seed)
     auto = AutoK(MAX_K)
-    auto.observe_step(512, memory_bound_then_compute_bound(512), [])  # a prefill chunk measured the large end
-    chosen, k = [], MAX_K
+    chosen, k = [], auto.choose(batch).k
     for _ in range(steps):
         outcomes = []
         for _ in range(batch):
@@ -59,7 +58,7 @@ def test_cost_curve_interpolates_between_measured_sizes_and_extends_their_slope(
     curve = CostCurve()
     assert curve.predict(4) is None
     curve.observe(4, 0.010)
-    assert curve.predict(64) == 0.010  # one point: flat
+    assert curve.predict(64) == pytest.approx(0.160)  # one point: every row its share
     curve.observe(20, 0.018)
     assert curve.predict(12) == pytest.approx(0.014) and curve.predict(36) == pytest.approx(0.026)
     # Below 4 the line would reach 0.0085 at 1; a quarter of the rows cost no less than a quarter: 0.0025.
@@ -79,12 +78,18 @@ def test_unmeasured_depths_expect_the_fall_measured_at_shallower_ones():
     assert rates[2] == pytest.approx(rates[1] * fall) and rates[3] == pytest.approx(rates[2] * fall)
 
 
-def test_the_first_decode_step_at_a_large_batch_does_not_verify_the_largest_k():
-    # Only a prefill chunk and a plain decode step measured, no proposal timed: before, K = MAX_K (9 rows per
-    # request at 32 streams); the halving prior expects E(K) <= 2, which 9 rows' cost does not pay.
-    for batch, most in ((32, 1), (1, MAX_K)):
-        auto = AutoK(MAX_K)
-        auto.observe_step(512, memory_bound_then_compute_bound(512), [])
-        auto.observe_step(batch, memory_bound_then_compute_bound(batch), [])
-        assert auto.choose(batch).k <= most
-    assert auto.choose(1).k >= 2  # at batch 1 extra rows cost little: it still speculates
+def test_the_first_step_is_plain_decode_and_one_measured_size_prices_more_rows_in_proportion():
+    # Before, nothing measured meant K = MAX_K (9 rows per request: a 2 s step at 32 streams), and prefill chunks
+    # priced the rows beyond: they cost a third of a verify row each here, so auto K verified far too many.
+    auto = AutoK(MAX_K)
+    assert auto.choose(32).k == 0
+    auto.observe_step(None, 0.5, [(0, 0)] * 32)  # a pass with prefill chunks: its time prices nothing
+    assert auto.verify_cost.predict(32) is None
+    auto.observe_step(32, memory_bound_then_compute_bound(32), [(0, 0)] * 32)
+    assert auto.choose(32).k == 0  # 2x the rows for at most 1.5x the tokens
+    assert auto.verify_cost.predict(64) == pytest.approx(2 * memory_bound_then_compute_bound(32))
+
+
+def test_exploration_finds_that_extra_rows_are_cheap_at_batch_1():
+    _, chosen = run(1, steps=60)
+    assert chosen[0] == 0 and max(set(chosen[-20:]), key=chosen[-20:].count) == MAX_K
