@@ -21,8 +21,8 @@ def write_corpus(path: Path, seed: int = 0) -> Path:
 
 def train_tiny_eagle(target: Path, out: Path, **overrides: object) -> tuple[Path, dict]:
     """Train a draft for ``target`` into ``out``; the folder and what the trainer recorded."""
-    settings = dict(num_prompts=40, prompt_len=16, max_tokens=24, draft_vocab_size=DRAFT_VOCAB, steps=200,
-                    batch_size=8, kv_cache_memory="16MiB")
+    settings = dict(num_prompts=40, prompt_len=16, max_tokens=24, corpus_windows=8, draft_vocab_size=DRAFT_VOCAB,
+                    steps=200, batch_size=8, kv_cache_memory="16MiB")
     config = TrainDraftConfig(out=str(out / "draft"), model=str(target), corpus=str(write_corpus(out / "corpus.txt")),
                               **{**settings, **overrides})
     return out / "draft", train_draft(config)

@@ -34,6 +34,7 @@ def test_training_lowers_the_loss_and_records_its_data_and_held_out_agreement(tr
     assert min(d["top1_agreement"] for d in training["held_out"]) > 0.5
     data = record["data"]
     assert data["generated_tokens"] > 0 and data["train_tokens"] > data["generated_tokens"]
+    assert data["corpus_windows"] == 8 and data["eval_sequences"] == 4  # a tenth of the 40 generated
     saved = json.loads((folder / CONFIG_FILE).read_text())
     assert saved["draft_vocab_size"] == DRAFT_VOCAB and saved["training"]["training"] == training
     draft = load_eagle_draft(folder, torch.device("cpu"), torch.float32)

@@ -93,3 +93,25 @@ def test_the_first_step_is_plain_decode_and_one_measured_size_prices_more_rows_i
 def test_exploration_finds_that_extra_rows_are_cheap_at_batch_1():
     _, chosen = run(1, steps=60)
     assert chosen[0] == 0 and max(set(chosen[-20:]), key=chosen[-20:].count) == MAX_K
+
+
+def test_a_measured_neighbour_far_below_the_best_is_not_tried_again_but_an_unmeasured_one_is():
+    auto = AutoK(MAX_K)
+    auto.observe_step(32, 0.300, [(0, 0)] * 32)
+    auto.observe_step(64, 0.650, [(1, 1)] * 16 + [(1, 0)] * 16)  # K = 1: twice the cost, half of its proposals held
+    chosen = [auto.choose(32).k for _ in range(4 * EXPLORE_EVERY)]
+    assert set(chosen) == {0}
+    fresh = AutoK(MAX_K)
+    fresh.observe_step(32, 0.300, [(0, 0)] * 32)
+    assert [fresh.choose(32).k for _ in range(2 * EXPLORE_EVERY)].count(1) == 1  # 64 rows never measured: tried
+
+
+def test_a_slow_first_pass_of_a_size_fades_within_ten_passes():
+    curve = CostCurve()
+    curve.observe(2, 0.097)  # the first 2-row pass, 2.7x the ones after it
+    for _ in range(9):
+        curve.observe(2, 0.036)
+    assert curve.predict(2) == pytest.approx((0.097 + 9 * 0.036) / 10)
+    for _ in range(30):
+        curve.observe(2, 0.036)
+    assert curve.predict(2) == pytest.approx(0.036, abs=0.0003)
