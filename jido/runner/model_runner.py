@@ -149,7 +149,7 @@ class ModelRunner:
         if spec is not None:
             context = ProposerContext(self.model, self.model_arch, self.attn_backend, self.device, self.dtype,
                                       self.kv_cache_dtype, self.block_size, self.sampler,
-                                      config.model_config.quantization_group_size)
+                                      config.model_config.quantization_group_size, self.quantization)
             self.spec_decoder = SpecDecoder(spec, self.sampler, make_proposer(spec, context))
         self.blender: CacheBlender | None = None
 

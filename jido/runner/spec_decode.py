@@ -35,6 +35,7 @@ class ProposerContext:
     block_size: int
     sampler: Sampler
     quantization_group_size: int | None = None
+    quantization: str = "none"  # the target's scheme, as resolved (a draft follows it unless told otherwise)
 
 
 @dataclass

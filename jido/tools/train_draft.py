@@ -62,20 +62,20 @@ class TrainDraftConfig:
     """The target's --quantization, as it will be served (default: gguf for a GGUF model)."""
     corpus: str | None = None
     """A UTF-8 text file to take prompts from (default: pydoc's topics, less the held-out tenth)."""
-    num_prompts: int = 192
+    num_prompts: int = 160
     """Corpus windows the target continues."""
     prompt_len: int = 96
     """Tokens per prompt."""
     max_tokens: int = 160
     """Tokens the target generates per prompt."""
-    corpus_windows: int = 0
+    corpus_windows: int = 256
     """Windows of the corpus (prompt_len + max_tokens tokens each) read through the target without generating:
     its hidden states there follow the corpus, its predictions are still its own; ~5x cheaper per token."""
     draft_vocab_size: int = 16384
     """Rows of the target's LM head the draft proposes from: the tokens most frequent in the data."""
     intermediate_size: int | None = None
     """The draft layer's MLP width (default: the target's)."""
-    steps: int = 400
+    steps: int = 350
     """Optimizer steps."""
     batch_size: int = 4
     """Sequences per step."""
