@@ -27,8 +27,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from jido.layers.activation import get_gated_activation
-from jido.layers import int8_dot, quant_kernels
-from jido.layers.quantization import pack_dense, packable, packed_linear
+from jido.layers.quant_kernels import QuantizedWeight
+from jido.layers.quantization import LinearMethod, UnquantizedLinearMethod
+from jido.layers.quantized_linear import QuantizedLinearMethod
 from jido.layers.rotary import RotaryEmbedding, apply_rotary
 
 CONFIG_FILE, WEIGHTS_FILE = "draft_config.json", "draft.safetensors"
@@ -78,30 +79,22 @@ class _Norm(nn.Module):
 
 
 class _Linear(nn.Linear):
-    """``nn.Linear`` for training; for proposing, packed once (:meth:`prepare`) as jido's own layers are.
+    """``nn.Linear`` for training; for proposing, its weight held by one of jido's linear methods (:meth:`prepare`).
 
-    Dense: oneDNN's blocked copy of the weight (plain ``F.linear`` of one row ran at ~4 GB/s here). int8: the
-    weight in jido's int8 codes (groups of 32, as ``--quantization int8``) on the int8 dot kernels, its panels
-    packed for steps of two rows or more: a quarter of the bytes a proposal reads.
+    Dense: oneDNN's blocked copy (plain ``F.linear`` of one row ran at ~4 GB/s here). int8: jido's int8 codes in
+    groups of 32, as ``--quantization int8``, on the int8 dot kernels with panels for steps of two rows or more:
+    a quarter of the bytes a proposal reads.
     """
 
-    packed: torch.Tensor | None = None
-    qweight: quant_kernels.QuantizedWeight | None = None
-    qpanels: int8_dot.PackedPanels | None = None
+    linear_method: LinearMethod | None = None
+    qweight: QuantizedWeight | None = None  # set by the int8 method
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.qweight is not None:
-            if self.qpanels is not None and int8_dot.prefers_panels(x.shape[0]):
-                return int8_dot.panel_linear(x, self.qpanels)
-            return int8_dot.int8_dot_linear(x, self.qweight)
-        return super().forward(x) if self.packed is None else packed_linear(x, self.packed)
+        return super().forward(x) if self.linear_method is None else self.linear_method.apply(self, x)
 
     def prepare(self, int8: bool) -> None:
-        qweight = quant_kernels.quantize(self.weight.detach().float(), 8, INT8_GROUP) if int8 else None
-        if qweight is not None and int8_dot.runs(qweight):
-            self.qweight, self.qpanels = qweight, int8_dot.pack_panels(qweight)
-        elif packable(self.weight):
-            self.packed = pack_dense(self.weight)
+        self.linear_method = QuantizedLinearMethod(bits=8, group_size=INT8_GROUP) if int8 else UnquantizedLinearMethod()
+        self.linear_method.process_weights_after_loading(self)
 
 
 class EagleDraft(nn.Module):

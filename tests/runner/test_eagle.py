@@ -125,7 +125,7 @@ def test_under_a_quantized_target_the_draft_proposes_in_int8_codes_and_the_outpu
     int8 = load_eagle_draft(folder, torch.device("cpu"), torch.float32, int8=True)
     assert int8.fc.qweight is not None and dense.fc.qweight is None
     x = torch.randn(3, dense.config.hidden_size)
-    reference = x.double() @ dense.lm_head.weight.double().T
+    reference = x.double() @ dense.lm_head.weight.to_dense().double().T  # packed for oneDNN: read back
     # int8 codes in groups of 32 and x rounded per block: within a percent of the float64 product.
     assert torch.allclose(int8.lm_head(x).double(), reference, rtol=0, atol=0.01 * reference.abs().max().item())
     settings = dict(model=str(tiny_model_folder), dtype="float32", kv_cache_memory="16MiB", quantization="int8")
