@@ -11,8 +11,7 @@ from jido.models.loader import gguf_source, load_config, resolve_model
 from jido.runner.draft_kv import DraftKV
 from jido.runner.model_runner import load_model, resolve_quantization
 from jido.runner.spec_decode import ProposalStep, ProposerContext
-from jido.sampling.metadata import shift_metadata
-from jido.sampling.rejection_sampler import Drafts, sample_draft
+from jido.sampling.rejection_sampler import Drafts, sample_draft_chain
 
 
 class DraftModelProposer:
@@ -52,37 +51,26 @@ class DraftModelProposer:
         k = step.num_speculative_tokens
         sampled = step.inputs.sampled_req_ids
         if k == 0 and self.shares_target_kv:
-            return Drafts([[] for _ in sampled], [None] * len(sampled))  # the target's KV needs no catching up
+            return Drafts.deterministic([[] for _ in sampled])  # the target's KV needs no catching up
         first = self._first_pass(step)
         if not sampled or k == 0:
-            return Drafts([[] for _ in sampled], [None] * len(sampled))
+            return Drafts.deterministic([[] for _ in sampled])
         md = step.batch.sampling.metadata(step.inputs.sampled_rows.tolist())
-        tokens: list[list[int]] = [[] for _ in sampled]
-        probs: list[list[torch.Tensor]] = [[] for _ in sampled]
-        hidden, seq_lens = first
-        for j in range(k):
-            logits = self.model.compute_logits(hidden)
-            shifted = shift_metadata(md, list(range(len(sampled))), tokens)
-            ids, q = sample_draft(self.context.sampler, logits, shifted)
-            for i, token_id in enumerate(ids):
-                tokens[i].append(token_id)
-                if q is not None:
-                    probs[i].append(q[i])
-            if j + 1 < k:
-                seq_lens = [n + 1 for n in seq_lens]
-                hidden = self._forward(ids, [n - 1 for n in seq_lens], [1] * len(ids), seq_lens,
-                                       step.inputs.sampled_rows, step.batch.block_tables)
-        greedy = (md.temperature == 0).tolist()
-        return Drafts(tokens, [None if greedy[i] or not probs[i] else torch.stack(probs[i])
-                               for i in range(len(sampled))])
+
+        def advance(state: tuple[torch.Tensor, list[int]], ids: list[int]) -> tuple[torch.Tensor, list[int]]:
+            seq_lens = [n + 1 for n in state[1]]
+            return self._forward(ids, [n - 1 for n in seq_lens], [1] * len(ids), seq_lens, step.inputs.sampled_rows,
+                                 step.batch.block_tables), seq_lens
+
+        return sample_draft_chain(self.context.sampler, md, k, first, lambda state: self.model.compute_logits(state[0]),
+                                  advance)
 
     def _first_pass(self, step: ProposalStep) -> tuple[torch.Tensor, list[int]]:
         """Run what the draft has not seen yet; the hidden states of each sampled request's last token, and its
         context length after it."""
         inputs, verified = step.inputs, step.verified
         new_token = {r: ids[-1] for r, ids in zip(inputs.sampled_req_ids, verified.token_ids)}
-        rejected = {r: len(d) + 1 - len(ids) for r, d, ids in zip(inputs.sampled_req_ids, inputs.draft_token_ids,
-                                                                  verified.token_ids)}
+        rejected = step.rejected()
         common = inputs.group_metadata[0]
         req_ids = list(step.sched.num_scheduled_tokens)
         rows = np.fromiter((step.batch.req_index[r] for r in req_ids), dtype=np.int64, count=len(req_ids))

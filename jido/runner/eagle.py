@@ -12,8 +12,7 @@ from jido.core.kv_cache_spec import KVCacheConfig, KVCacheSpec
 from jido.models.eagle import EagleDraft, load_eagle_draft
 from jido.runner.draft_kv import DraftKV
 from jido.runner.spec_decode import ProposalStep, ProposerContext
-from jido.sampling.metadata import shift_metadata
-from jido.sampling.rejection_sampler import Drafts, sample_draft
+from jido.sampling.rejection_sampler import Drafts, sample_draft_chain
 
 
 class EagleProposer:
@@ -62,38 +61,32 @@ class EagleProposer:
     @torch.inference_mode()
     def propose(self, step: ProposalStep) -> Drafts:
         k, sampled = step.num_speculative_tokens, step.inputs.sampled_req_ids
-        features, seq_lens = self._first_pass(step)
+        first = self._first_pass(step)
         if not sampled or k == 0:
-            return Drafts([[] for _ in sampled], [None] * len(sampled))
+            return Drafts.deterministic([[] for _ in sampled])
         md = step.batch.sampling.metadata(step.inputs.sampled_rows.tolist())
-        vocab = self.draft.draft_vocab
-        tokens: list[list[int]] = [[] for _ in sampled]
-        probs: list[list[torch.Tensor]] = [[] for _ in sampled]
-        for j in range(k):
+
+        def logits_of(state: tuple[torch.Tensor, list[int]]) -> torch.Tensor:
+            features = state[0]
             logits = torch.full((len(sampled), self.context.model_arch.vocab_size), float("-inf"),
                                 device=features.device)
-            logits[:, vocab] = self.draft.logits(features).float()
-            ids, q = sample_draft(self.context.sampler, logits, shift_metadata(md, list(range(len(sampled))), tokens))
-            for i, token_id in enumerate(ids):
-                tokens[i].append(token_id)
-                if q is not None:
-                    probs[i].append(q[i])
-            if j + 1 < k:
-                # The next entry, at slot seq_len: the predicted hidden state with the token just proposed.
-                features = self._forward(torch.tensor(ids, device=features.device), features, list(seq_lens),
-                                         [1] * len(ids), [n + 1 for n in seq_lens], step.inputs.sampled_rows,
-                                         step.batch.block_tables)
-                seq_lens = [n + 1 for n in seq_lens]
-        greedy = (md.temperature == 0).tolist()
-        return Drafts(tokens, [None if greedy[i] or not probs[i] else torch.stack(probs[i])
-                               for i in range(len(sampled))])
+            logits[:, self.draft.draft_vocab] = self.draft.logits(features).float()
+            return logits
+
+        def advance(state: tuple[torch.Tensor, list[int]], ids: list[int]) -> tuple[torch.Tensor, list[int]]:
+            # The next entry, at slot seq_len: the predicted hidden state with the token just proposed.
+            features, seq_lens = state
+            after = [n + 1 for n in seq_lens]
+            return self._forward(torch.tensor(ids, device=features.device), features, seq_lens, [1] * len(ids),
+                                 after, step.inputs.sampled_rows, step.batch.block_tables), after
+
+        return sample_draft_chain(self.context.sampler, md, k, first, logits_of, advance)
 
     def _first_pass(self, step: ProposalStep) -> tuple[torch.Tensor, list[int]]:
         """Entries for the positions the target computed and kept this step; the features of each sampled
         request's last entry, and the draft's context length after it."""
-        inputs, verified, batch = step.inputs, step.verified, step.batch
-        rejected = {r: len(d) + 1 - len(ids) for r, d, ids in zip(inputs.sampled_req_ids, inputs.draft_token_ids,
-                                                                  verified.token_ids)}
+        inputs, batch = step.inputs, step.batch
+        rejected = step.rejected()
         common = inputs.group_metadata[0]
         req_ids = list(step.sched.num_scheduled_tokens)
         rows = np.fromiter((batch.req_index[r] for r in req_ids), dtype=np.int64, count=len(req_ids))

@@ -49,6 +49,12 @@ class ProposalStep:
     verified: VerifiedTokens  # per sampled request (``inputs.sampled_req_ids``), its new tokens
     num_speculative_tokens: int  # K: propose at most this many per request
 
+    def rejected(self) -> dict[str, int]:
+        """Per sampled request, how many of its inputs this step the verification threw away (rejected proposals)."""
+        inputs = self.inputs
+        return {r: len(d) + 1 - len(ids)
+                for r, d, ids in zip(inputs.sampled_req_ids, inputs.draft_token_ids, self.verified.token_ids)}
+
 
 class Proposer(Protocol):
     """Proposes the tokens that should follow each sampled request's new tokens.

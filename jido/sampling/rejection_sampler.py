@@ -1,15 +1,18 @@
 """RejectionSampler: verifies proposed tokens against the target model, keeping exactly the target's distribution."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import torch
 
 from jido.core.outputs import Logprobs
 from jido.sampling.filters import filtered_probs
-from jido.sampling.metadata import SamplingMetadata
+from jido.sampling.metadata import SamplingMetadata, shift_metadata
 from jido.sampling.sampler import Sampler, apply_constraints, logprobs_of, raw_logprobs, seeded_generator
+
+State = TypeVar("State")
 
 # Streams of a seeded request's draws at one output position (stream 0 is the target's own token).
 DRAFT_STREAM, ACCEPT_STREAM, RESIDUAL_STREAM = 1, 2, 3
@@ -162,6 +165,27 @@ def sample_draft(sampler: Sampler, logits: torch.Tensor, md: SamplingMetadata) -
         q[point] = 0.0
         q[point, token_ids[point]] = 1.0
     return token_ids.tolist(), q
+
+
+def sample_draft_chain(sampler: Sampler, md: SamplingMetadata, k: int, state: State,
+                       logits_of: Callable[[State], torch.Tensor],
+                       advance: Callable[[State, list[int]], State]) -> Drafts:
+    """``k`` proposals per row of ``md``, each drawn (:func:`sample_draft`) after the ones before it: a proposer's
+    ``state`` gives the logits of the next position (``logits_of``) and moves on past each row's new token
+    (``advance``). Greedy rows keep no q."""
+    rows = list(range(md.num_rows))
+    tokens: list[list[int]] = [[] for _ in rows]
+    probs: list[list[torch.Tensor]] = [[] for _ in rows]
+    for j in range(k):
+        ids, q = sample_draft(sampler, logits_of(state), shift_metadata(md, rows, tokens))
+        for i, token_id in enumerate(ids):
+            tokens[i].append(token_id)
+            if q is not None:
+                probs[i].append(q[i])
+        if j + 1 < k:
+            state = advance(state, ids)
+    greedy = (md.temperature == 0).tolist()
+    return Drafts(tokens, [None if greedy[i] or not probs[i] else torch.stack(probs[i]) for i in rows])
 
 
 def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
