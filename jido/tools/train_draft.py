@@ -110,18 +110,19 @@ class TrainingSequence:
     hidden: torch.Tensor  # [L, hidden] float32
 
 
-def corpus_split(names: list[str] | None = None) -> tuple[str, list[str]]:
-    """The training text (the topics not held out, in name order) and the held-out topics' names."""
-    names = sorted(topics) if names is None else names
-    held_out = [name for i, name in enumerate(names) if i % HOLDOUT_EVERY == 0]
-    text = "\n\n".join(topics[name].strip() for i, name in enumerate(names) if i % HOLDOUT_EVERY)
-    return text, held_out
+def _topics_text(held_out: bool) -> str:
+    return "\n\n".join(topics[name].strip() for i, name in enumerate(sorted(topics))
+                       if (i % HOLDOUT_EVERY == 0) == held_out)
+
+
+def training_text() -> str:
+    """The topics trained on: all but every tenth, in name order."""
+    return _topics_text(held_out=False)
 
 
 def held_out_text() -> str:
     """The held-out topics' text: prompts for measuring a draft on text it was not trained on."""
-    _, held_out = corpus_split()
-    return "\n\n".join(topics[name].strip() for name in held_out)
+    return _topics_text(held_out=True)
 
 
 class Target:
@@ -174,7 +175,7 @@ def generate_sequences(config: TrainDraftConfig, target_folder: Path
     the corpus windows read as they are."""
     from jido.engine.llm import LLM  # the engine, only for generating
 
-    text = Path(config.corpus).read_text(encoding="utf-8") if config.corpus else corpus_split()[0]
+    text = Path(config.corpus).read_text(encoding="utf-8") if config.corpus else training_text()
     engine = {"kv_cache_memory": config.kv_cache_memory} if config.kv_cache_memory else {}
     llm = LLM(model=str(target_folder), quantization=config.quantization, seed=config.seed, **engine)
     corpus_ids = llm.get_tokenizer().encode(text, add_special_tokens=False)
