@@ -1,0 +1,56 @@
+"""The C++ build helper: what the kernels it compiles can rely on."""
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from jido.utils import cpp_build
+
+# A kernel that reports how many distinct threads at::parallel_for ran its chunks on.
+PROBE = textwrap.dedent("""
+    #include <ATen/ATen.h>
+    #include <ATen/Parallel.h>
+    #include <torch/library.h>
+    #include <mutex>
+    #include <set>
+    int64_t threads_used(int64_t items) {
+      std::mutex lock;
+      std::set<int> seen;
+      at::parallel_for(0, items, 1, [&](int64_t, int64_t) {
+        std::lock_guard<std::mutex> guard(lock);
+        seen.insert(at::get_thread_num());
+      });
+      return static_cast<int64_t>(seen.size());
+    }
+    TORCH_LIBRARY(jido_build_probe, m) { m.def("threads_used(int items) -> int", &threads_used); }
+""")
+
+
+@pytest.fixture(scope="module")
+def probe_ops(tmp_path_factory) -> object:
+    source = Path(tmp_path_factory.mktemp("probe")) / "probe.cpp"
+    source.write_text(PROBE)
+    if not cpp_build.load_ops_library("jido_build_probe", source, "the build probe", "nothing"):
+        pytest.skip("no C++ compiler here")
+    return torch.ops.jido_build_probe
+
+
+def test_parallel_for_in_a_built_kernel_uses_every_thread_torch_has(probe_ops) -> None:
+    # Built without OpenMP, ATen's inline parallel_for runs every chunk on the calling thread.
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert probe_ops.threads_used(64) == 2
+        torch.set_num_threads(1)
+        assert probe_ops.threads_used(64) == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_build_key_changes_with_the_compiler_flags(monkeypatch, tmp_path) -> None:
+    source = tmp_path / "k.cpp"
+    source.write_text("int x;")
+    key = cpp_build.build_key("k", source, "avx2")
+    monkeypatch.setattr(cpp_build, "COMMON_FLAGS", ["-O2"])
+    assert cpp_build.build_key("k", source, "avx2") != key
