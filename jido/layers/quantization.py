@@ -37,7 +37,7 @@ class LinearMethod(ABC):
         """``x W^T (+ bias)``: ``[num_tokens, in_features]`` -> ``[num_tokens, out_features]``."""
 
     def apply_logits(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        """The LM head: ``[N, hidden]`` -> logits ``[N, vocab]`` in the weight's dtype, for the rows sampled.
+        """The LM head: ``[N, hidden]`` -> logits ``[N, vocab]`` in the model's dtype or float32, for the rows sampled.
 
         ``layer`` is the model's head; with tied embeddings that is the embedding, whose ``weight`` is
         ``[vocab, hidden]`` like a linear layer's. Override to pick a faster kernel for a few rows.

@@ -10,7 +10,7 @@ import torch
 from jido.core.outputs import Logprobs
 from jido.sampling.filters import filtered_probs
 from jido.sampling.metadata import SamplingMetadata, shift_metadata
-from jido.sampling.sampler import Sampler, apply_constraints, logprobs_of, raw_logprobs, seeded_generator
+from jido.sampling.sampler import Sampler, apply_constraints, argmax, logprobs_of, raw_logprobs, seeded_generator
 
 State = TypeVar("State")
 
@@ -130,7 +130,7 @@ class RejectionSampler:
             generator = seeded_generator(int(md.seeds[row]), int(md.output_positions[row]), weights.device,
                                          RESIDUAL_STREAM)
             noise[i] = torch.empty_like(weights[i]).exponential_(generator=generator)
-        return (weights / noise).argmax(dim=-1)
+        return argmax(weights / noise)
 
 
 @dataclass
@@ -148,7 +148,7 @@ def sample_draft(sampler: Sampler, logits: torch.Tensor, md: SamplingMetadata) -
     the target's draws.
     """
     apply_constraints(logits, md)
-    greedy_ids = logits.argmax(dim=-1)
+    greedy_ids = argmax(logits)
     if md.all_greedy:
         return greedy_ids.tolist(), None
     q = _normalized_probs(logits, md, torch.arange(md.num_rows))
@@ -159,7 +159,7 @@ def sample_draft(sampler: Sampler, logits: torch.Tensor, md: SamplingMetadata) -
     # A row with nothing left to draw from (q all zero) proposes its argmax, as the sampler would choose,
     # and a greedy row its argmax: for both, q is the point mass on that token.
     drawable = (q.sum(-1) > 0) & (md.temperature > 0).to(q.device)
-    token_ids = torch.where(drawable, (q / noise).argmax(dim=-1), greedy_ids)
+    token_ids = torch.where(drawable, argmax(q / noise), greedy_ids)
     point = (~drawable).nonzero().flatten()
     if point.numel():
         q[point] = 0.0
