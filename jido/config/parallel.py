@@ -32,7 +32,7 @@ class ParallelConfig:
     instead of splitting every expert."""
     distributed_executor_backend: ExecutorBackend | None = None
     """uni runs the model in the engine's process; mp in worker processes on this machine sent each step over a
-    pipe; ray in Ray actors placed on a Ray cluster (default: uni for one worker, else mp)."""
+    pipe; ray in Ray actors placed on a Ray cluster (default: uni for one worker, else mp; jido serve: mp)."""
     distributed_timeout_seconds: float = 120.0
     """How long workers wait for each other to form the process group at start."""
 

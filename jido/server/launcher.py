@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -84,6 +85,7 @@ def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
     (systemd, Kubernetes) restarts it with fresh workers. It does not restart workers itself: their KV caches
     and the requests on them are gone either way.
     """
+    engine_config = with_worker_process(engine_config)
     replicas = [LLMEngine(engine_config) for _ in range(engine_config.parallel_config.data_parallel_size)]
     failure: list[BaseException] = []
 
@@ -108,6 +110,21 @@ def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
         for llm in replicas:
             llm.shutdown()
     return 1 if failure else 0
+
+
+def with_worker_process(engine_config: EngineConfig) -> EngineConfig:
+    """The config ``jido serve`` runs: the model in a worker process (``mp``) unless an executor was chosen.
+
+    In the server's own process the engine thread shares the interpreter and the cores with the event loop that
+    streams every token, and the model's threads lost time to it. Measured on Gemma 3 270M (Xeon, 2 cores,
+    2026-12-02): batch-1 TPOT served 32.7 ms with ``uni`` and 25.9 with ``mp`` (offline: 24.5), 16 streams 113
+    against 132 tok/s. vLLM's engine core runs in its own process for the same reason.
+    """
+    parallel = engine_config.parallel_config
+    if parallel.distributed_executor_backend is not None:
+        return engine_config
+    return dataclasses.replace(engine_config,
+                               parallel_config=dataclasses.replace(parallel, distributed_executor_backend="mp"))
 
 
 def _drained(signum: int, frame: object) -> None:
