@@ -192,17 +192,32 @@ def setup_llama() -> dict[str, Any]:
     if not tree.exists():
         with tarfile.open(sdist) as archive:
             archive.extractall(src, filter="data")
-    build = llama_dir() / "build"
+    build = llama_build_dir()
     if not (build / "bin" / "llama-server").exists():
         sh(["cmake", "-S", str(tree / "vendor" / "llama.cpp"), "-B", str(build), "-G", "Ninja",
             "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_CURL=OFF",
-            "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"], "llama.cpp-setup")
+            "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", *llama_isa_flags()], "llama.cpp-setup")
         sh(["cmake", "--build", str(build), "--target", "llama-server", "llama-bench", "-j", "2"], "llama.cpp-setup")
-    return {"version": f"llama-cpp-python {version} (vendored llama.cpp)"}
+    amx = " without AMX (its AMX kernels trap on this VM)" if llama_isa_flags() else ""
+    return {"version": f"llama-cpp-python {version} (vendored llama.cpp){amx}"}
+
+
+# On this project's AMX Xeon VMs (2026-12-02) -march=native builds llama.cpp's AMX kernels, and the server died
+# of SIGILL at their first `tilezero` although the kernel grants the tile permission; without AMX it runs its
+# AVX-512 VNNI kernels.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def llama_isa_flags() -> list[str]:
+    return [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"] if "amx_tile" in cpu_info().flags else []
+
+
+def llama_build_dir() -> Path:
+    return llama_dir() / ("build-no-amx" if llama_isa_flags() else "build")
 
 
 def llama_command(port: int, model: str) -> tuple[list[str], dict[str, str]]:
-    server = llama_dir() / "build" / "bin" / "llama-server"
+    server = llama_build_dir() / "bin" / "llama-server"
     help_text = subprocess.run([str(server), "--help"], capture_output=True, text=True, check=False).stdout
     flash = ["-fa", "on"] if "on|off|auto" in help_text.replace(" ", "") else ["-fa"]
     # 16 parallel slots of 1024 tokens each, continuous batching, both cores.
@@ -212,7 +227,7 @@ def llama_command(port: int, model: str) -> tuple[list[str], dict[str, str]]:
 
 def llama_bench(model: str) -> dict[str, Any]:
     """llama-bench's kernel-level figures (pp128, tg128) on the same GGUF, for reference."""
-    binary = llama_dir() / "build" / "bin" / "llama-bench"
+    binary = llama_build_dir() / "bin" / "llama-bench"
     out = subprocess.run([str(binary), "-m", str(gguf_path(model)), "-p", "128", "-n", "128", "-t", "2", "-o", "json"],
                          capture_output=True, text=True, check=False, timeout=900)
     if out.returncode:

@@ -39,9 +39,10 @@ ISAS = ("avx2", "avx512_vnni")
 # From this many rows of x on, the panel kernel (below it, the rows kernel) when the panels are packed per call.
 PANEL_MIN_ROWS = 8
 # Prepacked panels (PackedPanels) serve every step of at least this many rows. One row stays on the rows kernel:
-# measured on Gemma 3 270M's GGUF (AVX2 EPYC, 2 threads), a decode step of one row took 38.8 ms with it and 46.7
-# ms with the layers on panels (their int4 codes are bytes there: twice the memory read), the LM head alone
-# 14.0 against 18.2 ms; from two rows on, panels won every shape (LM head at 4 rows: 19.5 against 43.4 ms).
+# measured on Gemma 3 270M's GGUF (AVX2 EPYC; the C++ kernels then ran on one thread, see jido/utils/cpp_build.py),
+# a decode step of one row took 38.8 ms with it and 46.7 ms with the layers on panels (their int4 codes are bytes
+# there: twice the memory read), the LM head alone 14.0 against 18.2 ms; from two rows on, panels won every shape
+# (LM head at 4 rows: 19.5 against 43.4 ms).
 PREPACKED_MIN_ROWS = 2
 
 
