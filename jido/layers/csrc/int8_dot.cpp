@@ -16,7 +16,7 @@
 //   term), and maddubs' int16 pair sums then add up for several column quads before one madd widens them:
 //   up to 8 quads for 4-bit codes. Wider codes multiply by sign: |q| against xq with q's signs; under VNNI instead
 //   xq + 128 against the codes as stored, less 128 times their sums, two panels to a 512-bit vector (the LM head
-//   at 16 rows: 32.1 -> 20.7 ms on a 2-core Xeon).
+//   at 16 rows: 32.1 -> 20.7 ms on a 2-core Xeon); a panel left unpaired keeps the sign path.
 //
 // int8 codes as |q| (unsigned) against xq with q's signs (_mm256_sign_epi8; |q| <= 128 and |xq| <= 127, so
 // maddubs' pair sums of at most 32512 never saturate); int4 codes (0..15) in the rows kernel as they are, the
@@ -35,6 +35,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -156,7 +157,7 @@ PanelFn pick_panel(int span, int64_t isa, bool* unsigned_codes) {
   if (span <= 31) return v ? &vnni::panel_dot<true, 4> : &avx2::panel_dot<true, 4>;
   if (span <= 63) return v ? &vnni::panel_dot<true, 2> : &avx2::panel_dot<true, 2>;
   if (span <= 127) return v ? &vnni::panel_dot<true, 1> : &avx2::panel_dot<true, 1>;
-  return v ? &vnni::offset_panel_dot : &avx2::panel_dot<false, 1>;
+  return v ? &vnni::panel_dot<false, 1> : &avx2::panel_dot<false, 1>;
 }
 
 inline float hmax(__m256 v) {
@@ -382,10 +383,12 @@ int64_t panel_chunk(const Weight& w, int64_t x_block) {
 }
 
 // Whether panels i and i + 1 of a set run as one pair (vnni::offset_pair_dot): both signed codes under VNNI, both
-// whole (`left` outputs from panel i's first on), both with a mins' term or neither.
+// whole (`left` outputs from panel i's first on), both with a mins' term or neither. A panel left unpaired keeps
+// the sign kernel: the integer sums, and so the outputs, are the same.
 inline bool pairs_with_next(const PanelFn* dot, const Panel* panel, int64_t i, int64_t count, int64_t left) {
-  return i + 1 < count && left >= 2 * kPanel && dot[i] == &vnni::offset_panel_dot &&
-         dot[i + 1] == &vnni::offset_panel_dot && (panel[i].mins == nullptr) == (panel[i + 1].mins == nullptr);
+  const PanelFn signed_vnni = &vnni::panel_dot<false, 1>;
+  return i + 1 < count && left >= 2 * kPanel && dot[i] == signed_vnni && dot[i + 1] == signed_vnni &&
+         (panel[i].mins == nullptr) == (panel[i + 1].mins == nullptr);
 }
 
 // Panels as `get(set scratch, panel index, &panel)` gives them (packed there, or prepacked), swept in sets of
@@ -812,88 +815,41 @@ JIDO_INLINE void panel_rows(const Panel& p, const QuantizedX& x, int64_t m0, flo
   for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * ldo, acc[r]);
 }
 
+// rows of x from 0 in blocks of 4, 2 and 1: run(block, first row) with the block size as a constant.
+template <class Run>
+JIDO_INLINE void row_blocks(int64_t rows, Run run) {
+  for (int64_t r = 0; r < rows;) {
+    const int64_t left = rows - r;
+    if (left >= 4) run(std::integral_constant<int, 4>{}, r), r += 4;
+    else if (left >= 2) run(std::integral_constant<int, 2>{}, r), r += 2;
+    else run(std::integral_constant<int, 1>{}, r), r += 1;
+  }
+}
+
 template <bool Unsigned, int Widen>
 void panel_dot(const Panel& p, const QuantizedX& x, int64_t m0, int64_t rows, float* out, int64_t ldo) {
   // a chunk's quads are a whole number of widening steps: a chunk of 16 columns is 4 quads
   constexpr int kSmall = Widen < 4 ? Widen : 4;
   const bool small = p.chunk_quads < Widen;
-  for (int64_t r = 0; r < rows;) {
-    const int64_t left = rows - r;
+  row_blocks(rows, [&](auto block, int64_t r) {
+    constexpr int R = decltype(block)::value;
     float* o = out + r * ldo;
-    if (left >= 4) {
-      small ? panel_rows<4, Unsigned, kSmall>(p, x, m0 + r, o, ldo) : panel_rows<4, Unsigned, Widen>(p, x, m0 + r, o, ldo);
-      r += 4;
-    } else if (left >= 2) {
-      small ? panel_rows<2, Unsigned, kSmall>(p, x, m0 + r, o, ldo) : panel_rows<2, Unsigned, Widen>(p, x, m0 + r, o, ldo);
-      r += 2;
-    } else {
-      small ? panel_rows<1, Unsigned, kSmall>(p, x, m0 + r, o, ldo) : panel_rows<1, Unsigned, Widen>(p, x, m0 + r, o, ldo);
-      r += 1;
-    }
-  }
+    small ? panel_rows<R, Unsigned, kSmall>(p, x, m0 + r, o, ldo) : panel_rows<R, Unsigned, Widen>(p, x, m0 + r, o, ldo);
+  });
 }
 
 #ifdef JIDO_INT8_DOT_VNNI
-// Signed codes (a span over 127, e.g. Q8_0) under VNNI. vpdpbusd multiplies unsigned bytes by signed ones, so x goes
-// in offset by 128 (QuantizedX::qu, 1..255) against the codes as stored, and 128 times each chunk's code sums (one
-// more vpdpbusd, of ones against the codes) comes off in int32: exactly the sums |q| against x with q's signs give,
-// without their two sign instructions per row and quad. The LM head's panels are such codes.
-template <int R>
-JIDO_INLINE void offset_panel_rows(const Panel& p, const QuantizedX& x, int64_t m0, float* out, int64_t ldo) {
-  __m256 acc[R];
-  const uint8_t* xr[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), xr[r] = x.qu + (m0 + r) * x.nb * kBlock;
-  const __m256i ones = _mm256_set1_epi8(1);
-  for (int64_t c = 0; c < p.num_chunks; ++c) {
-    const int64_t j_end = std::min(p.quads, (c + 1) * p.chunk_quads);
-    __m256i sum[R], code_sum = _mm256_setzero_si256();
-    for (int r = 0; r < R; ++r) sum[r] = _mm256_setzero_si256();
-    for (int64_t j = c * p.chunk_quads; j < j_end; ++j) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.codes + j * kPanel * 4));
-      code_sum = _mm256_dpbusd_epi32(code_sum, ones, q);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        int32_t quad;
-        std::memcpy(&quad, xr[r] + 4 * j, sizeof(quad));
-        sum[r] = _mm256_dpbusd_epi32(sum[r], _mm256_set1_epi32(quad), q);
-      }
-    }
-    const __m256i offset = _mm256_slli_epi32(code_sum, 7);
-    const __m256 ws = _mm256_loadu_ps(p.scales + c * kPanel);
-    const int64_t xb = (c * p.chunk_quads * 4) / kBlock;  // per token: every block holds the row's scale
-    for (int r = 0; r < R; ++r) {
-      const __m256 dx = _mm256_broadcast_ss(x.d + (m0 + r) * x.nb + xb);
-      const __m256i exact = _mm256_sub_epi32(sum[r], offset);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), _mm256_mul_ps(ws, dx), acc[r]);
-    }
-  }
-  if (p.mins) {
-    for (int64_t g = 0; g < p.num_groups; ++g) {
-      const __m256 mins = _mm256_loadu_ps(p.mins + g * kPanel);
-      for (int r = 0; r < R; ++r)
-        acc[r] = _mm256_fmadd_ps(mins, _mm256_broadcast_ss(x.sums + (m0 + r) * x.num_groups + g), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + r * ldo, acc[r]);
-}
-
-inline void offset_panel_dot(const Panel& p, const QuantizedX& x, int64_t m0, int64_t rows, float* out, int64_t ldo) {
-  for (int64_t r = 0; r < rows;) {
-    const int64_t left = rows - r;
-    float* o = out + r * ldo;
-    if (left >= 4) offset_panel_rows<4>(p, x, m0 + r, o, ldo), r += 4;
-    else if (left >= 2) offset_panel_rows<2>(p, x, m0 + r, o, ldo), r += 2;
-    else offset_panel_rows<1>(p, x, m0 + r, o, ldo), r += 1;
-  }
-}
-
 // a's 8 floats, then b's (AVX-512F only: the DQ insert is not in the target).
 JIDO_INLINE __m512 join_ps(__m256 a, __m256 b) {
   return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(a)), _mm256_castps_pd(b), 1));
 }
 
-// Two such panels side by side in 512-bit vectors: one broadcast of x serves 16 outputs (panel a's 8, then b's 8,
-// written to out[0..16)). Each lane does what offset_panel_rows does for it, in the same order.
+// Two panels of signed codes (a span over 127, e.g. Q8_0: the LM head) side by side in 512-bit vectors, under VNNI.
+// vpdpbusd multiplies unsigned bytes by signed ones, so x goes in offset by 128 (QuantizedX::qu, 1..255) against
+// the codes as stored, and 128 times each chunk's code sums (one more vpdpbusd, of ones against the codes) comes
+// off in int32: exactly the sums panel_rows<R, false, 1> gets from |q| against x with q's signs, without its two
+// sign instructions per row and quad, and one broadcast of x serves 16 outputs (panel a's 8, then b's 8, written
+// to out[0..16)). Each lane's float operations are panel_rows' in the same order, so the outputs are its bits.
 template <int R>
 JIDO_INLINE void offset_pair_rows(const Panel& a, const Panel& b, const QuantizedX& x, int64_t m0, float* out,
                                   int64_t ldo) {
@@ -938,13 +894,9 @@ JIDO_INLINE void offset_pair_rows(const Panel& a, const Panel& b, const Quantize
 
 inline void offset_pair_dot(const Panel& a, const Panel& b, const QuantizedX& x, int64_t m0, int64_t rows,
                             float* out, int64_t ldo) {
-  for (int64_t r = 0; r < rows;) {
-    const int64_t left = rows - r;
-    float* o = out + r * ldo;
-    if (left >= 4) offset_pair_rows<4>(a, b, x, m0 + r, o, ldo), r += 4;
-    else if (left >= 2) offset_pair_rows<2>(a, b, x, m0 + r, o, ldo), r += 2;
-    else offset_pair_rows<1>(a, b, x, m0 + r, o, ldo), r += 1;
-  }
+  row_blocks(rows, [&](auto block, int64_t r) {
+    offset_pair_rows<decltype(block)::value>(a, b, x, m0 + r, out + r * ldo, ldo);
+  });
 }
 #endif  // JIDO_INT8_DOT_VNNI
 
