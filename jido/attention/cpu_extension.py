@@ -1,4 +1,5 @@
-"""Loads the C++ CPU attention kernels (``csrc/paged_decode.cpp``), built and cached by :mod:`jido.utils.cpp_build`.
+"""Loads the C++ CPU attention kernels (``csrc/paged_decode.cpp``: paged decode and the KV write), built and
+cached by :mod:`jido.utils.cpp_build`.
 
 A build that fails logs a warning and leaves the caller on its PyTorch decode path.
 """
@@ -20,3 +21,8 @@ def load_paged_decode(source: Path = SOURCE) -> object | None:
     if not load_ops_library("jido_cpu_attn", source, "C++ attention kernels", "the PyTorch decode path"):
         return None
     return torch.ops.jido_cpu_attn.paged_decode
+
+
+def load_write_kv() -> object | None:
+    """``torch.ops.jido_cpu_attn.write_kv`` (the same library as :func:`load_paged_decode`), or None."""
+    return None if load_paged_decode() is None else torch.ops.jido_cpu_attn.write_kv

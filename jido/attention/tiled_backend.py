@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
-from jido.attention.cpu_extension import load_paged_decode
+from jido.attention.cpu_extension import load_paged_decode, load_write_kv
 from jido.attention.kv_quant import cache_rows, read_rows, row_width
 from jido.attention.torch_backend import TorchAttentionMetadata, build_plan, causal_attention, first_visible_key
 
@@ -133,7 +133,11 @@ class TiledAttentionBackend(AttentionBackend):
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Scatter this step's keys and values into their slots of the ``[2, blocks, kv_heads, block_size, width]``
-    cache (quantized if the cache is)."""
+    cache (quantized if the cache is): on CPU by one C++ call where the cache holds k's dtype."""
+    if kv_cache.device.type == "cpu" and k.dtype == kv_cache.dtype and k.dim() == 2 and k.stride(1) == v.stride(1) == 1:
+        kernel = load_write_kv()
+        if kernel is not None:
+            return kernel(kv_cache, k, v, slot_mapping)
     _, _, num_kv_heads, block_size, _ = kv_cache.shape
     head_dim = k.shape[1] // num_kv_heads
     block_ids, offsets = slot_mapping // block_size, slot_mapping % block_size

@@ -14,7 +14,7 @@ from jido.layers.parallel_linear import (ColumnParallelLinear, MergedColumnParal
                                          RowParallelLinear, VocabParallelEmbedding, gather_logits)
 from jido.layers.quantization import QuantizationConfig, get_quantization_config
 from jido.layers.rms_norm import RMSNorm
-from jido.layers.rotary import RotaryEmbedding, apply_rotary
+from jido.layers.rotary import RotaryEmbedding, norm_and_rotate_qk
 from jido.models.config import ModelArchConfig
 from jido.parallel.state import current, layer_range
 
@@ -63,14 +63,14 @@ class LlamaAttention(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, rope: RopeCosSin, kv_cache: torch.Tensor, metadata: Any) -> torch.Tensor:
-        num_tokens, head_dim = x.shape[0], self.spec.head_dim
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, -1, head_dim)  # [num_tokens, num_heads, head_dim]
-        k = k.view(num_tokens, -1, head_dim)  # [num_tokens, num_kv_heads, head_dim]
-        if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        out = self.backend.forward(self.spec, q.view(num_tokens, -1), k.view(num_tokens, -1), v, kv_cache, metadata)
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x)
+        # [num_tokens, num_heads, head_dim] and [num_tokens, num_kv_heads, head_dim]
+        q, k = norm_and_rotate_qk(qkv, self.q_size, self.kv_size, self.spec.head_dim, *rope,
+                                  getattr(self, "q_norm", None), getattr(self, "k_norm", None))
+        v = qkv[:, self.q_size + self.kv_size:]
+        out = self.backend.forward(self.spec, q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v, kv_cache,
+                                   metadata)
         return self.o_proj(out)
 
 

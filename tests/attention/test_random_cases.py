@@ -72,6 +72,26 @@ def test_tiled_new_keys_and_values_land_in_their_slots() -> None:
         torch.testing.assert_close(cache[block_ids, :, offsets].flatten(1), new, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cpp_kv_write_fills_the_same_slots_as_the_pytorch_write(dtype, monkeypatch) -> None:
+    # k and v as the model hands them over: strided column splits of one fused QKV output.
+    gen = torch.Generator().manual_seed(11)
+    num_blocks, kv_heads, block_size, head_dim, tokens = 9, 2, 4, 16, 13
+    qkv = torch.randn(tokens, 3 * kv_heads * head_dim, generator=gen).to(dtype)
+    k, v = qkv[:, kv_heads * head_dim:2 * kv_heads * head_dim], qkv[:, 2 * kv_heads * head_dim:]
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:tokens]
+    shape = TiledAttentionBackend.get_kv_cache_shape(num_blocks, block_size, kv_heads, head_dim, dtype)
+    ours = torch.full(shape, float("nan"), dtype=dtype)  # poisoned: a slot written twice or not at all shows
+    tiled_backend.write_kv(ours, k, v, slots)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        tiled_backend.write_kv(ours.clone(), k[:1], v[:1], torch.tensor([num_blocks * block_size]))
+    monkeypatch.setattr(tiled_backend, "load_write_kv", lambda: None)
+    expected = torch.full(shape, float("nan"), dtype=dtype)
+    tiled_backend.write_kv(expected, k, v, slots)
+    torch.testing.assert_close(ours, expected, atol=0, rtol=0, equal_nan=True)
+    assert int(torch.isnan(ours).logical_not().sum()) == 2 * tokens * kv_heads * head_dim
+
+
 def test_cpp_decode_build_failure_falls_back_to_pytorch_with_a_warning(tmp_path, monkeypatch, caplog) -> None:
     broken = tmp_path / "paged_decode.cpp"
     broken.write_text("#error this source does not compile\n")
