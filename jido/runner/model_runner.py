@@ -31,6 +31,7 @@ from jido.runner.spec_decode import ProposerContext, SpecDecoder, make_proposer
 from jido.sampling.rejection_sampler import VerifiedTokens
 from jido.sampling.sampler import Sampler
 from jido.utils.cpu import CpuInfo, cpu_info
+from jido.utils.huge_pages import move_weights_to_huge_pages, thp_mode
 
 logger = logging.getLogger("jido")
 
@@ -104,6 +105,9 @@ def load_model(folder: Path, arch: ModelArchConfig, attn_backend: AttentionBacke
         model = model_class(arch, attn_backend, quant_config)
     model.load_weights(iter_quantized_weights(folder) if quantization == "gguf" else iter_weights(folder))
     process_weights_after_loading(model)
+    if device.type == "cpu":
+        moved = move_weights_to_huge_pages(model)
+        logger.info("%s of weights in transparent huge pages (THP %s)", _mib(moved), thp_mode())
     model.eval()
     logger.info("loaded %s (%s, %s, quantization %s) in %.1f s", folder.name, device, dtype, quantization,
                 time.perf_counter() - start)

@@ -1,0 +1,136 @@
+"""Weights moved into transparent huge pages (2 MiB) on Linux, so that decode streams them at the memory's speed.
+
+A decode step reads every weight once. In 4 KiB pages that stream needs a new TLB entry every 4 KiB, and the
+CPU's hardware prefetchers stop at each 4 KiB boundary. Most kernels set transparent huge pages to ``madvise``:
+memory gets them only where the process asks with ``madvise(MADV_HUGEPAGE)``, and torch's allocator never asks.
+So the large weight tensors are copied, once loaded, into anonymous mappings that ask before first touch.
+
+Measured on Gemma 3 270M's GGUF (2-core Xeon, THP ``madvise``), at one row of x: the LM head's 189 MB
+8.66 -> 7.00 ms (21.8 -> 27.0 GB/s), and the 72 layer matmuls' 105 MB 6.92 -> 6.38 ms.
+Where THP is off (``never``), missing or not Linux, nothing is moved.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import logging
+import mmap
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+HUGE_PAGE = 2 << 20
+MADV_HUGEPAGE = 14  # <sys/mman.h> on Linux
+THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+# Tensors are packed into shared mappings ("arenas") of about this size, each tensor on a cache line: the small
+# ones (scales, norms) then sit in huge pages too, and the copy never holds more than one arena twice.
+ARENA_BYTES = 256 << 20
+ALIGN = 64
+MIN_BYTES = 4096  # below a page a tensor gains nothing from moving
+# Module attributes holding weights outside parameters: quantized codes and their prepacked panels
+# (jido/layers/quantized_linear.py). Dataclasses of tensors: each tensor field is moved.
+HELD_WEIGHTS = ("qweight", "qpanels")
+
+
+def thp_mode(path: Path = THP_MODE_FILE) -> str | None:
+    """The kernel's transparent huge page mode (``always``, ``madvise`` or ``never``), or None where there is none."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    start, end = text.find("["), text.find("]")
+    return text[start + 1:end] if 0 <= start < end else None
+
+
+@functools.cache
+def _madvise() -> ctypes._CFuncPtr | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def in_huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of contiguous CPU ``tensors`` packed into one mapping advised for huge pages, each at a 64-byte
+    boundary; the tensors themselves where madvise is refused or missing."""
+    madvise = _madvise()
+    offsets, size = [], 0
+    for t in tensors:
+        offsets.append(size)
+        size += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+    if madvise is None or not tensors:
+        return list(tensors)
+    mapped = -(-size // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE  # room to start on a 2 MiB boundary
+    region = mmap.mmap(-1, mapped, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    start = -base % HUGE_PAGE
+    if madvise(base + start, mapped - start, MADV_HUGEPAGE) != 0:
+        logger.debug("madvise(MADV_HUGEPAGE) failed (errno %d)", ctypes.get_errno())
+        return list(tensors)
+    out = []
+    for t, offset in zip(tensors, offsets):
+        # Each tensor holds a reference to the mapping (torch.frombuffer): it lives while any of them does.
+        view = torch.frombuffer(region, dtype=torch.uint8, count=t.numel() * t.element_size(), offset=start + offset)
+        out.append(view.view(t.dtype).view(t.shape).copy_(t))
+    return out
+
+
+def _movable(t: object) -> bool:
+    return (isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.layout == torch.strided and not t.is_mkldnn
+            and not t.is_quantized and t.is_contiguous() and t.numel() * t.element_size() >= MIN_BYTES)
+
+
+def move_weights_to_huge_pages(model: nn.Module) -> int:
+    """Move ``model``'s CPU weights (parameters, buffers and the quantized codes and panels held beside them) into
+    huge pages, in place; returns the bytes moved (0 where THP is off or unavailable)."""
+    if thp_mode() not in ("always", "madvise"):
+        return 0
+    # Each distinct tensor (by address, shape and type: two views of one weight move once) and how to replace it.
+    found: dict[tuple, tuple[torch.Tensor, list[Callable[[torch.Tensor], None]]]] = {}
+
+    def add(t: torch.Tensor, setter: Callable[[torch.Tensor], None]) -> None:
+        if _movable(t):
+            found.setdefault((t.data_ptr(), t.dtype, tuple(t.shape)), (t, []))[1].append(setter)
+
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            add(param.data, lambda new, param=param: setattr(param, "data", new))
+        for name, buf in module.named_buffers(recurse=False):
+            add(buf, lambda new, module=module, name=name: module._buffers.__setitem__(name, new))
+        for attr in HELD_WEIGHTS:
+            held = getattr(module, attr, None)
+            if dataclasses.is_dataclass(held):
+                for f in dataclasses.fields(held):
+                    add(getattr(held, f.name), lambda new, m=module, a=attr, n=f.name:
+                        setattr(m, a, dataclasses.replace(getattr(m, a), **{n: new})))
+    moved = 0
+    for arena in _arenas([t for t, _ in found.values()]):
+        for old, new in zip(arena, in_huge_pages(arena)):
+            if new is not old:
+                moved += old.numel() * old.element_size()
+                for setter in found[(old.data_ptr(), old.dtype, tuple(old.shape))][1]:
+                    setter(new)
+    return moved
+
+
+def _arenas(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``tensors`` in consecutive groups of about :data:`ARENA_BYTES` (a larger tensor alone)."""
+    groups: list[list[torch.Tensor]] = [[]]
+    size = 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if groups[-1] and size + nbytes > ARENA_BYTES:
+            groups.append([])
+            size = 0
+        groups[-1].append(t)
+        size += nbytes
+    return [g for g in groups if g]

@@ -1,0 +1,83 @@
+"""Weights moved into memory advised for transparent huge pages: the same values, the advice really given."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from jido.layers import quant_kernels
+from jido.utils import huge_pages
+
+
+def _advised(t: torch.Tensor) -> bool:
+    """Whether the mapping holding ``t`` carries madvise(MADV_HUGEPAGE): ``hg`` in its VmFlags (proc(5))."""
+    address, current = t.data_ptr(), None
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            start, end = (int(x, 16) for x in head.split("-"))
+            current = start <= address < end
+        elif head == "VmFlags:" and current:
+            return "hg" in line.split()[1:]
+    raise AssertionError("no mapping holds the tensor")
+
+
+needs_thp = pytest.mark.skipif(huge_pages.thp_mode() not in ("always", "madvise"),
+                               reason=f"transparent huge pages are {huge_pages.thp_mode()} here")
+
+
+@needs_thp
+def test_tensors_are_copied_into_one_advised_mapping_with_their_values() -> None:
+    tensors = [torch.randn(1024, 1024), torch.arange(7, dtype=torch.int8), torch.randn(3, 5).bfloat16()]
+    moved = huge_pages.in_huge_pages(tensors)
+    assert moved[0].data_ptr() % huge_pages.HUGE_PAGE == 0
+    assert all(m.data_ptr() % huge_pages.ALIGN == 0 for m in moved)
+    for old, new in zip(tensors, moved):
+        assert new.data_ptr() != old.data_ptr() and new.dtype == old.dtype and new.shape == old.shape
+        assert torch.equal(new, old) and _advised(new) and not _advised(old)
+    del tensors
+    moved[0].add_(1)  # still writable, and alive without the originals
+
+
+def test_only_contiguous_cpu_tensors_of_a_page_or_more_move() -> None:
+    assert huge_pages._movable(torch.randn(32, 32))
+    assert not huge_pages._movable(torch.randn(16, 16))  # 1 KiB
+    assert not huge_pages._movable(torch.randn(2048, 1024)[:, ::2])
+
+
+def test_arenas_group_tensors_up_to_their_size(monkeypatch) -> None:
+    monkeypatch.setattr(huge_pages, "ARENA_BYTES", 100)
+    sizes = [[len(t) for t in arena] for arena in huge_pages._arenas([torch.zeros(n, dtype=torch.uint8)
+                                                                       for n in (60, 30, 20, 150, 10)])]
+    assert sizes == [[60, 30], [20], [150], [10]]
+
+
+@needs_thp
+def test_a_model_computes_the_same_after_its_weights_moved(monkeypatch) -> None:
+    monkeypatch.setattr(huge_pages, "MIN_BYTES", 1)
+    monkeypatch.setattr(huge_pages, "ARENA_BYTES", 4096)  # several arenas
+    layer = nn.Linear(64, 48)
+    layer.qweight = quant_kernels.quantize(torch.randn(48, 64), 4, 32)
+    model = nn.Sequential(layer, nn.Linear(48, 8))
+    x = torch.randn(3, 64)
+    before = model(x), quant_kernels.dequantize_reference(layer.qweight)
+    moved = huge_pages.move_weights_to_huge_pages(model)
+    assert moved == sum(p.numel() * 4 for p in model.parameters()) + sum(
+        t.numel() * t.element_size() for t in (layer.qweight.data, layer.qweight.scales, layer.qweight.mins))
+    assert all(_advised(p) for p in model.parameters()) and _advised(layer.qweight.data)
+    torch.testing.assert_close(model(x), before[0], atol=0, rtol=0)
+    torch.testing.assert_close(quant_kernels.dequantize_reference(layer.qweight), before[1], atol=0, rtol=0)
+
+
+def test_nothing_moves_where_thp_is_off(monkeypatch) -> None:
+    monkeypatch.setattr(huge_pages, "thp_mode", lambda: "never")
+    model = nn.Linear(1024, 1024)
+    ptr = model.weight.data_ptr()
+    assert huge_pages.move_weights_to_huge_pages(model) == 0 and model.weight.data_ptr() == ptr
+
+
+def test_thp_mode_reads_the_bracketed_choice(tmp_path) -> None:
+    f = tmp_path / "enabled"
+    f.write_text("always [madvise] never\n")
+    assert huge_pages.thp_mode(f) == "madvise"
+    assert huge_pages.thp_mode(tmp_path / "missing") is None
