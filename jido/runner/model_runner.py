@@ -31,7 +31,7 @@ from jido.runner.spec_decode import ProposerContext, SpecDecoder, make_proposer
 from jido.sampling.rejection_sampler import VerifiedTokens
 from jido.sampling.sampler import Sampler
 from jido.utils.cpu import CpuInfo, cpu_info
-from jido.utils.huge_pages import move_weights_to_huge_pages, thp_mode
+from jido.utils.huge_pages import move_weights_to_huge_pages, thp_mode, zeros_in_huge_pages
 
 logger = logging.getLogger("jido")
 
@@ -185,7 +185,9 @@ class ModelRunner:
                                                      self.num_kv_heads, arch.head_dim, self.kv_cache_dtype)
         # Zeros, not empty: padded lanes of batched attention multiply unused slots by zero weights,
         # and 0 * NaN from uninitialised memory would poison the result.
-        tensors = {index: torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+        # On CPU in huge pages, as the weights: attention streams the cache (jido/utils/huge_pages.py).
+        tensors = {index: zeros_in_huge_pages(shape, self.kv_cache_dtype) if self.device.type == "cpu"
+                   else torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
                    for index in sorted({kv_cache_config.tensor_index(i) for i in self.layer_ids})}
         layers = range(arch.num_layers)
         self.kv_caches = [tensors[kv_cache_config.tensor_index(i)] if i in self.layer_ids else None for i in layers]

@@ -15,6 +15,7 @@ import ctypes
 import dataclasses
 import functools
 import logging
+import math
 import mmap
 from collections.abc import Callable
 from pathlib import Path
@@ -59,29 +60,50 @@ def _madvise() -> ctypes._CFuncPtr | None:
     return fn
 
 
-def in_huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Copies of contiguous CPU ``tensors`` packed into one mapping advised for huge pages, each at a 64-byte
-    boundary; the tensors themselves where madvise is refused or missing."""
+def _advised_region(nbytes: int) -> tuple[mmap.mmap, int] | None:
+    """A fresh anonymous mapping with ``nbytes`` from a 2 MiB boundary (that offset returned) advised for huge
+    pages, or None where madvise is missing or refuses."""
     madvise = _madvise()
-    offsets, size = [], 0
-    for t in tensors:
-        offsets.append(size)
-        size += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
-    if madvise is None or not tensors:
-        return list(tensors)
-    mapped = -(-size // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE  # room to start on a 2 MiB boundary
+    if madvise is None:
+        return None
+    mapped = -(-nbytes // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE  # room to start on a 2 MiB boundary
     region = mmap.mmap(-1, mapped, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     base = ctypes.addressof(ctypes.c_char.from_buffer(region))
     start = -base % HUGE_PAGE
     if madvise(base + start, mapped - start, MADV_HUGEPAGE) != 0:
         logger.debug("madvise(MADV_HUGEPAGE) failed (errno %d)", ctypes.get_errno())
+        return None
+    return region, start
+
+
+def in_huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of contiguous CPU ``tensors`` packed into one mapping advised for huge pages, each at a 64-byte
+    boundary; the tensors themselves where madvise is refused or missing."""
+    offsets, size = [], 0
+    for t in tensors:
+        offsets.append(size)
+        size += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+    advised = _advised_region(size) if tensors else None
+    if advised is None:
         return list(tensors)
+    region, start = advised
     out = []
     for t, offset in zip(tensors, offsets):
         # Each tensor holds a reference to the mapping (torch.frombuffer): it lives while any of them does.
         view = torch.frombuffer(region, dtype=torch.uint8, count=t.numel() * t.element_size(), offset=start + offset)
         out.append(view.view(t.dtype).view(t.shape).copy_(t))
     return out
+
+
+def zeros_in_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero CPU tensor in memory advised for huge pages (where THP is on): the KV cache, which attention streams
+    like the weights. Anonymous memory is zero when first touched, so nothing is written here."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    advised = _advised_region(nbytes) if thp_mode() in ("always", "madvise") and nbytes >= MIN_BYTES else None
+    if advised is None:
+        return torch.zeros(shape, dtype=dtype)
+    region, start = advised
+    return torch.frombuffer(region, dtype=torch.uint8, count=nbytes, offset=start).view(dtype).view(shape)
 
 
 def _movable(t: object) -> bool:

@@ -69,11 +69,21 @@ def test_a_model_computes_the_same_after_its_weights_moved(monkeypatch) -> None:
     torch.testing.assert_close(quant_kernels.dequantize_reference(layer.qweight), before[1], atol=0, rtol=0)
 
 
+@needs_thp
+def test_a_zero_tensor_in_advised_memory() -> None:
+    t = huge_pages.zeros_in_huge_pages((3, 1000, 700), torch.bfloat16)
+    assert t.shape == (3, 1000, 700) and t.dtype == torch.bfloat16 and _advised(t)
+    assert int(t.count_nonzero()) == 0
+    t[1, 2, 3] = 5
+    assert float(t.sum()) == 5
+
+
 def test_nothing_moves_where_thp_is_off(monkeypatch) -> None:
     monkeypatch.setattr(huge_pages, "thp_mode", lambda: "never")
     model = nn.Linear(1024, 1024)
     ptr = model.weight.data_ptr()
     assert huge_pages.move_weights_to_huge_pages(model) == 0 and model.weight.data_ptr() == ptr
+    assert not _advised(huge_pages.zeros_in_huge_pages((1024, 1024), torch.float32))
 
 
 def test_thp_mode_reads_the_bracketed_choice(tmp_path) -> None:
