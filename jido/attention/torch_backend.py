@@ -194,6 +194,13 @@ def causal_attention(spec: AttentionLayerSpec, q: torch.Tensor, keys: torch.Tens
     if spec.sliding_window is not None:
         visible &= k_pos > q_pos - spec.sliding_window
     group = spec.num_heads // num_kv_heads
+    if spec.logit_softcap is None and keys.dtype == q.dtype:
+        # One 4-D SDPA call, [1, heads, tokens, head_dim], whose GQA reads each KV head for its group of query
+        # heads: on CPU that is the fused flash kernel (2,000 tokens, Gemma 3's 4:1 heads, bf16: 14 ms), where the
+        # 3-D folded call below falls back to the math path (154 ms, a [rows, keys] score matrix in memory).
+        out = F.scaled_dot_product_attention(q.permute(1, 0, 2)[None], keys[None], values[None], attn_mask=visible,
+                                             scale=spec.scale, enable_gqa=group > 1)
+        return out[0].permute(1, 0, 2)  # [query_len, num_heads, head_dim]
     # Fold the query heads that share a KV head into the rows: [kv_heads, group * query_len, head_dim],
     # so GQA needs no copy of K/V per query head.
     grouped_q = q.view(query_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(num_kv_heads, -1, head_dim)
