@@ -335,8 +335,8 @@ class ModelRunner:
 def weight_bytes(model: torch.nn.Module, prepacked: bool = True) -> int:
     """Bytes of the model's weights as held: parameters, buffers, quantized codes and the packed copies beside them.
 
-    Without ``prepacked``, less the panels packed beside quantized codes (``qpanels``): what a one-row decode
-    step reads, since it runs on the codes.
+    Without ``prepacked``, less the panels and bf16 copies packed beside quantized codes (``qpanels``, ``qdense``):
+    what a one-row decode step reads, since it runs on the codes.
     """
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     for module in model.modules():
@@ -353,6 +353,8 @@ def _held_beside(module: torch.nn.Module, prepacked: bool) -> list[torch.Tensor]
     panels = getattr(module, "qpanels", None)
     if panels is not None and prepacked:
         held += [panels.codes, panels.scales, panels.mins, panels.meta]
+    if prepacked:
+        held.append(getattr(module, "qdense", None))
     return [t for t in held if isinstance(t, torch.Tensor)]
 
 

@@ -17,7 +17,7 @@ from tiny_paged_batch import TinyPagedRunner
 from jido.config.model import Quantization
 from jido.engine.llm import LLM
 from jido.core.sampling_params import SamplingParams
-from jido.layers import int8_dot, quant_kernels
+from jido.layers import int8_dot, quant_kernels, quantized_linear
 from jido.layers.quantization import QUANTIZATIONS, get_quantization_config, process_weights_after_loading
 from jido.layers.quant_kernels import QuantizedWeight
 from jido.layers.quantized_linear import QuantizedCodes, merge_codes
@@ -235,7 +235,8 @@ def test_gguf_codes_as_stored_score_and_generate_like_the_dequantized_checkpoint
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gguf_layer_keeps_only_its_codes_and_multiplies_every_step_by_them(dtype):
+def test_gguf_layer_keeps_only_its_codes_and_multiplies_every_step_by_them(dtype, monkeypatch):
+    monkeypatch.setattr(quantized_linear, "keeps_bf16_copy", lambda dtype, device: False)  # no AMX copy
     from jido.layers.linear import Linear
     from jido.layers.parameter import default_device_and_dtype
 
@@ -254,6 +255,51 @@ def test_gguf_layer_keeps_only_its_codes_and_multiplies_every_step_by_them(dtype
             expected = x.double() @ codes.dequantize().double().t()
         tolerance = 1e-4 if dtype == torch.float32 else 0.05 * expected.abs().max().item()
         torch.testing.assert_close(layer(x).double(), expected, atol=tolerance, rtol=0.02 if tolerance > 1e-4 else 1e-5)
+
+
+def _gguf_layer(dtype: torch.dtype, scheme: str = "gguf"):
+    from jido.layers.linear import Linear
+    from jido.layers.parameter import default_device_and_dtype
+
+    with default_device_and_dtype(torch.device("cpu"), dtype):
+        layer = Linear(64, 48, quant_config=get_quantization_config(scheme))
+    if scheme == "gguf":
+        layer.weight.weight_loader(layer.weight, _codes(48, 64, 32, offsets=True, seed=5), None)
+    else:
+        layer.weight.weight_loader(layer.weight, torch.randn(48, 64, generator=torch.Generator().manual_seed(5)))
+    layer.linear_method.process_weights_after_loading(layer)
+    return layer
+
+
+@pytest.mark.skipif(not quantized_linear.cpu_info().has_onednn_bf16, reason="oneDNN cannot multiply bf16 here")
+def test_with_a_bf16_copy_steps_of_16_rows_or_more_multiply_it_and_fewer_rows_the_codes(monkeypatch):
+    monkeypatch.setattr(quantized_linear, "keeps_bf16_copy", lambda dtype, device: dtype == torch.bfloat16)
+    layer = _gguf_layer(torch.bfloat16)
+    assert layer.qdense.is_mkldnn and not hasattr(layer, "weight")
+    bf16_weight = quant_kernels.dequantize(layer.qweight).bfloat16().double()
+    for rows in (1, quantized_linear.BF16_COPY_MIN_ROWS - 1, quantized_linear.BF16_COPY_MIN_ROWS, 40):
+        x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows)).bfloat16()
+        out = layer(x)
+        assert out.dtype == torch.bfloat16 and out.shape == (rows, 48)
+        if rows >= quantized_linear.BF16_COPY_MIN_ROWS:  # x as it is, times the weight rounded to bf16
+            expected = x.double() @ bf16_weight.t()
+        else:  # the int8 dot kernels: x rounded per block of 32
+            expected = int8_dot.int8_dot_linear_reference(x, layer.qweight)
+        torch.testing.assert_close(out.double(), expected, atol=0.02 * expected.abs().max().item(), rtol=0.01)
+    # The copy is what a step of many rows reads: bf16 sums of the same x stay within bf16's rounding of it.
+    many = torch.randn(32, 64, generator=torch.Generator().manual_seed(0)).bfloat16()
+    torch.testing.assert_close(layer(many).double(), many.double() @ bf16_weight.t(), atol=0.05, rtol=2**-7)
+
+
+def test_a_bf16_copy_is_kept_only_where_asked_and_never_under_w8a8(monkeypatch):
+    monkeypatch.setattr(quantized_linear, "keeps_bf16_copy", lambda dtype, device: False)
+    assert not hasattr(_gguf_layer(torch.bfloat16), "qdense")
+    monkeypatch.setattr(quantized_linear, "keeps_bf16_copy", lambda dtype, device: True)
+    assert not hasattr(_gguf_layer(torch.bfloat16, "w8a8"), "qdense")
+    monkeypatch.undo()
+    amx = "amx_bf16" in quantized_linear.cpu_info().flags and quantized_linear.cpu_info().has_onednn_bf16
+    assert quantized_linear.keeps_bf16_copy(torch.bfloat16, torch.device("cpu")) == amx
+    assert not quantized_linear.keeps_bf16_copy(torch.float32, torch.device("cpu"))
 
 
 def test_gguf_codes_are_decoded_once_into_the_converted_folder_and_read_back_equal(tmp_path):
