@@ -84,6 +84,8 @@ WORKLOADS = {w.name: w for w in (
     Workload("random-c16", "random", 32, 16, 256, 128),
     Workload("shared-prefix-c16", "shared-prefix", 32, 16, 256, 128),
     Workload("conversation-c16", "conversation", 32, 16, 256, 128),  # lengths come from the dataset
+    # The fast-path issue's single long prompt: its TTFT is the prefill of 2,000 tokens (distinct prompts).
+    Workload("prefill-2k", "random", 3, 1, 2000, 16),
 )}
 DEFAULT_WORKLOADS = ("batch1", "random-c16")
 
@@ -220,9 +222,9 @@ def llama_command(port: int, model: str) -> tuple[list[str], dict[str, str]]:
     server = llama_build_dir() / "bin" / "llama-server"
     help_text = subprocess.run([str(server), "--help"], capture_output=True, text=True, check=False).stdout
     flash = ["-fa", "on"] if "on|off|auto" in help_text.replace(" ", "") else ["-fa"]
-    # 16 parallel slots of 1024 tokens each, continuous batching, both cores.
+    # 16 parallel slots of 2048 tokens each (a 2,000-token prompt fits one), continuous batching, both cores.
     return ([str(server), "-m", str(gguf_path(model)), "--host", "127.0.0.1", "--port", str(port), "-np", "16",
-             "-c", str(16 * 1024), "-t", "2", "--alias", model, *flash], {})
+             "-c", str(32 * 1024), "-t", "2", "--alias", model, *flash], {})
 
 
 def llama_bench(model: str) -> dict[str, Any]:
