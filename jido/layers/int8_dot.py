@@ -137,6 +137,51 @@ def panel_linear(x: torch.Tensor, panels: PackedPanels, bias: torch.Tensor | Non
                                             0 if panels.per_token else BLOCK)
 
 
+@dataclass(frozen=True)
+class FiveBitRows:
+    """A weight whose int8 codes all lie in -16..15 (GGUF's Q5_0) stored in five bits for the one-row decode
+    kernel (``csrc/int8_dot.cpp``, FiveBitWeight): per block of 32 codes, u = q + 16 as 16 bytes of low nibbles
+    (column j in the low half of byte j, column j + 16 in its high half), then 4 bytes of fifth bits. 20 bytes a
+    block against 32: decode streams 0.625 of the bytes. Scales and mins are the weight's own tensors."""
+
+    data: torch.Tensor  # uint8 [N, K / 32 * 20]
+    scales: torch.Tensor  # the QuantizedWeight's
+    mins: torch.Tensor | None
+    group_size: int
+    shape: tuple[int, int]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+
+def fits_five_bits(w: QuantizedWeight) -> bool:
+    """Whether ``w`` can be held as :class:`FiveBitRows`: int8 codes in -16..15, K a multiple of 32, groups of whole
+    blocks of 32."""
+    if w.bits != 8 or w.shape[1] % BLOCK or not (w.group_size % BLOCK == 0 or w.group_size >= w.shape[1]):
+        return False
+    return w.data.numel() > 0 and int(w.data.min()) >= -16 and int(w.data.max()) <= 15
+
+
+def pack_five_bits(w: QuantizedWeight) -> FiveBitRows:
+    """``w`` (which :func:`fits_five_bits`) in five bits."""
+    num_rows, num_cols = w.shape
+    u = (w.data.to(torch.int16) + 16).to(torch.uint8).view(num_rows, num_cols // BLOCK, BLOCK)
+    nibbles = (u[..., :16] & 15) | ((u[..., 16:] & 15) << 4)
+    weights = (1 << torch.arange(8, dtype=torch.int32)).to(torch.uint8)  # bit j of a byte: its column j
+    fifth = ((u >> 4).view(num_rows, -1, 4, 8) * weights).sum(dim=-1, dtype=torch.int32).to(torch.uint8)
+    data = torch.cat([nibbles, fifth], dim=-1).reshape(num_rows, -1).contiguous()
+    return FiveBitRows(data, w.scales, w.mins, w.group_size, w.shape)
+
+
+def five_bit_linear(x: torch.Tensor, rows: FiveBitRows, bias: torch.Tensor | None = None,
+                    per_token: bool = False) -> torch.Tensor:
+    """``x w^T (+ bias)`` for one row of x on :class:`FiveBitRows`: bit for bit what ``int8_dot_linear`` gives on the
+    weight's int8 codes, reading 0.625 of their bytes."""
+    return load_int8_dot_ops().five_bit_linear(x, rows.data, rows.scales, rows.mins, rows.group_size, rows.shape[1],
+                                               bias, _isa_index(), 0 if per_token else BLOCK)
+
+
 def quantize_activations(x: torch.Tensor, per_token: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernels' rounding of x ``[M, K]``: int8 codes ``[M, K]`` and float32 scales ``[M, ceil(K / 32)]`` (with
     ``per_token``, every block of a row holds the row's scale), ``x ~= codes * scales`` per block, bit for bit

@@ -117,6 +117,9 @@ class QuantizedLinearMethod(LinearMethod):
         panels = getattr(layer, "qpanels", None)
         if panels is not None and int8_dot.prefers_panels(x.shape[0]):
             return int8_dot.panel_linear(x, panels, bias)
+        five = getattr(layer, "qfive", None)
+        if five is not None and x.shape[0] == 1:
+            return int8_dot.five_bit_linear(x, five, bias, self.per_token)
         if int8_dot.runs(qweight):
             return int8_dot.int8_dot_linear(x, qweight, bias, self.per_token)
         if self.per_token:
@@ -153,11 +156,15 @@ class QuantizedLinearMethod(LinearMethod):
     def _hold(self, layer: nn.Module, qweight: QuantizedWeight) -> None:
         """Drop the checkpoint's float weight for ``qweight`` (an embedding keeps gathering in its dtype from it),
         and where the panel kernel runs keep its panels packed beside it (int8_dot.PackedPanels): steps of a few
-        rows then skip repacking the whole weight per call, which dominated the LM head."""
+        rows then skip repacking the whole weight per call, which dominated the LM head. Codes that fit five bits
+        (Q5_0's) are kept in five bits too, for one-row decode (int8_dot.FiveBitRows): same outputs, 0.625 of the
+        bytes (Gemma 3 270M's GGUF: 21 MB less read a token, of 298)."""
         del layer.weight
         layer.qweight = qweight
         if int8_dot.runs(qweight):
             layer.qpanels = int8_dot.pack_panels(qweight, self.per_token)
+            if int8_dot.fits_five_bits(qweight):
+                layer.qfive = int8_dot.pack_five_bits(qweight)
 
     def _quantized(self, layer: nn.Module) -> QuantizedWeight | None:
         staged: dict[str | None, QuantizedCodes] = getattr(layer, "staged_codes", {})

@@ -335,8 +335,8 @@ class ModelRunner:
 def weight_bytes(model: torch.nn.Module, prepacked: bool = True) -> int:
     """Bytes of the model's weights as held: parameters, buffers, quantized codes and the packed copies beside them.
 
-    Without ``prepacked``, less the panels and bf16 copies packed beside quantized codes (``qpanels``, ``qdense``):
-    what a one-row decode step reads, since it runs on the codes.
+    Without ``prepacked``, what a one-row decode step reads: the codes (or their five-bit rows, ``qfive``, where a
+    layer has them), without the panels and bf16 copies packed beside them (``qpanels``, ``qdense``).
     """
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     for module in model.modules():
@@ -347,9 +347,11 @@ def weight_bytes(model: torch.nn.Module, prepacked: bool = True) -> int:
 def _held_beside(module: torch.nn.Module, prepacked: bool) -> list[torch.Tensor]:
     """Weight tensors a layer keeps outside its parameters (see jido/layers/quantized_linear.py)."""
     held = [getattr(module, "packed_logits_weight", None)]
-    qweight = getattr(module, "qweight", None)
-    if qweight is not None:
-        held += [qweight.data, qweight.scales, qweight.mins]
+    qweight, five = getattr(module, "qweight", None), getattr(module, "qfive", None)
+    if qweight is not None:  # one-row decode reads the five-bit rows where a layer has them, else the codes
+        held += [qweight.scales, qweight.mins] + ([qweight.data] if prepacked or five is None else [])
+    if five is not None:
+        held.append(five.data)
     panels = getattr(module, "qpanels", None)
     if panels is not None and prepacked:
         held += [panels.codes, panels.scales, panels.mins, panels.meta]

@@ -217,3 +217,45 @@ def test_panels_packed_for_one_rounding_of_x_are_refused_for_the_other() -> None
                                   w.shape, per_token=True)
     with pytest.raises(RuntimeError, match="packed for another x_block"):
         int8_dot.panel_linear(torch.randn(2, 640), mixed)
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_five_bit_rows_give_bit_for_bit_what_the_rows_kernel_gives_on_the_same_codes(dtype, per_token) -> None:
+    # Q5_0's codes (-16..15) in five bits: the same int32 lanes, so the same float operations, on every ISA here.
+    gen = torch.Generator().manual_seed(21)
+    ops = int8_dot.load_int8_dot_ops()
+    isas = [i for i, _ in enumerate(int8_dot.ISAS) if ops.supported(i)]
+    for num_rows, num_cols, group_size in [(8, 640, 32), (7, 96, 32), (13, 128, 64), (9, 96, None), (1, 32, 32)]:
+        for with_mins in (False, True):
+            w = random_weight(num_rows, num_cols, group_size, 8, with_mins, gen, codes=(-16, 16))
+            assert int8_dot.fits_five_bits(w)
+            five = int8_dot.pack_five_bits(w)
+            assert five.data.shape == (num_rows, num_cols // 32 * 20)
+            x = random_x(1, num_cols, dtype, gen)
+            x_block = 0 if per_token else 32
+            for isa in isas:
+                expected = ops.linear(x, w.data, w.scales, w.mins, w.group_size, 8, num_cols, None, isa, x_block, False)
+                ours = ops.five_bit_linear(x, five.data, five.scales, five.mins, w.group_size, num_cols, None, isa,
+                                           x_block)
+                assert ours.dtype == dtype
+                torch.testing.assert_close(ours, expected, atol=0, rtol=0,
+                                           msg=lambda m: f"{(num_rows, num_cols, group_size, with_mins, isa)}: {m}")
+
+
+def test_only_int8_codes_within_five_bits_and_whole_blocks_fit_five_bits() -> None:
+    gen = torch.Generator().manual_seed(22)
+    assert int8_dot.fits_five_bits(random_weight(4, 64, 32, 8, False, gen, codes=(-16, 16)))
+    assert not int8_dot.fits_five_bits(random_weight(4, 64, 32, 8, False, gen, codes=(-17, 16)))
+    assert not int8_dot.fits_five_bits(random_weight(4, 64, 32, 8, False, gen, codes=(-16, 17)))
+    assert not int8_dot.fits_five_bits(random_weight(4, 64, 16, 8, False, gen, codes=(-16, 16)))  # groups of 16
+    assert not int8_dot.fits_five_bits(random_weight(4, 67, 32, 8, False, gen, codes=(-16, 16)))  # partial block
+    assert not int8_dot.fits_five_bits(random_weight(4, 64, 32, 4, False, gen))  # already four bits
+
+
+def test_five_bit_rows_store_each_code_plus_16_in_a_nibble_and_a_bit() -> None:
+    q = torch.arange(-16, 16, dtype=torch.int8)[None]  # column j holds j - 16: u = j
+    five = int8_dot.pack_five_bits(qk.pack(q, torch.ones(1, 1), None, 32, 8))
+    data = five.data[0].tolist()
+    assert data[:16] == [(j & 15) | (((j + 16) & 15) << 4) for j in range(16)]
+    assert int.from_bytes(bytes(data[16:]), "little") == sum(1 << j for j in range(32) if j >= 16)

@@ -302,6 +302,34 @@ def test_a_bf16_copy_is_kept_only_where_asked_and_never_under_w8a8(monkeypatch):
     assert not quantized_linear.keeps_bf16_copy(torch.float32, torch.device("cpu"))
 
 
+@pytest.mark.skipif(int8_dot.load_int8_dot_ops() is None, reason="no int8 dot kernel for this CPU")
+def test_q5_codes_decode_one_row_from_five_bits_with_the_same_outputs(monkeypatch):
+    from jido.layers.linear import Linear
+    from jido.layers.parameter import default_device_and_dtype
+
+    gen = torch.Generator().manual_seed(6)
+    codes = QuantizedCodes(torch.randint(-16, 16, (48, 64), generator=gen, dtype=torch.int8),
+                           torch.rand(48, 2, generator=gen), None, 32, "Q5_0")
+    with default_device_and_dtype(torch.device("cpu"), torch.float32):
+        layer = Linear(64, 48, quant_config=get_quantization_config("gguf"))
+    layer.weight.weight_loader(layer.weight, codes, None)
+    layer.linear_method.process_weights_after_loading(layer)
+    assert layer.qfive.data.numel() == 48 * 2 * 20  # 20 bytes a block of 32 codes
+    x = torch.randn(1, 64, generator=gen)
+    expected = int8_dot.int8_dot_linear(x, layer.qweight)
+    calls = []
+    five_bit_linear = int8_dot.five_bit_linear
+    monkeypatch.setattr(int8_dot, "five_bit_linear", lambda *a, **k: calls.append(1) or five_bit_linear(*a, **k))
+    torch.testing.assert_close(layer(x), expected, atol=0, rtol=0)
+    assert calls == [1]
+    layer(torch.randn(2, 64, generator=gen))  # two rows run on the panels
+    assert calls == [1]
+    model = torch.nn.Sequential(layer)
+    read = weight_bytes(model, prepacked=False)
+    assert read == layer.qfive.data.numel() + layer.qweight.scales.numel() * 4  # the codes' bytes are not read
+    assert weight_bytes(model) - read == layer.qweight.data.numel() + layer.qpanels.nbytes
+
+
 def test_gguf_codes_are_decoded_once_into_the_converted_folder_and_read_back_equal(tmp_path):
     from jido.models.loader import CODES_FILE, iter_quantized_weights, resolve_model
 

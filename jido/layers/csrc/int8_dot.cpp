@@ -72,6 +72,17 @@ struct Weight {
   bool groups16;  // else each group holds whole blocks: group_size a multiple of 32, or one group per row
 };
 
+// A weight of codes in -16..15 (Q5_0's) stored in five bits (int8_dot.py, FiveBitRows): per block of 32 codes,
+// u = q + 16 as 16 bytes of low nibbles (column j in byte j's low half, column j + 16 in its high half), then 4
+// bytes of fifth bits (bit j: column j). Scales and mins as Weight's; K a multiple of 32, groups of whole blocks.
+constexpr int64_t kFiveBitBlockBytes = 20;
+struct FiveBitWeight {
+  const uint8_t* data;
+  const float* scales;
+  const float* mins;  // nullptr: no mins
+  int64_t N, K, group_size, num_groups, nb;
+};
+
 // A panel of kPanel weight rows, repacked: codes [quads][kPanel][4] (column quad j of row n at
 // codes[(j * kPanel + n) * 4]), the scales per chunk of columns [chunks][kPanel] (a chunk shares one scale of
 // w and one of x) and the mins' term's factors per group [groups][kPanel].
@@ -112,6 +123,15 @@ JIDO_INLINE __m256i add_pairs(__m256i acc, __m256i u, __m256i s) {
   return acc;
 }
 JIDO_INLINE __m256i widen_pairs(__m256i acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
+// 16 where bit j of `bits` is set, in byte j (the fifth bits of a five-bit block): byte j takes byte j / 8 of the
+// word and keeps its bit j % 8 (llama.cpp's bytes_from_bits_32).
+JIDO_INLINE __m256i high_bits(uint32_t bits) {
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                                             _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+}
 #include __FILE__
 }  // namespace avx2
 
@@ -123,6 +143,7 @@ JIDO_INLINE __m256i dot_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(
 JIDO_INLINE __m256i first_pairs(__m256i u, __m256i s) { return dot_u8s8(u, s); }
 JIDO_INLINE __m256i add_pairs(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
 JIDO_INLINE __m256i widen_pairs(__m256i acc) { return acc; }
+JIDO_INLINE __m256i high_bits(uint32_t bits) { return _mm256_maskz_mov_epi8(bits, _mm256_set1_epi8(16)); }
 #define JIDO_INT8_DOT_VNNI 1
 #include __FILE__
 #undef JIDO_INT8_DOT_VNNI
@@ -576,6 +597,44 @@ at::Tensor int8_dot_panel_linear(const at::Tensor& x, const at::Tensor& codes, c
 #endif
 }
 
+// y = x w^T (+ bias) for one row of x on a weight stored in five bits (FiveBitWeight), x rounded as in
+// int8_dot_linear: the same outputs, bit for bit, as int8_dot_linear's rows kernel on the codes in bytes.
+at::Tensor int8_dot_five_bit_linear(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scales,
+                                    const c10::optional<at::Tensor>& mins, int64_t group_size, int64_t K,
+                                    const c10::optional<at::Tensor>& bias, int64_t isa, int64_t x_block) {
+#if defined(__AVX2__)
+  TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.size(1) == K, "x must be [1, ", K, "]");
+  TORCH_CHECK(K % kBlock == 0 && (group_size % kBlock == 0 || group_size >= K),
+              "five-bit rows need K a multiple of 32 and groups of whole blocks");
+  TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
+  TORCH_CHECK(isa_supported(isa), "this CPU does not run the int8 dot kernel for isa ", isa);
+  const int64_t nb = K / kBlock, gs = std::min(group_size, K), num_groups = (K + gs - 1) / gs;
+  TORCH_CHECK(data.dim() == 2 && data.is_contiguous() && data.scalar_type() == at::kByte &&
+                  data.size(1) == nb * kFiveBitBlockBytes, "data must be contiguous uint8 [N, K / 32 * 20]");
+  const int64_t N = data.size(0);
+  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == at::kFloat && scales.numel() == N * num_groups,
+              "scales must be contiguous float32 [N, groups]");
+  TORCH_CHECK(!mins.has_value() || (mins->is_contiguous() && mins->scalar_type() == at::kFloat &&
+                                    mins->numel() == N * num_groups), "mins must be shaped like scales");
+  const FiveBitWeight w{data.data_ptr<uint8_t>(), scales.data_ptr<float>(),
+                        mins.has_value() ? mins->data_ptr<float>() : nullptr, N, K, gs, num_groups, nb};
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const RoundedX rx = round_x(xf, gs, x_block == 0, false);
+  // Each int32 lane's start: -16 times the sum of x's codes over the lane's four columns.
+  std::vector<int32_t> lanes(nb * 8);
+  for (int64_t i = 0; i < nb * 8; ++i)
+    lanes[i] = -16 * (rx.q[4 * i] + rx.q[4 * i + 1] + rx.q[4 * i + 2] + rx.q[4 * i + 3]);
+  at::Tensor out = at::empty({1, N}, xf.options());
+  float* op = out.data_ptr<float>();
+  const auto rows = isa == kAvx512Vnni ? &vnni::five_bit_rows : &avx2::five_bit_rows;
+  at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) { rows(w, rx.view, lanes.data(), n0, n1, op); });
+  if (bias.has_value()) out.add_(bias->to(at::kFloat));
+  return out.to(x.scalar_type());
+#else
+  TORCH_CHECK(false, "the int8 dot kernels need an AVX2 build");
+#endif
+}
+
 bool int8_dot_supported(int64_t isa) {
 #if defined(__AVX2__)
   return isa_supported(isa);
@@ -593,6 +652,8 @@ TORCH_LIBRARY(jido_int8_dot, m) {
         "int x_block) -> Tensor[]");
   m.def("panel_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, Tensor meta, int N, int K, int group_size, "
         "Tensor? bias, int isa, int x_block) -> Tensor");
+  m.def("five_bit_linear(Tensor x, Tensor data, Tensor scales, Tensor? mins, int group_size, int K, Tensor? bias, "
+        "int isa, int x_block) -> Tensor");
   m.def("supported(int isa) -> bool", &jido_int8_dot::int8_dot_supported);
 }
 
@@ -600,6 +661,7 @@ TORCH_LIBRARY_IMPL(jido_int8_dot, CPU, m) {
   m.impl("linear", &jido_int8_dot::int8_dot_linear);
   m.impl("pack_panels", &jido_int8_dot::int8_dot_pack_panels);
   m.impl("panel_linear", &jido_int8_dot::int8_dot_panel_linear);
+  m.impl("five_bit_linear", &jido_int8_dot::int8_dot_five_bit_linear);
 }
 
 #else  // JIDO_INT8_DOT_PASS: the kernels, compiled once per ISA inside its namespace (see the top of the file)
@@ -736,6 +798,64 @@ JIDO_INLINE void two_rows_dot(const Weight& w, int64_t a, int64_t b, const Quant
     for (int64_t g = 0; g < w.num_groups; ++g) sum_a += ma[g] * x.sums[g], sum_b += mb[g] * x.sums[g];
   }
   out[a] = sum_a, out[b] = sum_b;
+}
+
+// The 32 codes u = q + 16 of a five-bit block (see FiveBitWeight) as bytes in column order.
+JIDO_INLINE __m256i load_five_bit_codes(const uint8_t* p) {
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(15));
+  uint32_t bits;
+  std::memcpy(&bits, p + 16, sizeof(bits));
+  return _mm256_or_si256(nibbles, high_bits(bits));
+}
+
+// Decode on five-bit rows a and b, in one pass over x's blocks as two_rows_dot. Each block's u . xq, started
+// from -16 times the sums of xq over each int32 lane's four columns (`lanes`, [nb][8]), is q . xq in every lane
+// exactly, so each output is the same float operations as two_rows_dot's on the same codes stored in bytes.
+JIDO_INLINE void five_bit_two_rows(const FiveBitWeight& w, int64_t a, int64_t b, const QuantizedX& x,
+                                   const int32_t* lanes, float* out) {
+  const int64_t row_bytes = w.nb * kFiveBitBlockBytes;
+  const uint8_t* qa = w.data + a * row_bytes;
+  const uint8_t* qb = w.data + b * row_bytes;
+  const float* sa = w.scales + a * w.num_groups;
+  const float* sb = w.scales + b * w.num_groups;
+  const int64_t per_group = w.group_size >= w.K ? w.nb : w.group_size / kBlock;
+  __m256 acc_a = _mm256_setzero_ps(), acc_b = _mm256_setzero_ps();
+  for (int64_t k = 0, g = 0; k < w.nb; ++g) {
+    const __m256 wa = _mm256_broadcast_ss(sa + g), wb = _mm256_broadcast_ss(sb + g);
+    for (const int64_t end = std::min(w.nb, k + per_group); k < end; ++k) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + k * kBlock));
+      const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + k * 8));
+      const __m256 dx = _mm256_broadcast_ss(x.d + k);
+      const __m256i pa = _mm256_add_epi32(start, dot_u8s8(load_five_bit_codes(qa + k * kFiveBitBlockBytes), xv));
+      const __m256i pb = _mm256_add_epi32(start, dot_u8s8(load_five_bit_codes(qb + k * kFiveBitBlockBytes), xv));
+      acc_a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pa), _mm256_mul_ps(wa, dx), acc_a);
+      acc_b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pb), _mm256_mul_ps(wb, dx), acc_b);
+    }
+  }
+  float sum_a = lane_sum(acc_a), sum_b = lane_sum(acc_b);
+  if (w.mins) {
+    const float* ma = w.mins + a * w.num_groups;
+    const float* mb = w.mins + b * w.num_groups;
+    for (int64_t g = 0; g < w.num_groups; ++g) sum_a += ma[g] * x.sums[g], sum_b += mb[g] * x.sums[g];
+  }
+  out[a] = sum_a, out[b] = sum_b;
+}
+
+// Output columns [n0, n1) of one row of x on five-bit rows: rows n and n + half together (two monotonic streams,
+// see two_rows_dot); an odd last row pairs with itself.
+void five_bit_rows(const FiveBitWeight& w, const QuantizedX& x, const int32_t* lanes, int64_t n0, int64_t n1,
+                   float* out) {
+  const int64_t half = (n1 - n0) / 2, row_bytes = w.nb * kFiveBitBlockBytes;
+  for (int64_t n = n0; n < n0 + half; ++n) {
+    for (const int64_t r : {n + kPrefetchRows, n + half + kPrefetchRows}) {
+      if (r >= w.N) continue;
+      const char* bytes = reinterpret_cast<const char*>(w.data + r * row_bytes);
+      for (int64_t i = 0; i < row_bytes; i += 64) __builtin_prefetch(bytes + i);
+    }
+    five_bit_two_rows(w, n, n + half, x, lanes, out);
+  }
+  if ((n1 - n0) % 2) five_bit_two_rows(w, n1 - 1, n1 - 1, x, lanes, out);
 }
 
 // Output columns [n0, n1) of out [M, N], x's rows in blocks of 4, 2 and 1 for each weight row (read from L1
