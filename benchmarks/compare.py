@@ -71,6 +71,9 @@ class Workload:
     max_concurrency: int
     input_len: int
     output_len: int
+    # New prompts for every repeat: a repeat of the same prompts would hit every engine's prefix cache, and a
+    # TTFT workload would time the cache.
+    fresh_per_repeat: bool = False
 
     def config(self, base_url: str, tokenizer: str) -> BenchConfig:
         return BenchConfig(base_url=base_url, dataset_name=self.dataset_name, num_prompts=self.num_prompts,
@@ -85,7 +88,7 @@ WORKLOADS = {w.name: w for w in (
     Workload("shared-prefix-c16", "shared-prefix", 32, 16, 256, 128),
     Workload("conversation-c16", "conversation", 32, 16, 256, 128),  # lengths come from the dataset
     # The fast-path issue's single long prompt: its TTFT is the prefill of 2,000 tokens (distinct prompts).
-    Workload("prefill-2k", "random", 3, 1, 2000, 16),
+    Workload("prefill-2k", "random", 3, 1, 2000, 16, fresh_per_repeat=True),
 )}
 DEFAULT_WORKLOADS = ("batch1", "random-c16")
 
@@ -334,7 +337,8 @@ def run_transformers(workloads: list[Workload], prompts: dict[str, list[SampleRe
     prompts, every answer exactly output_len tokens like ignore_eos; the whole set `repeats` times."""
     spec = {"folder": str(peer_folder(model)), "dtype": dtype, "workloads": [
         {"name": w.name, "batch_size": w.max_concurrency, "output_len": w.output_len,
-         "prompts": [r.prompt for r in prompts[w.name]]} for w in workloads if w.dataset_name == "random"]}
+         "prompts": [r.prompt for r in repeat_prompts(w, prompts, 0)]} for w in workloads
+        if w.dataset_name == "random"]}
     spec_path = PEERS_DIR / "transformers" / "spec.json"
     spec_path.write_text(json.dumps(spec))
     python = PEERS_DIR / "transformers" / "venv" / "bin" / "python"
@@ -408,17 +412,29 @@ def bench_server(base_url: str, workloads: list[Workload], prompts: dict[str, li
         runs = []
         for repeat in range(repeats):
             print(f"--- {w.name} against {base_url}, run {repeat + 1} of {repeats}", flush=True)
-            result = asyncio.run(run_benchmark(w.config(base_url, tokenizer), prompts[w.name]))
+            result = asyncio.run(run_benchmark(w.config(base_url, tokenizer), repeat_prompts(w, prompts, repeat)))
             runs.append({k: result.get(k) for k in SUMMARY_KEYS} | {
                 "errors": sorted({e for e in result["errors"] if e}), "server_info": result["server_info"]})
         results[w.name] = summarize_repeats(runs)
     return results
 
 
-def make_prompts(workloads: list[Workload], tokenizer: str) -> dict[str, list[SampleRequest]]:
-    """Every workload's prompts, drawn once, so every engine gets the same text."""
+def make_prompts(workloads: list[Workload], tokenizer: str, repeats: int = 1) -> dict[str, list[SampleRequest]]:
+    """Every workload's prompts, drawn once, so every engine gets the same text (``repeats`` sets of them for a
+    workload with ``fresh_per_repeat``)."""
     corpus = Corpus(reference_text(), make_counter(tokenizer))
-    return {w.name: sample_requests(w.config("http://unused", tokenizer), corpus) for w in workloads}
+    drawn = {}
+    for w in workloads:
+        sets = repeats if w.fresh_per_repeat else 1
+        config = dataclasses.replace(w.config("http://unused", tokenizer), num_prompts=w.num_prompts * sets)
+        drawn[w.name] = sample_requests(config, corpus)
+    return drawn
+
+
+def repeat_prompts(w: Workload, prompts: dict[str, list[SampleRequest]], repeat: int) -> list[SampleRequest]:
+    """The prompts of run ``repeat`` of ``w``: its own set with ``fresh_per_repeat``, else the one set."""
+    start = repeat * w.num_prompts if w.fresh_per_repeat else 0
+    return prompts[w.name][start:start + w.num_prompts]
 
 
 # -- peers ----------------------------------------------------------------------------------------------
@@ -562,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown peer or workload: {', '.join(unknown)}")
     workloads = [WORKLOADS[w] for w in args.workloads.split(",")]
     tokenizer = str(hf_folder(args.model) / "tokenizer.json")
-    prompts = make_prompts(workloads, tokenizer)
+    prompts = make_prompts(workloads, tokenizer, args.repeats)
     for name in names:
         label = variant_label(name, table[name].config)
         with machine_lock(f"compare {label}"):
