@@ -71,8 +71,9 @@ def load_ops_library(prefix: str, source: Path, purpose: str, fallback: str, isa
         from torch.utils.cpp_extension import load
 
         with _build_lock(build_dir):
+            # A copy of LINK_FLAGS: load() appends torch's -L/-l flags to the list it is given.
             load(name=key, sources=[str(source)], build_directory=str(build_dir), is_python_module=False,
-                 extra_cflags=[*COMMON_FLAGS, *ISA_FLAGS[isa]], extra_ldflags=LINK_FLAGS, verbose=False)
+                 extra_cflags=[*COMMON_FLAGS, *ISA_FLAGS[isa]], extra_ldflags=list(LINK_FLAGS), verbose=False)
         return True
     except Exception as exc:  # noqa: BLE001 - any failure to build or load means: use the PyTorch path
         message = str(exc).strip()

@@ -54,3 +54,17 @@ def test_the_build_key_changes_with_the_compiler_flags(monkeypatch, tmp_path) ->
     key = cpp_build.build_key("k", source, "avx2")
     monkeypatch.setattr(cpp_build, "COMMON_FLAGS", ["-O2"])
     assert cpp_build.build_key("k", source, "avx2") != key
+
+
+def test_a_build_leaves_the_flags_and_so_the_next_build_key_as_they_were(probe_ops, tmp_path) -> None:
+    # torch's load() appends its -L/-l flags to the list it is given: given the module's own list, every later
+    # library of the process got another key, and was compiled again in every process that loaded in another order.
+    flags = (list(cpp_build.COMMON_FLAGS), list(cpp_build.LINK_FLAGS))
+    source = tmp_path / "k.cpp"
+    source.write_text("int x;")
+    key = cpp_build.build_key("k", source, "avx2")
+    second = tmp_path / "probe2.cpp"
+    second.write_text(PROBE.replace("jido_build_probe", "jido_build_probe_two"))
+    assert cpp_build.load_ops_library("jido_build_probe_two", second, "the second probe", "nothing")
+    assert (list(cpp_build.COMMON_FLAGS), list(cpp_build.LINK_FLAGS)) == flags
+    assert cpp_build.build_key("k", source, "avx2") == key
