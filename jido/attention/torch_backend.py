@@ -1,6 +1,8 @@
 """The reference attention backend: gathers each request's KV blocks and runs PyTorch SDPA over them."""
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import torch
@@ -185,14 +187,40 @@ def first_visible_key(spec: AttentionLayerSpec, first_query: int) -> int:
 def causal_attention(spec: AttentionLayerSpec, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                      first_query: int, first_key: int) -> torch.Tensor:
     """One request's ``q`` ``[query_len, num_heads, head_dim]`` at positions ``first_query...`` against gathered
-    ``keys``/``values`` ``[kv_heads, num_keys, head_dim]`` at ``first_key...``, causal and windowed, in one call."""
+    ``keys``/``values`` ``[kv_heads, num_keys, head_dim]`` at ``first_key...``, causal and windowed.
+
+    Under a sliding window, queries go in tiles of a window each against only the keys their tile can see: a
+    2,000-token prompt in Gemma 3's 512-token windows attends to ~1,000 keys a query tile, not 2,000.
+    """
+    window, query_len = spec.sliding_window, q.shape[0]
+    if window is None or query_len <= window:
+        return _causal_attention(spec, q, keys, values, first_query, first_key)
+    out = []
+    for start in range(0, query_len, window):
+        tile_first = first_query + start
+        tile_key = max(first_key, first_visible_key(spec, tile_first))
+        end = min(start + window, query_len)
+        keep = slice(tile_key - first_key, first_query + end - first_key)
+        out.append(_causal_attention(spec, q[start:end], keys[:, keep], values[:, keep], tile_first, tile_key))
+    return torch.cat(out)
+
+
+@functools.lru_cache(maxsize=16)
+def _visible(lag: int, query_len: int, num_keys: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """``[query_len, num_keys]`` bool: query i (at position lag + i past the first key) sees key j; kept for the
+    other layers of a step (Gemma 3: one mask for its 15 sliding layers, one for its 3 global ones)."""
+    q_pos = torch.arange(query_len, device=device)[:, None] + lag
+    k_pos = torch.arange(num_keys, device=device)[None, :]
+    visible = k_pos <= q_pos
+    if window is not None:
+        visible &= k_pos > q_pos - window
+    return visible
+
+
+def _causal_attention(spec: AttentionLayerSpec, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      first_query: int, first_key: int) -> torch.Tensor:
     query_len, num_kv_heads, head_dim = q.shape[0], spec.num_kv_heads, spec.head_dim
-    seq_len = first_query + query_len
-    q_pos = torch.arange(first_query, seq_len, device=q.device)[:, None]
-    k_pos = torch.arange(first_key, seq_len, device=q.device)[None, :]
-    visible = k_pos <= q_pos  # [query_len, num_keys]
-    if spec.sliding_window is not None:
-        visible &= k_pos > q_pos - spec.sliding_window
+    visible = _visible(first_query - first_key, query_len, keys.shape[1], spec.sliding_window, q.device)
     group = spec.num_heads // num_kv_heads
     if spec.logit_softcap is None and keys.dtype == q.dtype:
         # One 4-D SDPA call, [1, heads, tokens, head_dim], whose GQA reads each KV head for its group of query
