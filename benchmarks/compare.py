@@ -71,8 +71,8 @@ class Workload:
     max_concurrency: int
     input_len: int
     output_len: int
-    # New prompts for every repeat: a repeat of the same prompts would hit every engine's prefix cache, and a
-    # TTFT workload would time the cache.
+    # New prompts for every repeat: a repeat of the same prompts would hit every engine's prefix cache, and its
+    # TTFT (and part of its throughput) would time the cache (compare-2026-12-02-0600 and earlier did).
     fresh_per_repeat: bool = False
 
     def config(self, base_url: str, tokenizer: str) -> BenchConfig:
@@ -83,8 +83,8 @@ class Workload:
 
 
 WORKLOADS = {w.name: w for w in (
-    Workload("batch1", "random", 3, 1, 128, 128),
-    Workload("random-c16", "random", 32, 16, 256, 128),
+    Workload("batch1", "random", 3, 1, 128, 128, fresh_per_repeat=True),
+    Workload("random-c16", "random", 32, 16, 256, 128, fresh_per_repeat=True),
     Workload("shared-prefix-c16", "shared-prefix", 32, 16, 256, 128),
     Workload("conversation-c16", "conversation", 32, 16, 256, 128),  # lengths come from the dataset
     # The fast-path issue's single long prompt: its TTFT is the prefill of 2,000 tokens (distinct prompts).

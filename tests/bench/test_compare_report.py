@@ -159,20 +159,21 @@ def test_every_workload_is_a_valid_bench_config(compare):
         assert config.ignore_eos and config.temperature == 0.0 and config.max_concurrency == workload.max_concurrency
 
 
-def test_a_ttft_workload_gets_new_prompts_in_every_repeat_and_the_others_the_same_ones(compare, monkeypatch):
+def test_the_random_workloads_get_new_prompts_in_every_repeat_and_the_others_the_same_ones(compare, monkeypatch):
     drawn = []
     monkeypatch.setattr(compare, "Corpus", lambda *a: None)
     monkeypatch.setattr(compare, "reference_text", lambda: "")
     monkeypatch.setattr(compare, "make_counter", lambda tokenizer: None)
     monkeypatch.setattr(compare, "sample_requests", lambda config, corpus: drawn.append(config.num_prompts)
                         or [f"prompt {i}" for i in range(config.num_prompts)])
-    cold, warm = compare.WORKLOADS["prefill-2k"], compare.WORKLOADS["batch1"]
+    cold, warm = compare.WORKLOADS["prefill-2k"], compare.WORKLOADS["shared-prefix-c16"]
     assert cold.fresh_per_repeat and not warm.fresh_per_repeat
+    assert all(w.fresh_per_repeat for w in compare.WORKLOADS.values() if w.dataset_name == "random")
     prompts = compare.make_prompts([cold, warm], None, repeats=3)
     assert drawn == [3 * cold.num_prompts, warm.num_prompts]
     runs = [compare.repeat_prompts(cold, prompts, r) for r in range(3)]
     assert [len(run) for run in runs] == [cold.num_prompts] * 3 and len(set(sum(runs, []))) == 3 * cold.num_prompts
-    assert compare.repeat_prompts(warm, prompts, 2) == compare.repeat_prompts(warm, prompts, 0) == prompts["batch1"]
+    assert compare.repeat_prompts(warm, prompts, 2) == compare.repeat_prompts(warm, prompts, 0) == prompts[warm.name]
 
 
 def test_every_server_serves_the_named_model_and_its_results_get_their_own_file(compare, tmp_path, monkeypatch):
