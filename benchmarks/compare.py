@@ -72,7 +72,7 @@ class Workload:
     input_len: int
     output_len: int
     # New prompts for every repeat: a repeat of the same prompts would hit every engine's prefix cache, and its
-    # TTFT (and part of its throughput) would time the cache (compare-2026-12-02-0600 and earlier did).
+    # TTFT (and part of its throughput) would time the cache (compare-2026-12-02-0600 and earlier runs did).
     fresh_per_repeat: bool = False
 
     def config(self, base_url: str, tokenizer: str) -> BenchConfig:
