@@ -757,6 +757,18 @@ JIDO_INLINE __m256 block_fma(const uint8_t* q, __m256i xv, __m256 scale, __m256 
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc);
 }
 
+// out[a], out[b]: the lane sums of rows a and b's accumulators, plus their mins' terms on x's group sums.
+JIDO_INLINE void store_two_rows(const float* mins, int64_t num_groups, int64_t a, int64_t b, const QuantizedX& x,
+                                __m256 acc_a, __m256 acc_b, float* out) {
+  float sum_a = lane_sum(acc_a), sum_b = lane_sum(acc_b);
+  if (mins) {
+    const float* ma = mins + a * num_groups;
+    const float* mb = mins + b * num_groups;
+    for (int64_t g = 0; g < num_groups; ++g) sum_a += ma[g] * x.sums[g], sum_b += mb[g] * x.sums[g];
+  }
+  out[a] = sum_a, out[b] = sum_b;
+}
+
 // Decode (one row of x, whole blocks): weight rows a and b against x in one pass over x's blocks, each output the
 // same float operations in the same order as row_dot<1>'s. Measured at M = 1 on Gemma 3's shapes (AVX2 EPYC, 2
 // threads, weights cold), against one row at a time: x's block and scale are loaded once for two rows, and the
@@ -791,13 +803,7 @@ JIDO_INLINE void two_rows_dot(const Weight& w, int64_t a, int64_t b, const Quant
       }
     }
   }
-  float sum_a = lane_sum(acc_a), sum_b = lane_sum(acc_b);
-  if (w.mins) {
-    const float* ma = w.mins + a * w.num_groups;
-    const float* mb = w.mins + b * w.num_groups;
-    for (int64_t g = 0; g < w.num_groups; ++g) sum_a += ma[g] * x.sums[g], sum_b += mb[g] * x.sums[g];
-  }
-  out[a] = sum_a, out[b] = sum_b;
+  store_two_rows(w.mins, w.num_groups, a, b, x, acc_a, acc_b, out);
 }
 
 // The 32 codes u = q + 16 of a five-bit block (see FiveBitWeight) as bytes in column order.
@@ -833,13 +839,7 @@ JIDO_INLINE void five_bit_two_rows(const FiveBitWeight& w, int64_t a, int64_t b,
       acc_b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pb), _mm256_mul_ps(wb, dx), acc_b);
     }
   }
-  float sum_a = lane_sum(acc_a), sum_b = lane_sum(acc_b);
-  if (w.mins) {
-    const float* ma = w.mins + a * w.num_groups;
-    const float* mb = w.mins + b * w.num_groups;
-    for (int64_t g = 0; g < w.num_groups; ++g) sum_a += ma[g] * x.sums[g], sum_b += mb[g] * x.sums[g];
-  }
-  out[a] = sum_a, out[b] = sum_b;
+  store_two_rows(w.mins, w.num_groups, a, b, x, acc_a, acc_b, out);
 }
 
 // Output columns [n0, n1) of one row of x on five-bit rows: rows n and n + half together (two monotonic streams,
