@@ -38,6 +38,10 @@ MIN_BYTES = 4096  # below a page a tensor gains nothing from moving
 HELD_WEIGHTS = ("qweight", "qpanels", "qfive")
 
 
+def _thp_on() -> bool:
+    return thp_mode() in ("always", "madvise")
+
+
 def thp_mode(path: Path = THP_MODE_FILE) -> str | None:
     """The kernel's transparent huge page mode (``always``, ``madvise`` or ``never``), or None where there is none."""
     try:
@@ -99,8 +103,8 @@ def zeros_in_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
     """A zero CPU tensor in memory advised for huge pages (where THP is on): the KV cache, which attention streams
     like the weights. Written once here, as ``torch.zeros`` does: left untouched, each 2 MiB page would be faulted
     in and zeroed by the step that first writes it (the KV write then took ~0.1 ms a layer in 16-stream decode)."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    advised = _advised_region(nbytes) if thp_mode() in ("always", "madvise") and nbytes >= MIN_BYTES else None
+    nbytes = math.prod(shape) * dtype.itemsize
+    advised = _advised_region(nbytes) if _thp_on() and nbytes >= MIN_BYTES else None
     if advised is None:
         return torch.zeros(shape, dtype=dtype)
     region, start = advised
@@ -115,7 +119,7 @@ def _movable(t: object) -> bool:
 def move_weights_to_huge_pages(model: nn.Module) -> int:
     """Move ``model``'s CPU weights (parameters, buffers and the quantized codes and panels held beside them) into
     huge pages, in place; returns the bytes moved (0 where THP is off or unavailable)."""
-    if thp_mode() not in ("always", "madvise"):
+    if not _thp_on():
         return 0
     # Each distinct tensor (by address, shape and type: two views of one weight move once) and how to replace it.
     found: dict[tuple, tuple[torch.Tensor, list[Callable[[torch.Tensor], None]]]] = {}
@@ -136,24 +140,25 @@ def move_weights_to_huge_pages(model: nn.Module) -> int:
                     add(getattr(held, f.name), lambda new, m=module, a=attr, n=f.name:
                         setattr(m, a, dataclasses.replace(getattr(m, a), **{n: new})))
     moved = 0
-    for arena in _arenas([t for t, _ in found.values()]):
-        for old, new in zip(arena, in_huge_pages(arena)):
+    for arena in _arenas(list(found.values())):
+        for (old, setters), new in zip(arena, in_huge_pages([t for t, _ in arena])):
             if new is not old:
                 moved += old.numel() * old.element_size()
-                for setter in found[(old.data_ptr(), old.dtype, tuple(old.shape))][1]:
+                for setter in setters:
                     setter(new)
     return moved
 
 
-def _arenas(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """``tensors`` in consecutive groups of about :data:`ARENA_BYTES` (a larger tensor alone)."""
-    groups: list[list[torch.Tensor]] = [[]]
+def _arenas(entries: list[tuple]) -> list[list[tuple]]:
+    """``entries`` (each a tensor first) in consecutive groups of about :data:`ARENA_BYTES` of tensors (a larger
+    tensor alone)."""
+    groups: list[list[tuple]] = [[]]
     size = 0
-    for t in tensors:
-        nbytes = t.numel() * t.element_size()
+    for entry in entries:
+        nbytes = entry[0].numel() * entry[0].element_size()
         if groups[-1] and size + nbytes > ARENA_BYTES:
             groups.append([])
             size = 0
-        groups[-1].append(t)
+        groups[-1].append(entry)
         size += nbytes
     return [g for g in groups if g]

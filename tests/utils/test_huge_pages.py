@@ -47,8 +47,8 @@ def test_only_contiguous_cpu_tensors_of_a_page_or_more_move() -> None:
 
 def test_arenas_group_tensors_up_to_their_size(monkeypatch) -> None:
     monkeypatch.setattr(huge_pages, "ARENA_BYTES", 100)
-    sizes = [[len(t) for t in arena] for arena in huge_pages._arenas([torch.zeros(n, dtype=torch.uint8)
-                                                                       for n in (60, 30, 20, 150, 10)])]
+    entries = [(torch.zeros(n, dtype=torch.uint8), f"setter {n}") for n in (60, 30, 20, 150, 10)]
+    sizes = [[len(t) for t, _ in arena] for arena in huge_pages._arenas(entries)]
     assert sizes == [[60, 30], [20], [150], [10]]
 
 
