@@ -8,8 +8,8 @@ Sections (``--only`` picks some; all by default), each against the plain engine 
   on the input-grounded ``rewrite`` prompts of ``jido bench``, draft methods at batch 1 on open-ended text
   (``random`` windows of the pydoc text), automatic K at 32 streams, and the real pair: Qwen2.5-Coder-0.5B-Instruct
   drafting for Qwen2.5-Coder-1.5B-Instruct on coding requests (``--cases qwen-pair-batch1``; both installed),
-  and the EAGLE draft `jido train-draft` wrote to ``~/.cache/jido/drafts/gemma3-270m-eagle`` on windows of the
-  pydoc topics it never trained on (``--cases eagle-batch1``).
+  and the EAGLE draft and Medusa heads `jido train-draft` wrote to ``~/.cache/jido/drafts/gemma3-270m-eagle`` and
+  ``-medusa`` on windows of the pydoc topics they never trained on (``--cases eagle-batch1 medusa-batch1``).
 - ``auto``: the model automatic K fitted (per-position acceptance, pass costs) and the K it chose at batch
   1, 8 and 32.
 - ``agreement``: greedy tokens with and without speculation on every engine fixture prompt, and where they
@@ -39,8 +39,10 @@ RESULTS = Path(__file__).parent / "results"
 FIXTURE = Path(__file__).parent.parent / "tests" / "fixtures" / "gemma3_reference.json"
 NGRAM = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 KV = "512MiB"
-# `jido train-draft --method eagle --out` this folder trains the EAGLE draft the eagle case measures.
+QWEN_TARGET, QWEN_DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+# `jido train-draft --method eagle|medusa --out` these folders train the drafts the eagle and medusa cases measure.
 EAGLE = Path.home() / ".cache" / "jido" / "drafts" / "gemma3-270m-eagle"
+MEDUSA = Path.home() / ".cache" / "jido" / "drafts" / "gemma3-270m-medusa"
 
 
 def ngram(k: int | str) -> dict:
@@ -51,8 +53,16 @@ def self_draft(num_layers: int, k: int = 3) -> dict:
     return {"method": "draft_model", "num_layers": num_layers, "num_speculative_tokens": k}
 
 
+def qwen_draft(k: int | str) -> dict:
+    return {"method": "draft_model", "model": QWEN_DRAFT, "num_speculative_tokens": k}
+
+
 def eagle(k: int | str, folder: Path = EAGLE) -> dict:
     return {"method": "eagle", "model": str(folder), "num_speculative_tokens": k}
+
+
+def medusa(k: int | str, folder: Path = MEDUSA) -> dict:
+    return {"method": "medusa", "model": str(folder), "num_speculative_tokens": k}
 
 
 # -- verify -------------------------------------------------------------------------------------------------
@@ -190,8 +200,7 @@ def agreement(configs: dict[str, dict]) -> list[dict]:
     return rows
 
 
-SPEED_CASES = ("ngram-batch1", "draft-batch1", "auto-32-streams", "qwen-pair-batch1", "eagle-batch1")
-QWEN_TARGET, QWEN_DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+SPEED_CASES = ("ngram-batch1", "draft-batch1", "auto-32-streams", "qwen-pair-batch1", "eagle-batch1", "medusa-batch1")
 
 
 def main() -> None:
@@ -221,12 +230,15 @@ def main() -> None:
              "output_len": out, "configs": {"baseline": None, "ngram auto": ngram("auto")}},
             {"label": "Qwen pair, batch 1, coding", "dataset": "coding", "batch": 1, "num_prompts": n, "input_len": 0,
              "output_len": out, "model": QWEN_TARGET,
-             "configs": {"baseline": None, "draft 0.5B k=3": {"method": "draft_model", "model": QWEN_DRAFT,
-                                                             "num_speculative_tokens": 3},
+             "configs": {"baseline": None, **{f"draft 0.5B k={k}": qwen_draft(k) for k in (2, 3, "auto")},
                          "ngram auto": ngram("auto")}},
             {"label": "EAGLE, batch 1, open-ended held-out text", "dataset": "held-out", "batch": 1,
              "num_prompts": n, "input_len": 256, "output_len": out,
              "configs": {"baseline": None, "eagle k=2": eagle(2), "eagle k=3": eagle(3), "eagle auto": eagle("auto")}},
+            {"label": "Medusa, batch 1, open-ended held-out text", "dataset": "held-out", "batch": 1,
+             "num_prompts": n, "input_len": 256, "output_len": out,
+             "configs": {"baseline": None, "medusa k=1": medusa(1), "medusa k=2": medusa(2), "medusa k=3": medusa(3),
+                         "medusa auto": medusa("auto")}},
         ]))
         result["speed"] = speed([cases[name] for name in args.cases], args.repeats)
     if "auto" in args.only:

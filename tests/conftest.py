@@ -97,15 +97,16 @@ def tiny_model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def eagle_for(tmp_path_factory: pytest.TempPathFactory):
-    """``eagle_for(target)``: an EAGLE draft folder trained for a tiny target (once per target), and its record."""
-    from eagle_draft import train_tiny_eagle
+def draft_for(tmp_path_factory: pytest.TempPathFactory):
+    """``draft_for(target, method="eagle")``: an EAGLE draft or Medusa heads trained for a tiny target (once per
+    target and method), and the trainer's record."""
+    from trained_drafts import train_tiny_draft
 
-    drafts: dict[Path, tuple[Path, dict]] = {}
+    drafts: dict[tuple[Path, str], tuple[Path, dict]] = {}
 
-    def trained_for(target: Path) -> tuple[Path, dict]:
-        if target not in drafts:
-            drafts[target] = train_tiny_eagle(target, tmp_path_factory.mktemp("eagle"))
-        return drafts[target]
+    def trained_for(target: Path, method: str = "eagle") -> tuple[Path, dict]:
+        if (target, method) not in drafts:
+            drafts[target, method] = train_tiny_draft(target, tmp_path_factory.mktemp(method), method)
+        return drafts[target, method]
 
     return trained_for

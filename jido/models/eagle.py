@@ -15,25 +15,18 @@ Attention is passed in, so the same module trains on dense sequences and propose
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from jido.layers.activation import get_gated_activation
-from jido.layers.quant_kernels import QuantizedWeight
-from jido.layers.quantization import LinearMethod, UnquantizedLinearMethod
-from jido.layers.quantized_linear import QuantizedLinearMethod
 from jido.layers.rotary import RotaryEmbedding, apply_rotary
-
-CONFIG_FILE, WEIGHTS_FILE = "draft_config.json", "draft.safetensors"
-INT8_GROUP = 32
+from jido.models.draft_layers import (DraftLinear, DraftNorm, load_draft_weights, read_draft_config, save_draft,
+                                      softcapped)
 # q, k, v: [tokens, heads * head_dim] -> attention output [tokens, num_heads * head_dim]
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -66,37 +59,6 @@ class EagleDraftConfig:
             raise ValueError(f"draft_vocab_size must be in 1..{self.target_vocab_size}, got {self.draft_vocab_size}")
 
 
-class _Norm(nn.Module):
-    """RMSNorm ``w * x`` in plain autograd ops (jido's fused kernel has no backward)."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
-class _Linear(nn.Linear):
-    """``nn.Linear`` for training; for proposing, its weight held by one of jido's linear methods (:meth:`prepare`).
-
-    Dense: oneDNN's blocked copy (plain ``F.linear`` of one row ran at ~4 GB/s here). int8: jido's int8 codes in
-    groups of 32, as ``--quantization int8``, on the int8 dot kernels with panels for steps of two rows or more:
-    a quarter of the bytes a proposal reads.
-    """
-
-    linear_method: LinearMethod | None = None
-    qweight: QuantizedWeight | None = None  # set by the int8 method
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x) if self.linear_method is None else self.linear_method.apply(self, x)
-
-    def prepare(self, int8: bool) -> None:
-        self.linear_method = QuantizedLinearMethod(bits=8, group_size=INT8_GROUP) if int8 else UnquantizedLinearMethod()
-        self.linear_method.process_weights_after_loading(self)
-
-
 class EagleDraft(nn.Module):
     """The draft layer over flat rows ``[tokens, ...]``; ``draft_vocab`` maps its logits' columns to token ids."""
 
@@ -104,16 +66,16 @@ class EagleDraft(nn.Module):
         super().__init__()
         self.config = c = config
         hidden, q_size, kv_size = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        self.embed_norm, self.hidden_norm = _Norm(hidden, c.rms_norm_eps), _Norm(hidden, c.rms_norm_eps)
-        self.fc = _Linear(2 * hidden, hidden, bias=False)
-        self.input_norm = _Norm(hidden, c.rms_norm_eps)
-        self.qkv_proj = _Linear(hidden, q_size + 2 * kv_size, bias=False)
-        self.o_proj = _Linear(q_size, hidden, bias=False)
-        self.post_attention_norm = _Norm(hidden, c.rms_norm_eps)
-        self.gate_up_proj = _Linear(hidden, 2 * c.intermediate_size, bias=False)
-        self.down_proj = _Linear(c.intermediate_size, hidden, bias=False)
-        self.out_norm = _Norm(hidden, c.rms_norm_eps)
-        self.lm_head = _Linear(hidden, c.draft_vocab_size, bias=False)  # the target's rows, kept frozen
+        self.embed_norm, self.hidden_norm = DraftNorm(hidden, c.rms_norm_eps), DraftNorm(hidden, c.rms_norm_eps)
+        self.fc = DraftLinear(2 * hidden, hidden, bias=False)
+        self.input_norm = DraftNorm(hidden, c.rms_norm_eps)
+        self.qkv_proj = DraftLinear(hidden, q_size + 2 * kv_size, bias=False)
+        self.o_proj = DraftLinear(q_size, hidden, bias=False)
+        self.post_attention_norm = DraftNorm(hidden, c.rms_norm_eps)
+        self.gate_up_proj = DraftLinear(hidden, 2 * c.intermediate_size, bias=False)
+        self.down_proj = DraftLinear(c.intermediate_size, hidden, bias=False)
+        self.out_norm = DraftNorm(hidden, c.rms_norm_eps)
+        self.lm_head = DraftLinear(hidden, c.draft_vocab_size, bias=False)  # the target's rows, kept frozen
         self.register_buffer("draft_vocab", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.rope = RotaryEmbedding(c.head_dim, c.rope_theta)
         self.act = get_gated_activation(c.hidden_act)
@@ -147,16 +109,11 @@ class EagleDraft(nn.Module):
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary ``[rows, draft_vocab_size]``, soft-capped as the target's."""
-        logits = self.lm_head(features)
-        cap = self.config.final_logit_softcapping
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return softcapped(self.lm_head(features), self.config.final_logit_softcapping)
 
     def save(self, folder: Path, training: dict[str, Any] | None = None) -> None:
         """Write the config (with ``training``: what trained it) and the weights to ``folder``."""
-        folder.mkdir(parents=True, exist_ok=True)
-        config = {**asdict(self.config), **({"training": training} if training is not None else {})}
-        (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        save_file({name: t.detach().contiguous() for name, t in self.state_dict().items()}, str(folder / WEIGHTS_FILE))
+        save_draft(self, {**asdict(self.config), **({"training": training} if training is not None else {})}, folder)
 
 
 def load_eagle_draft(folder: str | Path, device: torch.device, dtype: torch.dtype, int8: bool = False) -> EagleDraft:
@@ -167,14 +124,5 @@ def load_eagle_draft(folder: str | Path, device: torch.device, dtype: torch.dtyp
         ValueError: the folder does not hold an EAGLE draft.
     """
     folder = Path(folder)
-    if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
-        raise ValueError(f"{folder} holds no EAGLE draft ({CONFIG_FILE} and {WEIGHTS_FILE}): train one with "
-                         f"`jido train-draft --method eagle --out {folder}`")
-    config = EagleDraftConfig(**json.loads((folder / CONFIG_FILE).read_text()))
-    draft = EagleDraft(config)
-    draft.load_state_dict(load_file(str(folder / WEIGHTS_FILE)))
-    draft = draft.to(device=device, dtype=dtype).eval()
-    for module in draft.modules():
-        if isinstance(module, _Linear):
-            module.prepare(int8 and device.type == "cpu")
-    return draft
+    draft = EagleDraft(EagleDraftConfig(**read_draft_config(folder, "eagle", "EAGLE")))
+    return load_draft_weights(draft, folder, device, dtype, int8)

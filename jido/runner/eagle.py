@@ -9,6 +9,7 @@ import torch
 from jido.attention.backend import AttentionLayerSpec, StepAttentionMetadata
 from jido.config.speculative import SpeculativeConfig
 from jido.core.kv_cache_spec import KVCacheConfig, KVCacheSpec
+from jido.models.draft_layers import full_vocab_logits
 from jido.models.eagle import EagleDraft, load_eagle_draft
 from jido.runner.draft_kv import DraftKV
 from jido.runner.spec_decode import ProposalStep, ProposerContext
@@ -67,11 +68,8 @@ class EagleProposer:
         md = step.batch.sampling.metadata(step.inputs.sampled_rows.tolist())
 
         def logits_of(state: tuple[torch.Tensor, list[int]]) -> torch.Tensor:
-            features = state[0]
-            logits = torch.full((len(sampled), self.context.model_arch.vocab_size), float("-inf"),
-                                device=features.device)
-            logits[:, self.draft.draft_vocab] = self.draft.logits(features).float()
-            return logits
+            return full_vocab_logits(self.draft.logits(state[0]), self.draft.draft_vocab,
+                                     self.context.model_arch.vocab_size)
 
         def advance(state: tuple[torch.Tensor, list[int]], ids: list[int]) -> tuple[torch.Tensor, list[int]]:
             # The next entry, at slot seq_len: the predicted hidden state with the token just proposed.

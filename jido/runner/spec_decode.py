@@ -105,6 +105,7 @@ class NgramDrafter:
 _PROPOSERS: dict[str, tuple[str, str]] = {
     "ngram": ("jido.runner.spec_decode", "NgramDrafter"),
     "draft_model": ("jido.runner.draft_model", "DraftModelProposer"),
+    "medusa": ("jido.runner.medusa", "MedusaProposer"),
     "eagle": ("jido.runner.eagle", "EagleProposer"),
 }
 

@@ -1,16 +1,19 @@
-"""`jido train-draft`: train an EAGLE draft on the target's own continuations of a text corpus, on CPU.
+"""`jido train-draft`: train an EAGLE draft or Medusa heads on the target's own continuations of a text corpus, on CPU.
 
 The data: windows of the corpus (pydoc's topics by default, on every machine with Python) as prompts, each
 continued by the target itself, half greedily and half sampled at temperature 0.7, then run once more through
 the target to read its final hidden state at every position. The prompt positions count too: there the target's
 hidden states follow the corpus, and its predictions are still its own.
 
-The loss at draft entry ``i``: cross-entropy from the target's next-token distribution (its hidden state
+EAGLE's loss at draft entry ``i``: cross-entropy from the target's next-token distribution (its hidden state
 ``h_{i+1}`` through its LM head rows of the draft vocabulary) to the draft's, plus a smooth-L1 pull of the
 predicted state towards ``h_{i+1}`` (EAGLE's two losses). Every step unrolls ``train_depth`` passes: pass ``d``
 feeds each entry the previous pass's prediction where the target's state stood and attends, as when
 proposing, to the target-fed entries up to ``d - 1`` positions back and to its own chain after them (EAGLE-3's
 training-time test). Without it, acceptance past the first proposal falls.
+
+Medusa's loss: head ``k`` at position ``t`` guesses the token ``k + 1`` places on, whose distribution is the target's
+own next-token distribution at ``h_{t+k}``; the cross-entropy from that one to the head's, weighted ``0.8^(k-1)``.
 
 A tenth of the topics (every tenth, by name) is never trained on; `benchmarks/spec_decode.py` prompts from them.
 """
@@ -36,6 +39,7 @@ from jido.attention.registry import get_attention_backend
 from jido.core.sampling_params import SamplingParams
 from jido.models.config import ModelArchConfig
 from jido.models.eagle import EagleDraft, EagleDraftConfig
+from jido.models.medusa import MedusaConfig, MedusaHeads
 from jido.models.loader import gguf_source, load_config, resolve_model
 from jido.runner.model_runner import load_model, resolve_quantization
 from jido.utils.cli_args import add_dataclass_arguments, dataclass_kwargs
@@ -46,6 +50,8 @@ HOLDOUT_EVERY = 10  # topic i (in name order) is held out when i % HOLDOUT_EVERY
 SAMPLED_TEMPERATURE = 0.7
 EVAL_FRACTION = 0.1  # of the sequences: scored after training, never trained on
 BLOCK_SIZE = 16
+METHODS = ("eagle", "medusa")
+DEPTH_WEIGHT = 0.8  # a proposal's loss weight falls by this per depth: later ones are reached less often
 
 
 @dataclass(frozen=True)
@@ -53,9 +59,9 @@ class TrainDraftConfig:
     """What `jido train-draft` trains, on what data, for how long."""
 
     out: str
-    """The folder to write the draft to (``--speculative-config '{"method": "eagle", "model": OUT}'``)."""
+    """The folder to write the draft to (``--speculative-config '{"method": METHOD, "model": OUT}'``)."""
     method: str = "eagle"
-    """The draft kind: eagle (one decoder layer on the target's hidden states)."""
+    """The draft kind: eagle (one decoder layer on the target's hidden states) or medusa (heads on its newest one)."""
     model: str | None = None
     """The target: a .gguf file, an HF checkpoint folder or a model name (default: the embedded Gemma 3 270M)."""
     quantization: str | None = None
@@ -80,7 +86,11 @@ class TrainDraftConfig:
     batch_size: int = 4
     """Sequences per step."""
     train_depth: int = 3
-    """Passes unrolled per step (see the module docstring)."""
+    """EAGLE: passes unrolled per step (see the module docstring)."""
+    num_heads: int = 4
+    """Medusa: heads, the most tokens they propose per step."""
+    num_layers: int = 1
+    """Medusa: residual blocks per head."""
     learning_rate: float = 1e-3
     seed: int = 0
     kv_cache_memory: str | None = None
@@ -89,10 +99,10 @@ class TrainDraftConfig:
     """torch threads (default: torch's choice)."""
 
     def __post_init__(self) -> None:
-        if self.method != "eagle":
-            raise ValueError(f"train-draft method must be 'eagle', got {self.method!r}")
+        if self.method not in METHODS:
+            raise ValueError(f"train-draft method must be one of {', '.join(METHODS)}, got {self.method!r}")
         for name in ("num_prompts", "prompt_len", "max_tokens", "draft_vocab_size", "steps", "batch_size",
-                     "train_depth"):
+                     "train_depth", "num_heads", "num_layers"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if not isinstance(self.corpus_windows, int) or self.corpus_windows < 0:
@@ -259,11 +269,44 @@ def unrolled_loss(draft: EagleDraft, token_ids: torch.Tensor, hidden: torch.Tens
         scored = valid & (torch.arange(num)[None, :] >= d - 1)
         cross_entropy = -(target_probs * log_q).sum(-1)[scored].mean()
         regression = F.smooth_l1_loss(features[scored], target_next[scored])
-        total = total + 0.8 ** (d - 1) * (cross_entropy + regression)
+        total = total + DEPTH_WEIGHT ** (d - 1) * (cross_entropy + regression)
         agree = (log_q.argmax(-1) == target_top)[scored].float().mean()
         stats.append({"depth": d, "cross_entropy": cross_entropy.item(), "regression": regression.item(),
                       "top1_agreement": agree.item()})
     return total, stats
+
+
+def medusa_loss(heads: MedusaHeads, hidden: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, list[dict]]:
+    """The heads' training loss over a padded batch (``hidden`` [B, L, H]), and per head its cross-entropy, its top-1
+    agreement with the target, and how often it and every head before it agree (a greedy chain's acceptance)."""
+    batch, length, size = hidden.shape
+    with torch.no_grad():
+        target_probs = torch.softmax(heads.logits(hidden), dim=-1)  # the target's, at each position, for the next
+        target_top = target_probs.argmax(dim=-1)
+    valid = torch.arange(length)[None, :] < lengths[:, None]
+    chain = torch.ones(batch, length, dtype=torch.bool)
+    total, stats = hidden.new_zeros(()), []
+    for k in range(1, min(heads.config.num_heads, length - 1) + 1):
+        num = length - k  # positions t with a position t + k to learn from
+        features = heads.features(hidden[:, :num].reshape(-1, size), k - 1).view(batch, num, size)
+        log_q = torch.log_softmax(heads.logits(features), dim=-1)
+        scored = valid[:, k:]
+        cross_entropy = -(target_probs[:, k:] * log_q).sum(-1)[scored].mean()
+        total = total + DEPTH_WEIGHT ** (k - 1) * cross_entropy
+        hits = log_q.argmax(-1) == target_top[:, k:]
+        chain = chain[:, :num] & hits
+        stats.append({"depth": k, "cross_entropy": cross_entropy.item(),
+                      "top1_agreement": hits[scored].float().mean().item(),
+                      "chain_agreement": chain[scored].float().mean().item()})
+    return total, stats
+
+
+def draft_loss(draft: EagleDraft | MedusaHeads, batch: tuple[torch.Tensor, ...], config: TrainDraftConfig
+               ) -> tuple[torch.Tensor, list[dict]]:
+    """The loss of ``draft`` on a batch from :func:`make_batch`, and its per-depth statistics."""
+    if isinstance(draft, MedusaHeads):
+        return medusa_loss(draft, batch[1], batch[2])
+    return unrolled_loss(draft, *batch, config.train_depth)
 
 
 def make_batch(data: list[TrainingSequence], target: Target) -> tuple[torch.Tensor, ...]:
@@ -279,27 +322,36 @@ def make_batch(data: list[TrainingSequence], target: Target) -> tuple[torch.Tens
 
 
 def new_draft(arch: ModelArchConfig, config: TrainDraftConfig, vocab: torch.Tensor, head_rows: torch.Tensor,
-              target_description: dict) -> EagleDraft:
-    draft_config = EagleDraftConfig(
-        hidden_size=arch.hidden_size, intermediate_size=config.intermediate_size or arch.intermediate_size,
-        num_heads=arch.num_heads, num_kv_heads=arch.num_kv_heads, head_dim=arch.head_dim,
-        draft_vocab_size=len(vocab), target_vocab_size=arch.vocab_size, hidden_act=arch.hidden_act,
-        rms_norm_eps=arch.rms_norm_eps, final_logit_softcapping=arch.final_logit_softcapping,
-        target=target_description)
-    draft = EagleDraft(draft_config)
-    generator = torch.Generator().manual_seed(config.seed)
-    for name, param in draft.named_parameters():
-        if param.dim() == 2 and not name.startswith("lm_head"):
-            param.data.normal_(0.0, 0.02, generator=generator)
+              target_description: dict) -> EagleDraft | MedusaHeads:
+    """An untrained draft of ``config.method`` for the target: the LM head rows of ``vocab``, frozen; EAGLE's layer
+    drawn at random, Medusa's blocks at zero (each head starts as the target's own next-token guess)."""
+    if config.method == "medusa":
+        draft = MedusaHeads(MedusaConfig(hidden_size=arch.hidden_size, num_heads=config.num_heads,
+                                         num_layers=config.num_layers, draft_vocab_size=len(vocab),
+                                         target_vocab_size=arch.vocab_size,
+                                         final_logit_softcapping=arch.final_logit_softcapping,
+                                         target=target_description))
+    else:
+        draft = EagleDraft(EagleDraftConfig(
+            hidden_size=arch.hidden_size, intermediate_size=config.intermediate_size or arch.intermediate_size,
+            num_heads=arch.num_heads, num_kv_heads=arch.num_kv_heads, head_dim=arch.head_dim,
+            draft_vocab_size=len(vocab), target_vocab_size=arch.vocab_size, hidden_act=arch.hidden_act,
+            rms_norm_eps=arch.rms_norm_eps, final_logit_softcapping=arch.final_logit_softcapping,
+            target=target_description))
+        generator = torch.Generator().manual_seed(config.seed)
+        for name, param in draft.named_parameters():
+            if param.dim() == 2 and not name.startswith("lm_head"):
+                param.data.normal_(0.0, 0.02, generator=generator)
     draft.lm_head.weight.data.copy_(head_rows)
     draft.lm_head.weight.requires_grad_(False)
     draft.draft_vocab.copy_(vocab)
     return draft
 
 
-def train(draft: EagleDraft, train_data: list[TrainingSequence], eval_data: list[TrainingSequence], target: Target,
-          config: TrainDraftConfig) -> dict:
-    """AdamW with a cosine schedule after a short warm-up; the last steps' losses and the held-out agreement."""
+def train(draft: EagleDraft | MedusaHeads, train_data: list[TrainingSequence], eval_data: list[TrainingSequence],
+          target: Target, config: TrainDraftConfig) -> dict:
+    """AdamW with a cosine schedule after a short warm-up; the last steps' losses and the held-out agreement, trained
+    and untrained."""
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.0)
     warmup = max(1, config.steps // 20)
@@ -307,11 +359,12 @@ def train(draft: EagleDraft, train_data: list[TrainingSequence], eval_data: list
         1 + math.cos(math.pi * min(1.0, s / config.steps))))
     rng = np.random.default_rng(config.seed)
     history = []
+    before = evaluate(draft, eval_data, target, config)
     start = time.perf_counter()
     draft.train()
     for step in range(config.steps):
         picked = rng.choice(len(train_data), size=min(config.batch_size, len(train_data)), replace=False)
-        loss, stats = unrolled_loss(draft, *make_batch([train_data[i] for i in picked], target), config.train_depth)
+        loss, stats = draft_loss(draft, make_batch([train_data[i] for i in picked], target), config)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -324,18 +377,23 @@ def train(draft: EagleDraft, train_data: list[TrainingSequence], eval_data: list
     draft.eval()
     return {"steps": config.steps, "train_s": round(time.perf_counter() - start, 1),
             "first_loss": round(history[0], 4), "last_loss": round(float(np.mean(history[-20:])), 4),
-            "held_out": evaluate(draft, eval_data, target, config)}
+            "held_out": evaluate(draft, eval_data, target, config), "held_out_untrained": before}
 
 
 @torch.no_grad()
-def evaluate(draft: EagleDraft, data: list[TrainingSequence], target: Target, config: TrainDraftConfig) -> list[dict]:
-    """Per depth, how often the draft's top token is the target's on sequences it never trained on."""
-    sums: dict[int, list[float]] = {}
+def evaluate(draft: EagleDraft | MedusaHeads, data: list[TrainingSequence], target: Target,
+             config: TrainDraftConfig) -> list[dict]:
+    """Per depth, on sequences it never trained on: the cross-entropy from the target's distribution to the draft's,
+    how often the draft's top token is the target's, and (Medusa) how often every head up to that depth agrees."""
+    sums: dict[int, dict[str, list[float]]] = {}
     for start in range(0, len(data), config.batch_size):
-        _, stats = unrolled_loss(draft, *make_batch(data[start:start + config.batch_size], target), config.train_depth)
+        _, stats = draft_loss(draft, make_batch(data[start:start + config.batch_size], target), config)
         for s in stats:
-            sums.setdefault(s["depth"], []).append(s["top1_agreement"])
-    return [{"depth": d, "top1_agreement": round(float(np.mean(v)), 4)} for d, v in sorted(sums.items())]
+            for name in ("cross_entropy", "top1_agreement", "chain_agreement"):
+                if name in s:
+                    sums.setdefault(s["depth"], {}).setdefault(name, []).append(s[name])
+    return [{"depth": d, **{name: round(float(np.mean(v)), 4) for name, v in values.items()}}
+            for d, values in sorted(sums.items())]
 
 
 def train_draft(config: TrainDraftConfig) -> dict:

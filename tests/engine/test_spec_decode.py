@@ -52,7 +52,7 @@ PEAKED = {"weight_scale": 0.2, "final_logit_softcapping": 7.0}  # repeats itself
 SMALL_POOL = "16MiB"  # the default 2 GiB would be a million blocks of a tiny model's KV, made at start
 # A separate draft with half the target's head size: its KV pages are half a target page, two to a pool layer.
 DRAFT_SHAPE = {"head_dim": 8, "num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"]}
-PROPOSERS = ["ngram", "draft model", "self-draft", "eagle"]
+PROPOSERS = ["ngram", "draft model", "self-draft", "eagle", "medusa"]
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +65,15 @@ def draft_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model_folder(tmp_path_factory.mktemp("draft-gemma3"), seed=1, **PEAKED, **DRAFT_SHAPE)
 
 
-def speculative_config(proposer: str, draft_folder: Path, target: Path, eagle_for) -> dict:
+def speculative_config(proposer: str, draft_folder: Path, target: Path, draft_for) -> dict:
     if proposer == "ngram":
         return NGRAM
     if proposer == "draft model":
         return {"method": "draft_model", "num_speculative_tokens": 3, "model": str(draft_folder)}
     if proposer == "eagle":
-        return {"method": "eagle", "num_speculative_tokens": 3, "model": str(eagle_for(target)[0])}
+        return {"method": "eagle", "num_speculative_tokens": 3, "model": str(draft_for(target)[0])}
+    if proposer == "medusa":
+        return {"method": "medusa", "num_speculative_tokens": 3, "model": str(draft_for(target, "medusa")[0])}
     return {"method": "draft_model", "num_speculative_tokens": 3, "num_layers": 2}  # 2 of the target's 3 layers
 
 
@@ -99,8 +101,8 @@ def plain_greedy(tiny_model_folder: Path) -> list[tuple]:
 
 @pytest.mark.parametrize("proposer", PROPOSERS)
 def test_chunked_prefill_prefix_hits_preemption_and_stops_inside_accepted_runs_keep_the_plain_greedy_outputs(
-        tiny_model_folder, draft_folder, eagle_for, plain_greedy, proposer):
-    config = speculative_config(proposer, draft_folder, tiny_model_folder, eagle_for)
+        tiny_model_folder, draft_folder, draft_for, plain_greedy, proposer):
+    config = speculative_config(proposer, draft_folder, tiny_model_folder, draft_for)
     spec_llm = LLM(model=str(tiny_model_folder), **TIGHT, speculative_config=config)
     spec = _generate(spec_llm, GREEDY_PROMPTS, GREEDY_PARAMS)
     plain = plain_greedy
@@ -123,7 +125,7 @@ def test_automatic_k_keeps_the_plain_greedy_outputs(tiny_model_folder, plain_gre
 
 
 @pytest.mark.parametrize("proposer", PROPOSERS)
-def test_seeded_sampling_with_speculation_is_reproducible_batched_or_not(peaked_folder, draft_folder, eagle_for,
+def test_seeded_sampling_with_speculation_is_reproducible_batched_or_not(peaked_folder, draft_folder, draft_for,
                                                                          proposer):
     settings = dict(model=str(peaked_folder), dtype="float32", kv_cache_memory=SMALL_POOL)
     prompts = ["w5 w9 w17 w5 w9 w17 w5 w9", "w40 w83 w83 w83", "w7 w8 w7 w8 w7"]
@@ -131,7 +133,7 @@ def test_seeded_sampling_with_speculation_is_reproducible_batched_or_not(peaked_
               SamplingParams(temperature=0.7, top_p=0.9, top_k=20, seed=2, max_tokens=24, ignore_eos=True),
               SamplingParams(temperature=1.0, min_p=0.05, seed=3, max_tokens=24, ignore_eos=True,
                              frequency_penalty=0.5, presence_penalty=0.3, repetition_penalty=1.2)]
-    spec_llm = LLM(**settings, speculative_config=speculative_config(proposer, draft_folder, peaked_folder, eagle_for))
+    spec_llm = LLM(**settings, speculative_config=speculative_config(proposer, draft_folder, peaked_folder, draft_for))
     batched = [r[0] for r in _generate(spec_llm, prompts, params)]
     alone = [_generate(spec_llm, [p], q)[0][0] for p, q in zip(prompts, params)]
     assert batched == alone
@@ -146,7 +148,7 @@ STATISTICAL = {"temperature 0.7": SamplingParams(temperature=0.7), "top-p 0.9": 
 # n-gram proposals are point masses (the fused rule); the draft models' come with a distribution q (the
 # min(1, p / q) test and the residual draws).
 STATISTICAL_CASES = [("ngram", "penalties"), ("draft model", "top-p 0.9"), ("self-draft", "temperature 0.7"),
-                     ("eagle", "temperature 0.7")]
+                     ("eagle", "temperature 0.7"), ("medusa", "top-p 0.9")]
 NUM_SAMPLES, NUM_POSITIONS = 1500, 6
 
 
@@ -166,9 +168,13 @@ def _reference_probs(folder: Path, sequences: torch.Tensor, num_prompt: int, par
 
 @pytest.mark.parametrize("proposer, name", STATISTICAL_CASES)
 def test_every_generated_position_follows_the_models_distribution_with_speculation(peaked_folder, draft_folder,
-                                                                                    eagle_for, proposer, name):
+                                                                                    draft_for, proposer, name):
     params = dataclasses.replace(STATISTICAL[name], max_tokens=NUM_POSITIONS, ignore_eos=True)
-    config = speculative_config(proposer, draft_folder, peaked_folder, eagle_for)
+    config = speculative_config(proposer, draft_folder, peaked_folder, draft_for)
+    if proposer == "medusa":
+        # Medusa's third head guesses four tokens past the state it reads: its proposals held only 17 times in
+        # 1,500 samples here, too few to check every depth emits both ways; the first two held 1,773 and 155 times.
+        config = {**config, "num_speculative_tokens": 2}
     llm = LLM(model=str(peaked_folder), dtype="float32", max_num_seqs=512, kv_cache_memory=SMALL_POOL,
               speculative_config=config)
     prompt = [BOS_ID, 9, 17, 9, 17, 9, 17, 9]

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from eagle_draft import DRAFT_VOCAB
+from trained_drafts import DRAFT_VOCAB
 from tiny_model_folder import write_tiny_model_folder
 
 from jido import LLM, SamplingParams
-from jido.models.eagle import CONFIG_FILE, load_eagle_draft
+from jido.models.draft_layers import CONFIG_FILE
+from jido.models.eagle import load_eagle_draft
 from jido.runner import eagle as eagle_runner
 from jido.tools.train_draft import (Target, TrainDraftConfig, TrainingSequence, make_batch, pass_mask,
                                     train_draft_main, unrolled_passes)
@@ -21,8 +22,8 @@ VERIFY_NOISE = 1e-3  # logprob gap within which the panel and rows kernels' sums
 
 
 @pytest.fixture(scope="module")
-def trained(tiny_model_folder: Path, eagle_for) -> tuple[Path, dict]:
-    return eagle_for(tiny_model_folder)
+def trained(tiny_model_folder: Path, draft_for) -> tuple[Path, dict]:
+    return draft_for(tiny_model_folder)
 
 
 def test_training_lowers_the_loss_and_records_its_data_and_held_out_agreement(trained):
@@ -109,8 +110,10 @@ def test_a_draft_folder_for_another_target_or_none_at_all_is_refused(trained, tm
 
 
 def test_the_trainer_refuses_bad_settings_with_the_reason(capsys):
-    with pytest.raises(ValueError, match="method must be 'eagle'"):
-        TrainDraftConfig(out="x", method="medusa")
+    with pytest.raises(ValueError, match="method must be one of eagle, medusa, got 'lookahead'"):
+        TrainDraftConfig(out="x", method="lookahead")
+    with pytest.raises(ValueError, match="num_heads must be a positive integer"):
+        TrainDraftConfig(out="x", method="medusa", num_heads=0)
     with pytest.raises(ValueError, match="num_prompts must be at least 2"):
         TrainDraftConfig(out="x", num_prompts=1)
     with pytest.raises(SystemExit):

@@ -1,0 +1,100 @@
+"""What jido's trained drafts (EAGLE, Medusa) are made of: trainable layers that propose on jido's kernels, and
+their folders (a JSON config beside the safetensors weights).
+
+A draft trains in plain autograd ops and proposes on jido's linear methods: the same module does both.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from jido.layers.quant_kernels import QuantizedWeight
+from jido.layers.quantization import LinearMethod, UnquantizedLinearMethod
+from jido.layers.quantized_linear import QuantizedLinearMethod
+
+CONFIG_FILE, WEIGHTS_FILE = "draft_config.json", "draft.safetensors"
+INT8_GROUP = 32
+
+
+class DraftNorm(nn.Module):
+    """RMSNorm ``w * x`` in plain autograd ops (jido's fused kernel has no backward)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class DraftLinear(nn.Linear):
+    """``nn.Linear`` for training; for proposing, its weight held by one of jido's linear methods (:meth:`prepare`).
+
+    Dense: oneDNN's blocked copy (plain ``F.linear`` of one row ran at ~4 GB/s here). int8: jido's int8 codes in
+    groups of 32, as ``--quantization int8``, on the int8 dot kernels with panels for steps of two rows or more:
+    a quarter of the bytes a proposal reads.
+    """
+
+    linear_method: LinearMethod | None = None
+    qweight: QuantizedWeight | None = None  # set by the int8 method
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) if self.linear_method is None else self.linear_method.apply(self, x, self.bias)
+
+    def prepare(self, int8: bool) -> None:
+        self.linear_method = QuantizedLinearMethod(bits=8, group_size=INT8_GROUP) if int8 else UnquantizedLinearMethod()
+        self.linear_method.process_weights_after_loading(self)
+
+
+def softcapped(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """The target's final soft-cap, applied to a draft's logits alike."""
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+def save_draft(module: nn.Module, config: dict[str, Any], folder: Path) -> None:
+    """Write ``config`` and the module's weights to ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    save_file({name: t.detach().contiguous() for name, t in module.state_dict().items()}, str(folder / WEIGHTS_FILE))
+
+
+def read_draft_config(folder: Path, method: str, name: str) -> dict[str, Any]:
+    """The config of the ``method`` draft in ``folder`` (``name``: how errors call it).
+
+    Raises:
+        ValueError: the folder holds no draft, or one of another method.
+    """
+    if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
+        raise ValueError(f"{folder} holds no {name} draft ({CONFIG_FILE} and {WEIGHTS_FILE}): train one with "
+                         f"`jido train-draft --method {method} --out {folder}`")
+    config = json.loads((folder / CONFIG_FILE).read_text())
+    if config.get("method") != method:
+        raise ValueError(f"{folder} holds a {config.get('method')!r} draft, not a {method!r} one")
+    return config
+
+
+def load_draft_weights(module: nn.Module, folder: Path, device: torch.device, dtype: torch.dtype,
+                       int8: bool) -> nn.Module:
+    """``module`` with the folder's weights, in eval mode, its linear layers packed for proposing (in int8 codes
+    with ``int8``, where the int8 kernels run: on a CPU)."""
+    module.load_state_dict(load_file(str(folder / WEIGHTS_FILE)))
+    module = module.to(device=device, dtype=dtype).eval()
+    for layer in module.modules():
+        if isinstance(layer, DraftLinear):
+            layer.prepare(int8 and device.type == "cpu")
+    return module
+
+
+def full_vocab_logits(draft_logits: torch.Tensor, draft_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Float32 logits over the whole vocabulary ``[rows, vocab_size]``: the draft's at its vocabulary's ids, -inf
+    elsewhere, so the sampler's filters and penalties see the ids the target's do."""
+    logits = torch.full((draft_logits.shape[0], vocab_size), float("-inf"), device=draft_logits.device)
+    logits[:, draft_vocab] = draft_logits.float()
+    return logits
