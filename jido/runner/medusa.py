@@ -8,7 +8,7 @@ from jido.config.speculative import SpeculativeConfig
 from jido.core.kv_cache_spec import KVCacheConfig, KVCacheSpec
 from jido.models.draft_layers import full_vocab_logits
 from jido.models.medusa import MedusaHeads, load_medusa_heads
-from jido.runner.spec_decode import ProposalStep, ProposerContext
+from jido.runner.spec_decode import ProposalStep, ProposerContext, load_trained_draft
 from jido.sampling.rejection_sampler import Drafts, sample_draft_chain
 
 
@@ -23,15 +23,8 @@ class MedusaProposer:
 
     def __init__(self, config: SpeculativeConfig, context: ProposerContext) -> None:
         self.context = context
-        # As for the EAGLE draft: int8 codes under a quantized target unless asked otherwise.
-        quantization = config.quantization or ("int8" if context.quantization != "none" else "none")
-        if quantization not in ("int8", "none"):
-            raise ValueError(f"Medusa heads run in float or int8: quantization {quantization!r} is not supported")
-        self.heads: MedusaHeads = load_medusa_heads(config.model, context.device, context.dtype, quantization == "int8")
-        c, arch = self.heads.config, context.model_arch
-        if (c.hidden_size, c.target_vocab_size) != (arch.hidden_size, arch.vocab_size):
-            raise ValueError(f"the Medusa heads in {config.model} were trained for hidden size {c.hidden_size} and "
-                             f"{c.target_vocab_size} tokens; this target has {arch.hidden_size} and {arch.vocab_size}")
+        self.heads: MedusaHeads = load_trained_draft(config, context, load_medusa_heads, "Medusa")
+        c = self.heads.config
         if not config.is_auto and config.max_num_speculative_tokens > c.num_heads:
             raise ValueError(f"num_speculative_tokens ({config.max_num_speculative_tokens}) exceeds the {c.num_heads} "
                              f"Medusa heads in {config.model}: each proposal needs a head of its own")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trained_drafts import DRAFT_VOCAB
+from trained_drafts import DRAFT_VOCAB, generate_recording_proposals
 from tiny_model_folder import write_tiny_model_folder
 
 from jido import LLM, SamplingParams
@@ -56,22 +56,9 @@ def test_pass_masks_see_the_target_fed_entries_then_their_own_chain():
 def test_the_engines_proposals_are_the_trained_passes_predictions_through_chunked_prefill_and_batching(
         tiny_model_folder, trained, monkeypatch):
     folder, _ = trained
-    proposals: list[tuple[str, int, list[int]]] = []  # (request, tokens known when proposing, proposals)
-    original = eagle_runner.EagleProposer.propose
-
-    def spy(self, step):
-        drafts = original(self, step)
-        for req_id, row, ids in zip(step.inputs.sampled_req_ids, step.inputs.sampled_rows.tolist(), drafts.token_ids):
-            proposals.append((req_id, int(step.batch.num_tokens[row]), list(ids)))
-        return drafts
-
-    monkeypatch.setattr(eagle_runner.EagleProposer, "propose", spy)
-    # 16 tokens per step: the 30-token prompt is prefilled in chunks, next to the others' decodes.
-    llm = LLM(model=str(tiny_model_folder), dtype="float32", kv_cache_memory="16MiB", max_num_batched_tokens=16,
-              speculative_config={"method": "eagle", "num_speculative_tokens": K, "model": str(folder)})
-    prompts = ["w5 w12 w19 w26", " ".join(f"w{3 + (i * 7) % 120}" for i in range(30)), "w40 w47 w54 w61 w68"]
-    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), use_tqdm=False)
-    sequences = {o.request_id: list(o.prompt_token_ids) + list(o.outputs[0].token_ids) for o in outputs}
+    _, sequences, proposals = generate_recording_proposals(
+        monkeypatch, eagle_runner.EagleProposer, tiny_model_folder,
+        {"method": "eagle", "num_speculative_tokens": K, "model": str(folder)})
     target, draft = Target(str(tiny_model_folder), None), load_eagle_draft(folder, torch.device("cpu"), torch.float32)
     checked = [0] * K
     with torch.no_grad():

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from tiny_model_folder import write_tiny_model_folder
-from trained_drafts import DRAFT_VOCAB
+from trained_drafts import DRAFT_VOCAB, generate_recording_proposals
 
-from jido import LLM, SamplingParams
+from jido import LLM
 from jido.models.draft_layers import CONFIG_FILE
 from jido.models.medusa import MedusaConfig, load_medusa_heads
 from jido.runner import medusa as medusa_runner
@@ -66,23 +66,10 @@ def test_untrained_heads_guess_the_targets_next_token_at_every_depth(trained):
 def test_the_engines_proposals_are_the_heads_guesses_from_the_newest_tokens_hidden_state(
         peaked_folder, trained, monkeypatch):
     folder, _ = trained
-    proposals: list[tuple[str, int, list[int]]] = []  # (request, tokens known when proposing, proposals)
-    original = medusa_runner.MedusaProposer.propose
-
-    def spy(self, step):
-        drafts = original(self, step)
-        for req_id, row, ids in zip(step.inputs.sampled_req_ids, step.inputs.sampled_rows.tolist(), drafts.token_ids):
-            proposals.append((req_id, int(step.batch.num_tokens[row]), list(ids)))
-        return drafts
-
-    monkeypatch.setattr(medusa_runner.MedusaProposer, "propose", spy)
-    # 16 tokens per step: the 30-token prompt is prefilled in chunks, next to the others' decodes.
-    llm = LLM(model=str(peaked_folder), dtype="float32", kv_cache_memory="16MiB", max_num_batched_tokens=16,
-              speculative_config={"method": "medusa", "num_speculative_tokens": K, "model": str(folder)})
-    prompts = ["w5 w12 w19 w26", " ".join(f"w{3 + (i * 7) % 120}" for i in range(30)), "w40 w47 w54 w61 w68"]
-    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), use_tqdm=False)
+    llm, sequences, proposals = generate_recording_proposals(
+        monkeypatch, medusa_runner.MedusaProposer, peaked_folder,
+        {"method": "medusa", "num_speculative_tokens": K, "model": str(folder)})
     assert llm.llm_engine.get_scheduler_stats().spec_decoding.num_accepted_tokens > 5
-    sequences = {o.request_id: list(o.prompt_token_ids) + list(o.outputs[0].token_ids) for o in outputs}
     target, heads = Target(str(peaked_folder), None), load_medusa_heads(folder, torch.device("cpu"), torch.float32)
     checked = 0
     with torch.no_grad():
