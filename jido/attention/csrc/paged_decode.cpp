@@ -210,14 +210,20 @@ template <typename T, typename C>
 void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t* tables, const int32_t* seq_lens,
             int64_t num_reqs, int64_t blocks_per_split) {
   const int64_t D = s.head_dim, G = s.group, H = s.num_kv_heads, bs = s.block_size;
-  // Items per request: its visible blocks cut into splits of blocks_per_split.
-  std::vector<int64_t> first_blk(num_reqs), num_splits(num_reqs), item_start(num_reqs + 1, 0);
+  // Items per request: its visible blocks cut into splits of equal size, at most blocks_per_split blocks each, and
+  // at least enough of them that a batch of fewer (request, kv head) pairs than threads keeps every thread busy.
+  // Equal sizes matter: a 512-token window spans 33 blocks of 16, which splits of 32 cut 32 + 1, leaving one
+  // thread all the work (a batch-1 decode at 1,024 tokens of context: 20.9 -> 19.0 ms a step on 2 cores).
+  const int64_t min_splits = (at::get_num_threads() + num_reqs * H - 1) / (num_reqs * H);
+  std::vector<int64_t> first_blk(num_reqs), num_splits(num_reqs), split_blocks(num_reqs), item_start(num_reqs + 1, 0);
   for (int64_t b = 0; b < num_reqs; ++b) {
     int64_t first, end;
     visible_range(s, seq_lens[b], &first, &end);
     first_blk[b] = first / bs;
     const int64_t nblk = (end - 1) / bs + 1 - first_blk[b];
-    num_splits[b] = (nblk + blocks_per_split - 1) / blocks_per_split;
+    const int64_t splits = std::min(nblk, std::max((nblk + blocks_per_split - 1) / blocks_per_split, min_splits));
+    split_blocks[b] = (nblk + splits - 1) / splits;
+    num_splits[b] = (nblk + split_blocks[b] - 1) / split_blocks[b];  // none empty
     item_start[b + 1] = item_start[b] + num_splits[b] * H;
   }
   const int64_t num_items = item_start[num_reqs];
@@ -234,8 +240,8 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
       const T* qh = q_in + (b * H + h) * G * D;  // query heads h*G .. h*G+G-1
       for (int64_t x = 0; x < G * D; ++x) q[x] = to_float(qh[x]) * s.scale;
       const int64_t seq_len = seq_lens[b];
-      const int64_t blk_lo = first_blk[b] + split * blocks_per_split;
-      const int64_t blk_hi = std::min(blk_lo + blocks_per_split, (seq_len - 1) / bs + 1);
+      const int64_t blk_lo = first_blk[b] + split * split_blocks[b];
+      const int64_t blk_hi = std::min(blk_lo + split_blocks[b], (seq_len - 1) / bs + 1);
       attend_heads(s, cache, tables + b * s.max_blocks, seq_len, q.data(), h, blk_lo, blk_hi, &ms[i * G],
                    &ls[i * G], &accs[i * G * D]);
     }
