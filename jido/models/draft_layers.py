@@ -6,6 +6,7 @@ A draft trains in plain autograd ops and proposes on jido's linear methods: the 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +59,12 @@ def softcapped(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
     return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
-def save_draft(module: nn.Module, config: dict[str, Any], folder: Path) -> None:
-    """Write ``config`` and the module's weights to ``folder``."""
+def save_draft(module: nn.Module, config: Any, folder: Path, training: dict[str, Any] | None = None) -> None:
+    """Write the draft's ``config`` (a dataclass; with ``training``, what trained it, in place of its own record) and
+    the module's weights to ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    record = {**asdict(config), **({"training": training} if training is not None else {})}
+    (folder / CONFIG_FILE).write_text(json.dumps(record, indent=2) + "\n")
     save_file({name: t.detach().contiguous() for name, t in module.state_dict().items()}, str(folder / WEIGHTS_FILE))
 
 

@@ -16,7 +16,7 @@ Attention is passed in, so the same module trains on dense sequences and propose
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +113,7 @@ class EagleDraft(nn.Module):
 
     def save(self, folder: Path, training: dict[str, Any] | None = None) -> None:
         """Write the config (with ``training``: what trained it) and the weights to ``folder``."""
-        save_draft(self, {**asdict(self.config), **({"training": training} if training is not None else {})}, folder)
+        save_draft(self, self.config, folder, training)
 
 
 def load_eagle_draft(folder: str | Path, device: torch.device, dtype: torch.dtype, int8: bool = False) -> EagleDraft:

@@ -12,7 +12,7 @@ vocabulary* (the tokens the target emits most), kept frozen, so a guess costs a 
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +76,7 @@ class MedusaHeads(nn.Module):
 
     def save(self, folder: Path, training: dict[str, Any] | None = None) -> None:
         """Write the config (with ``training``: what trained them) and the weights to ``folder``."""
-        save_draft(self, {**asdict(self.config), **({"training": training} if training is not None else {})}, folder)
+        save_draft(self, self.config, folder, training)
 
 
 def load_medusa_heads(folder: str | Path, device: torch.device, dtype: torch.dtype, int8: bool = False) -> MedusaHeads:

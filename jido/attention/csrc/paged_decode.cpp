@@ -214,7 +214,8 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
   // at least enough of them that a batch of fewer (request, kv head) pairs than threads keeps every thread busy.
   // Equal sizes matter: a 512-token window spans 33 blocks of 16, which splits of 32 cut 32 + 1, leaving one
   // thread all the work (a batch-1 decode at 1,024 tokens of context: 20.9 -> 19.0 ms a step on 2 cores).
-  const int64_t min_splits = (at::get_num_threads() + num_reqs * H - 1) / (num_reqs * H);
+  const int64_t pairs = std::max<int64_t>(1, num_reqs * H);  // NOTE: a step may hand over no decode rows
+  const int64_t min_splits = (at::get_num_threads() + pairs - 1) / pairs;
   std::vector<int64_t> first_blk(num_reqs), num_splits(num_reqs), split_blocks(num_reqs), item_start(num_reqs + 1, 0);
   for (int64_t b = 0; b < num_reqs; ++b) {
     int64_t first, end;
