@@ -10,7 +10,7 @@ import torch
 from jido.core.outputs import Logprobs
 from jido.sampling.filters import filtered_probs
 from jido.sampling.metadata import SamplingMetadata, shift_metadata
-from jido.sampling.sampler import Sampler, apply_constraints, argmax, logprobs_of, raw_logprobs, seeded_generator
+from jido.sampling.sampler import Sampler, apply_constraints, argmax, exponential_noise, logprobs_of, raw_logprobs, seeded_generator
 
 State = TypeVar("State")
 
@@ -125,11 +125,11 @@ class RejectionSampler:
 
     def _draw(self, weights: torch.Tensor, md: SamplingMetadata, rows: torch.Tensor) -> torch.Tensor:
         """One token per row from unnormalised ``weights`` [Q, vocab] (Gumbel-max in its exponential form)."""
-        noise = torch.empty_like(weights).exponential_(generator=self.sampler.generator)
+        noise = exponential_noise(weights, self.sampler.generator)
         for i, row in _seeded(md, rows):
             generator = seeded_generator(int(md.seeds[row]), int(md.output_positions[row]), weights.device,
                                          RESIDUAL_STREAM)
-            noise[i] = torch.empty_like(weights[i]).exponential_(generator=generator)
+            noise[i] = exponential_noise(weights[i], generator)
         return argmax(weights / noise)
 
 
@@ -152,10 +152,10 @@ def sample_draft(sampler: Sampler, logits: torch.Tensor, md: SamplingMetadata) -
     if md.all_greedy:
         return greedy_ids.tolist(), None
     q = _normalized_probs(logits, md, torch.arange(md.num_rows))
-    noise = torch.empty_like(q).exponential_(generator=sampler.generator)
+    noise = exponential_noise(q, sampler.generator)
     for row in md.has_seed.nonzero().flatten().tolist():
         generator = seeded_generator(int(md.seeds[row]), int(md.output_positions[row]), q.device, DRAFT_STREAM)
-        noise[row] = torch.empty_like(q[row]).exponential_(generator=generator)
+        noise[row] = exponential_noise(q[row], generator)
     # A row with nothing left to draw from (q all zero) proposes its argmax, as the sampler would choose,
     # and a greedy row its argmax: for both, q is the point mass on that token.
     drawable = (q.sum(-1) > 0) & (md.temperature > 0).to(q.device)

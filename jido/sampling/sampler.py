@@ -21,6 +21,16 @@ def argmax(values: torch.Tensor) -> torch.Tensor:
     return values.max(dim=-1).indices
 
 
+def exponential_noise(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Exp(1) noise of ``like``'s shape, dtype and device, drawn from ``generator``: ``-log U``, U ~ Uniform[0, 1).
+
+    ``Tensor.exponential_`` would draw the same distribution, but on CPU it took 5.9 ms for one row of 262,144
+    (AMD EPYC, AVX2) against 1.1 ms for ``uniform_`` and ``log``; at temperature > 0 that was a third of a
+    batch-1 step there. U = 0 gives infinite noise: that token's p / E is 0, as for any E far above the rest.
+    """
+    return torch.empty_like(like).uniform_(generator=generator).log_().neg_()
+
+
 class SamplerOutput(NamedTuple):
     """One token per row, and its logprobs where the row asked for them."""
 
@@ -97,7 +107,7 @@ class Sampler:
     def _draw_shared(self, probs: Probs) -> torch.Tensor:
         # Gumbel-max in its exponential form: argmax(p / E) with E ~ Exp(1) draws from p, without a
         # cumulative sum. Tokens outside truncated probabilities have probability 0 and could never win.
-        noise = torch.empty_like(probs.values).exponential_(generator=self.generator)
+        noise = exponential_noise(probs.values, self.generator)
         choice = argmax(probs.values / noise)
         return choice if probs.token_ids is None else probs.token_ids.gather(1, choice[:, None]).flatten()
 
@@ -120,7 +130,7 @@ def _draw_seeded(probs: torch.Tensor, token_ids: torch.Tensor | None, vocab_size
     # NOTE: a seeded row's tokens are a promise: the same generator seed and the same noise over the full
     # [vocab] float32 row as the one-row-at-a-time sampler drew, whatever part of it is looked at.
     generator = seeded_generator(seed, position, probs.device)
-    noise = torch.empty(vocab_size, dtype=probs.dtype, device=probs.device).exponential_(generator=generator)
+    noise = exponential_noise(torch.empty(vocab_size, dtype=probs.dtype, device=probs.device), generator)
     if token_ids is None:
         return int((probs / noise).argmax())
     # Only candidates can reach the (positive) maximum; among equals the lowest id wins, as in argmax.

