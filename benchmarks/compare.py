@@ -528,14 +528,13 @@ def decode_limit(dtype: str, model: str) -> tuple[float, float, float]:
 
 
 def save(records: dict[str, Any], workloads: list[Workload], model: str = DEFAULT_MODEL) -> Path:
-    """Merge into today's compare file for ``model`` (each engine and configuration is one entry; a later run of
-    the same replaces it) and rewrite its .json and .md."""
-    stem = "compare" if model == DEFAULT_MODEL else f"compare-{model}"
-    path = RESULTS / f"{stem}-{datetime.date.today().isoformat()}.json"
+    """Merge into today's compare file for ``model`` and this machine (each engine and configuration is one entry;
+    a later run of the same replaces it) and rewrite its .json and .md."""
+    machine = run_machine()
+    path = results_path(model, machine)
     doc = json.loads(path.read_text()) if path.exists() else {"peers": {}, "workloads": {}}
     doc["peers"].update(records)
     doc["workloads"].update({w.name: dataclasses.asdict(w) for w in workloads})
-    machine = run_machine()
     doc.update(date=now_iso(), model=model, machine=machine, python=sys.version.split()[0],
                ratios=ratios(doc["peers"]),
                roofline=roofline_shares(doc["peers"], machine, lambda dtype: decode_limit(dtype, model)),
@@ -544,6 +543,20 @@ def save(records: dict[str, Any], workloads: list[Workload], model: str = DEFAUL
     path.write_text(json.dumps(doc, indent=2) + "\n")
     path.with_suffix(".md").write_text(markdown(doc))
     return path
+
+
+def results_path(model: str, machine: dict[str, Any]) -> Path:
+    """Today's compare file for ``model``, or, where today's was written on another kind of CPU, the one named
+    for this CPU's ISA: the figures of one file are always from one machine, so its ratios mean something."""
+    stem = "compare" if model == DEFAULT_MODEL else f"compare-{model}"
+    path = RESULTS / f"{stem}-{datetime.date.today().isoformat()}.json"
+    if path.exists() and not same_cpu(json.loads(path.read_text()).get("machine", {}), machine):
+        path = path.with_name(f"{path.stem}-{machine['isa']}.json")
+    return path
+
+
+def same_cpu(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return all(a.get(key) == b.get(key) for key in ("cpu_model", "isa", "cpu_flags", "num_cpus"))
 
 
 def run_machine() -> dict[str, Any]:
