@@ -13,12 +13,25 @@ _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the genera
 _STREAM_MIX = 0xD1B54A32D192ED03  # and (seed, position, stream) triples, stream 0 keeping the pairs' seeds
 
 
+_ARGMAX_CHUNK = 512  # columns per chunk of argmax's first pass
+
+
 def argmax(values: torch.Tensor) -> torch.Tensor:
     """The index of each row's largest value (the first among equals), as ``values.argmax(dim=-1)``.
 
-    ``max`` finds it 3x faster on CPU: 116 against 346 us for a row of 262,144 float32 logits (Xeon, AVX-512).
+    ATen's max-with-index over a row is a scalar loop on one thread: 265 us for a row of 262,144 float32 logits
+    (AVX2 EPYC; ``argmax`` 292), while ``amax`` (values only) is vectorized and parallel: 21 us. So the row's
+    chunks of 512 are reduced by ``amax`` first, and the index is looked for in the first chunk holding the
+    row's maximum only, which is where the first maximal element lies (a NaN propagates through both passes as
+    through ``max``). On [B, vocab] rows of 262,144: ~40 us against 265.
     """
-    return values.max(dim=-1).indices
+    rows, width = values.shape
+    if width % _ARGMAX_CHUNK or width < 4 * _ARGMAX_CHUNK:
+        return values.max(dim=-1).indices
+    chunks = values.view(rows, width // _ARGMAX_CHUNK, _ARGMAX_CHUNK)
+    best_chunk = chunks.amax(dim=-1).max(dim=-1).indices
+    within = chunks[torch.arange(rows, device=values.device), best_chunk].max(dim=-1).indices
+    return best_chunk * _ARGMAX_CHUNK + within
 
 
 def exponential_noise(like: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

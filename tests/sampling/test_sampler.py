@@ -10,7 +10,7 @@ from reference_sampler import Row, reference_filtered_probs, reference_sample
 
 from jido.core.sampling_params import SamplingParams
 from jido.sampling.batch import SamplingBatch
-from jido.sampling.sampler import Sampler
+from jido.sampling.sampler import Sampler, argmax
 
 VOCAB = 4096
 EOS = (1, 2)
@@ -148,3 +148,15 @@ def test_a_row_with_nothing_to_draw_from_gets_its_argmax_and_the_others_keep_the
     got = sample(rows, logits)
     assert got[:3] == [3, 3, 7]
     assert [got[3]] == sample(rows[3:], logits[3:]) == reference_sample(logits[3:], rows[3:], torch.Generator())
+
+
+@pytest.mark.parametrize("width", [262_144, 2048, 1000])
+def test_argmax_is_the_first_index_of_each_rows_maximum_as_torch_argmax(width):
+    torch.manual_seed(width)
+    values = torch.randn(6, width)
+    values[1, width // 3] = values[1, width // 2] = 50.0  # tied maxima in different chunks: the first wins
+    values[2, 7] = values[2, 8] = 50.0  # ... and in one chunk
+    values[3] = 0.0  # every element equal
+    values[4, width - 1] = float("nan")  # NaN is the maximum, as for torch
+    values[5, 0] = float("inf")
+    assert argmax(values).tolist() == values.argmax(dim=-1).tolist()
