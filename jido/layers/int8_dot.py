@@ -140,9 +140,16 @@ def panel_linear(x: torch.Tensor, panels: PackedPanels, bias: torch.Tensor | Non
 @dataclass(frozen=True)
 class FiveBitRows:
     """A weight whose int8 codes all lie in -16..15 (GGUF's Q5_0) stored in five bits for the one-row decode
-    kernel (``csrc/int8_dot.cpp``, FiveBitWeight): per block of 32 codes, u = q + 16 as 16 bytes of low nibbles
-    (column j in the low half of byte j, column j + 16 in its high half), then 4 bytes of fifth bits. 20 bytes a
-    block against 32: decode streams 0.625 of the bytes. Scales and mins are the weight's own tensors."""
+    kernel (``csrc/int8_dot.cpp``, FiveBitWeight), u = q + 16: per pair of blocks of 32 codes, 32 bytes of low
+    nibbles (column j of the first block in the low half of byte j, of the second in its high half), then each
+    block's 4 bytes of fifth bits; a last unpaired block as 16 bytes of nibbles (column j in byte j's low half,
+    j + 16 in its high half), then its fifth bits. A block's fifth bit of column 4 * i + b is bit 8 * b + i of its
+    32-bit word. 20 bytes a block against 32: decode streams 0.625 of the bytes.
+
+    The layout is the one the AVX2 kernel unpacks in fewest instructions: measured on the AVX2 EPYC (Zen 3),
+    one-row decode on these rows was compute-bound (gate_up 4096 x 640: 104 us with the weight in cache, 106 from
+    memory, against 66 / 110 us for the same codes in bytes) with 16-byte nibble loads and fifth bits spread by a
+    byte shuffle and compare. Scales and mins are the weight's own tensors."""
 
     data: torch.Tensor  # uint8 [N, K / 32 * 20]
     scales: torch.Tensor  # the QuantizedWeight's
@@ -166,12 +173,20 @@ def fits_five_bits(w: QuantizedWeight) -> bool:
 def pack_five_bits(w: QuantizedWeight) -> FiveBitRows:
     """``w`` (which :func:`fits_five_bits`) in five bits."""
     num_rows, num_cols = w.shape
-    u = (w.data.to(torch.int16) + 16).to(torch.uint8).view(num_rows, num_cols // BLOCK, BLOCK)
-    nibbles = (u[..., :16] & 15) | ((u[..., 16:] & 15) << 4)
-    weights = (1 << torch.arange(8, dtype=torch.int32)).to(torch.uint8)  # bit j of a byte: its column j
-    fifth = ((u >> 4).view(num_rows, -1, 4, 8) * weights).sum(dim=-1, dtype=torch.int32).to(torch.uint8)
-    data = torch.cat([nibbles, fifth], dim=-1).reshape(num_rows, -1).contiguous()
-    return FiveBitRows(data, w.scales, w.mins, w.group_size, w.shape)
+    num_blocks = num_cols // BLOCK
+    u = (w.data.to(torch.int16) + 16).to(torch.uint8).view(num_rows, num_blocks, BLOCK)
+    # each block's word: bit 8 * b + i (byte b, bit i) is the fifth bit of column 4 * i + b
+    high = (u >> 4).view(num_rows, num_blocks, 8, 4).transpose(-1, -2)  # [..., b, i]
+    weights = (1 << torch.arange(8, dtype=torch.int32)).to(torch.uint8)
+    fifth = (high * weights).sum(dim=-1, dtype=torch.int32).to(torch.uint8)  # [N, blocks, 4]
+    paired = num_blocks // 2 * 2
+    first, second = u[:, 0:paired:2] & 15, u[:, 1:paired:2] & 15
+    pairs = torch.cat([first | (second << 4), fifth[:, 0:paired:2], fifth[:, 1:paired:2]], dim=-1)
+    parts = [pairs.reshape(num_rows, -1)]
+    if paired < num_blocks:  # the last block alone
+        last = u[:, -1]
+        parts.append(torch.cat([(last[:, :16] & 15) | ((last[:, 16:] & 15) << 4), fifth[:, -1]], dim=-1))
+    return FiveBitRows(torch.cat(parts, dim=-1).contiguous(), w.scales, w.mins, w.group_size, w.shape)
 
 
 def five_bit_linear(x: torch.Tensor, rows: FiveBitRows, bias: torch.Tensor | None = None,

@@ -226,7 +226,8 @@ def test_five_bit_rows_give_bit_for_bit_what_the_rows_kernel_gives_on_the_same_c
     gen = torch.Generator().manual_seed(21)
     ops = int8_dot.load_int8_dot_ops()
     isas = [i for i, _ in enumerate(int8_dot.ISAS) if ops.supported(i)]
-    for num_rows, num_cols, group_size in [(8, 640, 32), (7, 96, 32), (13, 128, 64), (9, 96, None), (1, 32, 32)]:
+    for num_rows, num_cols, group_size in [(8, 640, 32), (7, 96, 32), (13, 128, 64), (9, 96, None), (1, 32, 32),
+                                                 (6, 192, 96), (5, 160, 32)]:
         for with_mins in (False, True):
             w = random_weight(num_rows, num_cols, group_size, 8, with_mins, gen, codes=(-16, 16))
             assert int8_dot.fits_five_bits(w)
@@ -253,9 +254,20 @@ def test_only_int8_codes_within_five_bits_and_whole_blocks_fit_five_bits() -> No
     assert not int8_dot.fits_five_bits(random_weight(4, 64, 32, 4, False, gen))  # already four bits
 
 
+def fifth_bits_word(u: list[int]) -> int:
+    """A block's word of fifth bits: column 4 * i + b at bit 8 * b + i."""
+    return sum(1 << (8 * (j % 4) + j // 4) for j in range(32) if u[j] >= 16)
+
+
 def test_five_bit_rows_store_each_code_plus_16_in_a_nibble_and_a_bit() -> None:
-    q = torch.arange(-16, 16, dtype=torch.int8)[None]  # column j holds j - 16: u = j
-    five = int8_dot.pack_five_bits(qk.pack(q, torch.ones(1, 1), None, 32, 8))
+    u = list(range(32))
+    v = [(7 * j + 3) % 32 for j in range(32)]
+    q = torch.tensor([u + v + u], dtype=torch.int8) - 16  # three blocks: a pair, then one alone
+    five = int8_dot.pack_five_bits(qk.pack(q, torch.ones(1, 3), None, 32, 8))
     data = five.data[0].tolist()
-    assert data[:16] == [(j & 15) | (((j + 16) & 15) << 4) for j in range(16)]
-    assert int.from_bytes(bytes(data[16:]), "little") == sum(1 << j for j in range(32) if j >= 16)
+    assert len(data) == 60
+    assert data[:32] == [(u[j] & 15) | ((v[j] & 15) << 4) for j in range(32)]  # the pair's nibbles
+    assert int.from_bytes(bytes(data[32:36]), "little") == fifth_bits_word(u)
+    assert int.from_bytes(bytes(data[36:40]), "little") == fifth_bits_word(v)
+    assert data[40:56] == [(j & 15) | (((j + 16) & 15) << 4) for j in range(16)]  # the last block's
+    assert int.from_bytes(bytes(data[56:60]), "little") == fifth_bits_word(u)

@@ -72,9 +72,13 @@ struct Weight {
   bool groups16;  // else each group holds whole blocks: group_size a multiple of 32, or one group per row
 };
 
-// A weight of codes in -16..15 (Q5_0's) stored in five bits (int8_dot.py, FiveBitRows): per block of 32 codes,
-// u = q + 16 as 16 bytes of low nibbles (column j in byte j's low half, column j + 16 in its high half), then 4
-// bytes of fifth bits (bit j: column j). Scales and mins as Weight's; K a multiple of 32, groups of whole blocks.
+// A weight of codes in -16..15 (Q5_0's) stored in five bits (int8_dot.py, FiveBitRows), u = q + 16: per pair of
+// blocks of 32 codes, 32 bytes of low nibbles (column j of the first block in byte j's low half, of the second in
+// its high half), then each block's 4 bytes of fifth bits; a last block without a pair as 16 bytes of nibbles
+// (column j in byte j's low half, j + 16 in its high half), then its fifth bits. The fifth bit of column
+// 4 * i + b lies at bit 8 * b + i of its block's word, so lane i of the word shifted right by i holds them at
+// the bottom of its bytes (fifth_bits). 20 bytes a block; scales and mins as Weight's; K a multiple of 32,
+// groups of whole blocks.
 constexpr int64_t kFiveBitBlockBytes = 20;
 struct FiveBitWeight {
   const uint8_t* data;
@@ -123,15 +127,6 @@ JIDO_INLINE __m256i add_pairs(__m256i acc, __m256i u, __m256i s) {
   return acc;
 }
 JIDO_INLINE __m256i widen_pairs(__m256i acc) { return _mm256_madd_epi16(acc, _mm256_set1_epi16(1)); }
-// 16 where bit j of `bits` is set, in byte j (the fifth bits of a five-bit block): byte j takes byte j / 8 of the
-// word and keeps its bit j % 8 (llama.cpp's bytes_from_bits_32).
-JIDO_INLINE __m256i high_bits(uint32_t bits) {
-  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
-                                             _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                                              2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
-  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
-}
 #include __FILE__
 }  // namespace avx2
 
@@ -143,7 +138,6 @@ JIDO_INLINE __m256i dot_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(
 JIDO_INLINE __m256i first_pairs(__m256i u, __m256i s) { return dot_u8s8(u, s); }
 JIDO_INLINE __m256i add_pairs(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
 JIDO_INLINE __m256i widen_pairs(__m256i acc) { return acc; }
-JIDO_INLINE __m256i high_bits(uint32_t bits) { return _mm256_maskz_mov_epi8(bits, _mm256_set1_epi8(16)); }
 #define JIDO_INT8_DOT_VNNI 1
 #include __FILE__
 #undef JIDO_INT8_DOT_VNNI
@@ -806,13 +800,31 @@ JIDO_INLINE void two_rows_dot(const Weight& w, int64_t a, int64_t b, const Quant
   store_two_rows(w.mins, w.num_groups, a, b, x, acc_a, acc_b, out);
 }
 
-// The 32 codes u = q + 16 of a five-bit block (see FiveBitWeight) as bytes in column order.
-JIDO_INLINE __m256i load_five_bit_codes(const uint8_t* p) {
+// 16 in byte 4 * i + b where the fifth bit of that column is set (bit 8 * b + i of `bits`, see FiveBitWeight):
+// four instructions, where spreading bit j to byte j took six (a byte shuffle, two masks and a compare).
+JIDO_INLINE __m256i fifth_bits(uint32_t bits) {
+  const __m256i lanes = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(bits)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  return _mm256_and_si256(_mm256_slli_epi32(lanes, 4), _mm256_set1_epi8(16));
+}
+
+// The 32 codes u of a pair of five-bit blocks (at p, see FiveBitWeight) as bytes in column order: one 32-byte load
+// holds both blocks' nibbles.
+JIDO_INLINE void load_five_bit_pair(const uint8_t* p, __m256i* first, __m256i* second) {
+  const __m256i nibbles = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i low = _mm256_set1_epi8(15);
+  uint32_t bits[2];
+  std::memcpy(bits, p + 32, sizeof(bits));
+  *first = _mm256_or_si256(_mm256_and_si256(nibbles, low), fifth_bits(bits[0]));
+  *second = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(nibbles, 4), low), fifth_bits(bits[1]));
+}
+
+// The 32 codes u of a last, unpaired five-bit block (at p) as bytes in column order.
+JIDO_INLINE __m256i load_five_bit_block(const uint8_t* p) {
   const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   const __m256i nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(15));
   uint32_t bits;
   std::memcpy(&bits, p + 16, sizeof(bits));
-  return _mm256_or_si256(nibbles, high_bits(bits));
+  return _mm256_or_si256(nibbles, fifth_bits(bits));
 }
 
 // Decode on five-bit rows a and b, in one pass over x's blocks as two_rows_dot. Each block's u . xq, started
@@ -827,18 +839,28 @@ JIDO_INLINE void five_bit_two_rows(const FiveBitWeight& w, int64_t a, int64_t b,
   const float* sb = w.scales + b * w.num_groups;
   const int64_t per_group = w.group_size >= w.K ? w.nb : w.group_size / kBlock;
   __m256 acc_a = _mm256_setzero_ps(), acc_b = _mm256_setzero_ps();
-  for (int64_t k = 0, g = 0; k < w.nb; ++g) {
+  int64_t g = 0, left_in_group = per_group;
+  // block k's codes ua (row a) and ub (row b) into the accumulators, as two_rows_dot's block_fma
+  const auto block = [&](int64_t k, __m256i ua, __m256i ub) {
     const __m256 wa = _mm256_broadcast_ss(sa + g), wb = _mm256_broadcast_ss(sb + g);
-    for (const int64_t end = std::min(w.nb, k + per_group); k < end; ++k) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + k * kBlock));
-      const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + k * 8));
-      const __m256 dx = _mm256_broadcast_ss(x.d + k);
-      const __m256i pa = _mm256_add_epi32(start, dot_u8s8(load_five_bit_codes(qa + k * kFiveBitBlockBytes), xv));
-      const __m256i pb = _mm256_add_epi32(start, dot_u8s8(load_five_bit_codes(qb + k * kFiveBitBlockBytes), xv));
-      acc_a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pa), _mm256_mul_ps(wa, dx), acc_a);
-      acc_b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pb), _mm256_mul_ps(wb, dx), acc_b);
-    }
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + k * kBlock));
+    const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + k * 8));
+    const __m256 dx = _mm256_broadcast_ss(x.d + k);
+    const __m256i pa = _mm256_add_epi32(start, dot_u8s8(ua, xv));
+    const __m256i pb = _mm256_add_epi32(start, dot_u8s8(ub, xv));
+    acc_a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pa), _mm256_mul_ps(wa, dx), acc_a);
+    acc_b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pb), _mm256_mul_ps(wb, dx), acc_b);
+    if (--left_in_group == 0) ++g, left_in_group = per_group;
+  };
+  int64_t k = 0;
+  for (; k + 2 <= w.nb; k += 2) {
+    __m256i ua0, ua1, ub0, ub1;
+    load_five_bit_pair(qa + k * kFiveBitBlockBytes, &ua0, &ua1);
+    load_five_bit_pair(qb + k * kFiveBitBlockBytes, &ub0, &ub1);
+    block(k, ua0, ub0);
+    block(k + 1, ua1, ub1);
   }
+  if (k < w.nb) block(k, load_five_bit_block(qa + k * kFiveBitBlockBytes), load_five_bit_block(qb + k * kFiveBitBlockBytes));
   store_two_rows(w.mins, w.num_groups, a, b, x, acc_a, acc_b, out);
 }
 
