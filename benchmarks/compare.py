@@ -12,7 +12,8 @@ Each engine runs at its best precision for this CPU unless told (bf16 where the 
 float32 elsewhere); every engine and configuration is its own entry, so `--jido-dtype float32` and a later
 `--jido-dtype bfloat16` stand side by side. Results: benchmarks/results/compare-<date>.json and .md (date,
 machine and its CPU flags, versions, figures, jido's ratios), rewritten after each engine; for a named model
-other than the default (`--model`, from `jido models`), compare-<model>-<date>.json and .md.
+other than the default (`--model`, from `jido models`), compare-<model>-<date>.json and .md. A run on another
+kind of CPU than the one today's file was written on goes to compare-<date>-<isa> (one machine per file).
 """
 from __future__ import annotations
 
