@@ -532,8 +532,7 @@ def save(records: dict[str, Any], workloads: list[Workload], model: str = DEFAUL
     """Merge into today's compare file for ``model`` and this machine (each engine and configuration is one entry;
     a later run of the same replaces it) and rewrite its .json and .md."""
     machine = run_machine()
-    path = results_path(model, machine)
-    doc = json.loads(path.read_text()) if path.exists() else {"peers": {}, "workloads": {}}
+    path, doc = todays_results(model, machine)
     doc["peers"].update(records)
     doc["workloads"].update({w.name: dataclasses.asdict(w) for w in workloads})
     doc.update(date=now_iso(), model=model, machine=machine, python=sys.version.split()[0],
@@ -546,14 +545,21 @@ def save(records: dict[str, Any], workloads: list[Workload], model: str = DEFAUL
     return path
 
 
-def results_path(model: str, machine: dict[str, Any]) -> Path:
-    """Today's compare file for ``model``, or, where today's was written on another kind of CPU, the one named
-    for this CPU's ISA: the figures of one file are always from one machine, so its ratios mean something."""
+def todays_results(model: str, machine: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """Today's compare file for ``model`` and what it holds so far; where today's was written on another kind of
+    CPU, the file named for this CPU's ISA instead: the figures of one file are always from one machine, so its
+    ratios mean something."""
     stem = "compare" if model == DEFAULT_MODEL else f"compare-{model}"
     path = RESULTS / f"{stem}-{datetime.date.today().isoformat()}.json"
-    if path.exists() and not same_cpu(json.loads(path.read_text()).get("machine", {}), machine):
+    doc = _read_json(path)
+    if doc is not None and not same_cpu(doc.get("machine", {}), machine):
         path = path.with_name(f"{path.stem}-{machine['isa']}.json")
-    return path
+        doc = _read_json(path)
+    return path, doc or {"peers": {}, "workloads": {}}
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def same_cpu(a: dict[str, Any], b: dict[str, Any]) -> bool:

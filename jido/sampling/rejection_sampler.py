@@ -10,7 +10,8 @@ import torch
 from jido.core.outputs import Logprobs
 from jido.sampling.filters import filtered_probs
 from jido.sampling.metadata import SamplingMetadata, shift_metadata
-from jido.sampling.sampler import Sampler, apply_constraints, argmax, exponential_noise, logprobs_of, raw_logprobs, seeded_generator
+from jido.sampling.sampler import (Sampler, apply_constraints, argmax, exponential_noise, logprobs_of, raw_logprobs,
+                                   seeded_generator)
 
 State = TypeVar("State")
 

@@ -23,7 +23,7 @@ def argmax(values: torch.Tensor) -> torch.Tensor:
     (AVX2 EPYC; ``argmax`` 292), while ``amax`` (values only) is vectorized and parallel: 21 us. So the row's
     chunks of 512 are reduced by ``amax`` first, and the index is looked for in the first chunk holding the
     row's maximum only, which is where the first maximal element lies (a NaN propagates through both passes as
-    through ``max``). On [B, vocab] rows of 262,144: ~40 us against 265.
+    through ``max``). Rows of 262,144: 62 against 257 us for one row, 1.3 against 7.2 ms for 32.
     """
     rows, width = values.shape
     if width % _ARGMAX_CHUNK or width < 4 * _ARGMAX_CHUNK:

@@ -803,7 +803,8 @@ JIDO_INLINE void two_rows_dot(const Weight& w, int64_t a, int64_t b, const Quant
 // 16 in byte 4 * i + b where the fifth bit of that column is set (bit 8 * b + i of `bits`, see FiveBitWeight):
 // four instructions, where spreading bit j to byte j took six (a byte shuffle, two masks and a compare).
 JIDO_INLINE __m256i fifth_bits(uint32_t bits) {
-  const __m256i lanes = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(bits)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  const __m256i lanes =
+      _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(bits)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   return _mm256_and_si256(_mm256_slli_epi32(lanes, 4), _mm256_set1_epi8(16));
 }
 
@@ -860,7 +861,8 @@ JIDO_INLINE void five_bit_two_rows(const FiveBitWeight& w, int64_t a, int64_t b,
     block(k, ua0, ub0);
     block(k + 1, ua1, ub1);
   }
-  if (k < w.nb) block(k, load_five_bit_block(qa + k * kFiveBitBlockBytes), load_five_bit_block(qb + k * kFiveBitBlockBytes));
+  if (k < w.nb)
+    block(k, load_five_bit_block(qa + k * kFiveBitBlockBytes), load_five_bit_block(qb + k * kFiveBitBlockBytes));
   store_two_rows(w.mins, w.num_groups, a, b, x, acc_a, acc_b, out);
 }
 
