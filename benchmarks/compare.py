@@ -34,7 +34,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from jido.bench.config import BenchConfig
 from jido.bench.corpus import Corpus, reference_text
@@ -42,7 +42,7 @@ from jido.bench.datasets import SampleRequest, sample_requests
 from jido.bench.machine import machine_info, now_iso
 from jido.bench.runner import run_benchmark
 from jido.bench.tokens import make_counter
-from jido.config.model import DTYPES
+from jido.config.model import DTYPES, Quantization
 from jido.models.named import DEFAULT_MODEL, NAMED_MODELS, assemble, cache_root
 from jido.utils.cpu import cpu_info
 
@@ -286,9 +286,12 @@ def vllm_command(port: int, dtype: str, model: str = DEFAULT_MODEL) -> tuple[lis
 
 
 # -- jido serve ---------------------------------------------------------------------------------------
-def jido_command(port: int, dtype: str, model: str) -> tuple[list[str], dict[str, str]]:
+def jido_command(port: int, dtype: str, model: str,
+                 quantization: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """`jido serve` for one variant; without `quantization`, jido's default for the model (a GGUF's own codes)."""
+    extra = ["--quantization", quantization] if quantization else []
     return ([str(ROOT / ".venv" / "bin" / "jido"), "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--dtype", dtype, "--model", model], {})
+             "--dtype", dtype, "--model", model, *extra], {})
 
 
 # -- transformers: offline generate in its own venv ---------------------------------------------------
@@ -463,12 +466,22 @@ def jido_dtype(requested: str) -> str:
 
 def peers(jido: str, vllm: str, transformers: str, model: str = DEFAULT_MODEL) -> dict[str, Peer]:
     """Every engine by name, serving the named ``model``; `jido`, `vllm`, `transformers` are the dtypes they run
-    with."""
+    with (jido with its default quantization; see :func:`jido_variants`)."""
     return {"llama.cpp": Peer(setup_llama, lambda port: llama_command(port, model), 120),  # the GGUF's own quants
             "vllm": Peer(setup_vllm, lambda port: vllm_command(port, vllm, model), 600, {"dtype": vllm}),
             "transformers": Peer(setup_transformers, None, config={"dtype": transformers}),
             "jido": Peer(lambda: {"version": f"jido {git_revision()}"}, lambda port: jido_command(port, jido, model),
                          300, {"dtype": jido})}
+
+
+def jido_variants(default: Peer, dtype: str, model: str, quantizations: list[str]) -> list[Peer]:
+    """jido once per ``--quantization`` value (each an entry of its own, e.g. ``jido[dtype=float32,quantization=
+    w8a8]``), so schemes are measured in the same run; no values: the ``default`` entry alone."""
+    if not quantizations:
+        return [default]
+    return [Peer(lambda: {"version": f"jido {git_revision()}"},
+                 lambda port, q=q: jido_command(port, dtype, model, q), 300, {"dtype": dtype, "quantization": q})
+            for q in quantizations]
 
 
 def git_revision() -> str:
@@ -506,10 +519,10 @@ def run_peer(name: str, peer: Peer, workloads: list[Workload], prompts: dict, to
 
 # -- results --------------------------------------------------------------------------------------------
 @functools.cache
-def decode_limit(dtype: str, model: str) -> tuple[float, float, float]:
+def decode_limit(dtype: str, model: str, quantization: str | None = None) -> tuple[float, float, float]:
     """(batch-1 decode limit tok/s, copy bandwidth GB/s, weight MB read per token) for the model as `jido serve
-    --dtype DTYPE` holds it (a GGUF model's codes: jido's default), from `jido roofline`'s cached figures for this
-    machine (measured now, with progress on stderr, if it has none)."""
+    --dtype DTYPE [--quantization Q]` holds it (without Q a GGUF model's codes: jido's default), from `jido
+    roofline`'s cached figures for this machine (measured now, with progress on stderr, if it has none)."""
     import torch
 
     from jido import LLM
@@ -519,7 +532,7 @@ def decode_limit(dtype: str, model: str) -> tuple[float, float, float]:
 
     peaks, _ = roofline.cached_peaks(roofline.RooflineConfig(), torch.device("cpu"))
     shape = shape_from_hf_config(load_config(hf_folder(model)))
-    llm = LLM(model=model, dtype=dtype, kv_cache_memory="64MiB")
+    llm = LLM(model=model, dtype=dtype, kv_cache_memory="64MiB", **({"quantization": quantization} if quantization else {}))
     try:
         held = roofline.held_weight_bytes(llm)
     finally:
@@ -537,7 +550,7 @@ def save(records: dict[str, Any], workloads: list[Workload], model: str = DEFAUL
     doc["workloads"].update({w.name: dataclasses.asdict(w) for w in workloads})
     doc.update(date=now_iso(), model=model, machine=machine, python=sys.version.split()[0],
                ratios=ratios(doc["peers"]),
-               roofline=roofline_shares(doc["peers"], machine, lambda dtype: decode_limit(dtype, model)),
+               roofline=roofline_shares(doc["peers"], machine, lambda dtype, q: decode_limit(dtype, model, q)),
                jido_profile=jido_profile(doc["peers"], RESULTS))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
@@ -583,6 +596,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--setup-only", action="store_true", help="install and build, measure nothing")
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of each workload; figures are their median, with the min–max spread (default 1)")
+    parser.add_argument("--jido-quantization", default="",
+                        help="comma-separated `jido serve --quantization` values, each measured as its own jido entry "
+                             "in the same run (default: jido's own choice for the model)")
     parser.add_argument("--jido-dtype", default="auto", choices=DTYPES,
                         help="jido serve --dtype (default auto: jido's own choice, recorded as what it resolved to)")
     for peer in ("vllm", "transformers"):
@@ -599,11 +615,15 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [WORKLOADS[w] for w in args.workloads.split(",")]
     tokenizer = str(hf_folder(args.model) / "tokenizer.json")
     prompts = make_prompts(workloads, tokenizer, args.repeats)
-    for name in names:
-        label = variant_label(name, table[name].config)
+    quantizations = [q.strip() for q in args.jido_quantization.split(",") if q.strip()]
+    if set(quantizations) - set(get_args(Quantization)):
+        parser.error(f"--jido-quantization takes {', '.join(get_args(Quantization))}, got {args.jido_quantization}")
+    jidos = jido_variants(table["jido"], jido_dtype(args.jido_dtype), args.model, quantizations)
+    runs = [(name, peer) for name in names for peer in (jidos if name == "jido" else [table[name]])]
+    for name, peer in runs:
+        label = variant_label(name, peer.config)
         with machine_lock(f"compare {label}"):
-            record = run_peer(name, table[name], workloads, prompts, tokenizer, args.setup_only, args.repeats,
-                              args.model)
+            record = run_peer(name, peer, workloads, prompts, tokenizer, args.setup_only, args.repeats, args.model)
             print(f"{label}: {record['status']} {record.get('error', '')[:300]}", flush=True)
             if not args.setup_only:  # written now: an interrupt later keeps this engine's figures
                 print(f"wrote {save({label: record}, workloads, args.model)}", flush=True)

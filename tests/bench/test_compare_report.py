@@ -47,11 +47,25 @@ def test_an_entry_is_keyed_by_engine_and_configuration(compare):
         "jido": "jido[dtype=float32]"}
 
 
+def test_each_jido_quantization_is_its_own_entry_serving_with_that_flag(compare, capsys):
+    default = compare.peers("float32", "float32", "float32")["jido"]
+    assert compare.jido_variants(default, "float32", "gemma-3-270m", []) == [default]
+    none, w8a8 = compare.jido_variants(default, "float32", "gemma-3-270m", ["none", "w8a8"])
+    assert compare.variant_label("jido", w8a8.config) == "jido[dtype=float32,quantization=w8a8]"
+    command, _ = w8a8.command(8765)
+    assert command[command.index("--quantization") + 1] == "w8a8"
+    assert "--quantization" not in default.command(8765)[0]
+    assert none.command(8765)[0][-2:] == ["--quantization", "none"]
+    with pytest.raises(SystemExit):
+        compare.main(["--jido-quantization", "w8a8,int3", "--setup-only"])
+    assert "--jido-quantization takes none, gguf, int8, int4, w8a8" in capsys.readouterr().err
+
+
 def test_a_second_jido_dtype_is_saved_beside_the_first(compare, tmp_path, monkeypatch):
     monkeypatch.setattr(compare, "RESULTS", tmp_path)
     monkeypatch.setattr(compare, "run_machine", lambda: dict(CPU, platform="Linux"))
     limits = {"float32": (30.0, 40.0, 300.0), "bfloat16": (60.0, 40.0, 300.0)}
-    monkeypatch.setattr(compare, "decode_limit", lambda dtype, model: limits[dtype])
+    monkeypatch.setattr(compare, "decode_limit", lambda dtype, model, quantization=None: limits[dtype])
     workloads = [compare.WORKLOADS["batch1"], compare.WORKLOADS["random-c16"]]
     compare.save({"jido[dtype=float32]": jido("float32", 100.0)}, workloads)
     path = compare.save({"jido[dtype=bfloat16]": jido("bfloat16", 40.0, throughput=600.0)}, workloads)
@@ -98,7 +112,7 @@ def test_roofline_share_uses_each_variants_own_dtype_and_cpu(compare):
     recs = records() | {"jido[dtype=bfloat16,old]": jido("bfloat16", 40.0, machine=AVX2_CPU),
                         "jido[dtype=float16]": jido("float16", 10.0)}
     limits = {"float32": (30.0, 40.0, 300.0), "bfloat16": (60.0, 40.0, 300.0), "float16": (60.0, 40.0, 300.0)}
-    shares = compare.roofline_shares(recs, CPU, lambda dtype: limits[dtype])
+    shares = compare.roofline_shares(recs, CPU, lambda dtype, quantization: limits[dtype])
     assert shares["jido[dtype=float32]"]["percent_of_limit"] == pytest.approx(100 * 10.0 / 30.0)
     assert shares["jido[dtype=bfloat16]"]["percent_of_limit"] == pytest.approx(100 * 25.0 / 60.0)
     assert shares["jido[dtype=bfloat16,old]"] == {
@@ -188,7 +202,7 @@ def test_every_server_serves_the_named_model_and_its_results_get_their_own_file(
     assert str(tmp_path / "peers" / "models" / qwen) in vllm_command
     monkeypatch.setattr(compare, "RESULTS", tmp_path)
     monkeypatch.setattr(compare, "run_machine", lambda: dict(CPU, platform="Linux"))
-    monkeypatch.setattr(compare, "decode_limit", lambda dtype, model: (30.0, 40.0, 300.0))
+    monkeypatch.setattr(compare, "decode_limit", lambda dtype, model, quantization=None: (30.0, 40.0, 300.0))
     path = compare.save({"jido[dtype=float32]": jido("float32", 100.0)}, [compare.WORKLOADS["batch1"]], qwen)
     assert path.name.startswith(f"compare-{qwen}-") and json.loads(path.read_text())["model"] == qwen
 
