@@ -10,6 +10,7 @@ from paged_cases import HEAD_DIM, Case, make_case, reference, run
 
 from jido.attention.backend import AttentionLayerSpec, AttentionMetadata
 from jido.attention.registry import get_attention_backend, supported_attention_backends
+from jido.attention import torch_backend
 from jido.attention.torch_backend import TorchAttentionBackend, _prefill_attention
 
 MIXED = [(0, 7), (5, 3), (13, 1), (2, 9), (20, 1)]  # (cached prefix length, query length) per request
@@ -36,6 +37,19 @@ def test_matches_float64_reference(block_size: int, num_heads: int, num_kv_heads
                                    softcap: float | None, requests: list[tuple[int, int]], backend: str) -> None:
     spec = _spec(num_heads, num_kv_heads, window, softcap)
     case = make_case(requests, num_heads, num_kv_heads, block_size, backend=backend)
+    torch.testing.assert_close(run(spec, case), reference(spec, case), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("window", [None, 12])
+@pytest.mark.parametrize("softcap", [None, 2.0])
+@pytest.mark.parametrize("backend", ["torch", "tiled"])
+def test_long_prompts_in_query_tiles_match_float64_reference(monkeypatch, window: int | None, softcap: float | None,
+                                                              backend: str) -> None:
+    # Small tiles, so these prompts (fresh, and after a cached prefix) run many tiles, each seeing only its keys.
+    monkeypatch.setattr(torch_backend, "SLIDING_QUERY_TILE", 8)
+    monkeypatch.setattr(torch_backend, "GLOBAL_QUERY_TILE", 16)
+    spec = _spec(4, 1, window, softcap)
+    case = make_case([(0, 70), (23, 50), (5, 9)], 4, 1, block_size=4, backend=backend)
     torch.testing.assert_close(run(spec, case), reference(spec, case), atol=2e-5, rtol=0)
 
 
