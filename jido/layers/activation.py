@@ -1,11 +1,22 @@
-"""Gated MLP activations, ``act(gate) * up``, looked up by their HF ``hidden_act`` name."""
+"""Gated MLP activations, ``act(gate) * up``, looked up by their HF ``hidden_act`` name.
+
+On CPU, float32 SiLU and tanh-GELU run as one C++ pass (``csrc/activation.cpp``): ATen's two ops over a strided
+half of the input, with its GELU's tanh, took 8.6 ms a call for a 2,000-token prefill of Gemma 3 270M on the AVX2
+EPYC. The kernel's exp is within 2 ulp, so its values can differ from ATen's in the last bits.
+"""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from jido.utils.cpp_build import load_ops_library
+
+SOURCE = Path(__file__).parent / "csrc" / "activation.cpp"
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
@@ -13,6 +24,16 @@ _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
     "gelu_new": partial(F.gelu, approximate="tanh"),
 }
+# The C++ kernel's `act` argument for the activations it fuses.
+_FUSED = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu_new": 1}
+
+
+@functools.cache
+def load_activation_ops(source: Path = SOURCE) -> object | None:
+    """``torch.ops.jido_act`` (``act_and_mul``) built from ``source``, or None (with a warning)."""
+    if not load_ops_library("jido_act", source, "C++ gated activation kernel", "ATen's activation and product"):
+        return None
+    return torch.ops.jido_act
 
 
 def get_gated_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -23,9 +44,14 @@ def get_gated_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """
     if name not in _ACTIVATIONS:
         raise ValueError(f"unsupported hidden_act {name!r}; supported: {sorted(_ACTIVATIONS)}")
-    act = _ACTIVATIONS[name]
+    act, fused = _ACTIVATIONS[name], _FUSED.get(name)
 
     def gated(gate_up: torch.Tensor) -> torch.Tensor:
+        if fused is not None and gate_up.device.type == "cpu" and gate_up.dtype == torch.float32 \
+                and gate_up.dim() == 2 and gate_up.is_contiguous():
+            ops = load_activation_ops()
+            if ops is not None:
+                return ops.act_and_mul(gate_up, fused)
         gate, up = gate_up.chunk(2, dim=-1)
         return act(gate) * up
 

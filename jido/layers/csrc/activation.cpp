@@ -1,0 +1,109 @@
+// Gated MLP activations in one pass: out[t, j] = act(x[t, j]) * x[t, I + j] for x [tokens, 2 * I] float32, act
+// SiLU or GELU's tanh form. ATen runs them as two ops over a strided half of x, and its GELU evaluates tanh by
+// Sleef (a 2,000-token prefill of Gemma 3 270M: 18 calls of 7.6 ms on the AVX2 EPYC, plus 1 ms for each product).
+//
+// Both are x times a logistic: silu(g) = g / (1 + e^-g), and since 1 + tanh(y) = 2 / (1 + e^-2y),
+// gelu_tanh(g) = 0.5 g (1 + tanh(y)) = g / (1 + e^(-2y)), y = sqrt(2 / pi) (g + 0.044715 g^3). So each needs one
+// exp, computed here as Cephes' expf does (a degree-6 polynomial on x - n ln 2, n = round(x / ln 2), times 2^n;
+// within 2 ulp): the same operations in the AVX2 loop and the scalar tail, so a value does not depend on its
+// column. Arguments are clamped to [-87.3, 88.7]: past them the logistic is 0 or 1 to float32's precision
+// (e^88.7 is 3.3e38, so g / (1 + e) is g * 3e-39 where the exact value underflows further).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;  // ln 2 in two parts (Cody-Waite)
+constexpr float kExpMin = -87.3f, kExpMax = 88.7f;
+constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                         4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+constexpr float kGeluA = -1.5957691216057308f;  // -2 sqrt(2 / pi)
+constexpr float kGeluB = 0.044715f;
+
+enum class Act : int64_t { kSilu = 0, kGeluTanh = 1 };
+
+// The logistic's exponent: act(g) = g / (1 + e^exponent(g)).
+inline float exponent(float g, Act act) {
+  return act == Act::kSilu ? -g : std::fma(kGeluB * g, g, 1.f) * (kGeluA * g);
+}
+
+inline float exp_approx(float x) {
+  x = std::min(std::max(x, kExpMin), kExpMax);
+  const float n = std::floor(std::fma(x, kLog2e, 0.5f));
+  const float r = std::fma(n, -kLn2Lo, std::fma(n, -kLn2Hi, x));
+  float p = kP[0];
+  for (int i = 1; i < 6; ++i) p = std::fma(p, r, kP[i]);
+  p = std::fma(p, r * r, r + 1.f);
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+#ifdef __AVX2__
+inline __m256 exponent8(__m256 g, Act act) {
+  if (act == Act::kSilu) return _mm256_sub_ps(_mm256_setzero_ps(), g);
+  const __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(kGeluB), g), g, _mm256_set1_ps(1.f));
+  return _mm256_mul_ps(inner, _mm256_mul_ps(_mm256_set1_ps(kGeluA), g));
+}
+
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpMin)), _mm256_set1_ps(kExpMax));
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), _mm256_set1_ps(0.5f)));
+  const __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Lo), _mm256_fmadd_ps(n, _mm256_set1_ps(-kLn2Hi), x));
+  __m256 p = _mm256_set1_ps(kP[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP[i]));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+#endif
+
+// One row: out[j] = act(gate[j]) * up[j], rounded once each (as the two unfused float32 ops round).
+void act_and_mul_row(const float* gate, const float* up, float* out, int64_t width, Act act) {
+  int64_t j = 0;
+#ifdef __AVX2__
+  const __m256 one = _mm256_set1_ps(1.f);
+  for (; j + 8 <= width; j += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + j);
+    const __m256 a = _mm256_div_ps(g, _mm256_add_ps(one, exp8(exponent8(g, act))));
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(a, _mm256_loadu_ps(up + j)));
+  }
+#endif
+  for (; j < width; ++j) out[j] = gate[j] / (1.f + exp_approx(exponent(gate[j], act))) * up[j];
+}
+
+at::Tensor act_and_mul(const at::Tensor& x, int64_t act) {
+  TORCH_CHECK(act == static_cast<int64_t>(Act::kSilu) || act == static_cast<int64_t>(Act::kGeluTanh),
+              "act_and_mul: act must be 0 (silu) or 1 (gelu_tanh), got ", act);
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat && x.size(1) % 2 == 0,
+              "act_and_mul: x must be contiguous float32 [tokens, 2 * width]");
+  const int64_t rows = x.size(0), width = x.size(1) / 2;
+  at::Tensor out = at::empty({rows, width}, x.options());
+  const float* src = x.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
+  // rows of at least ~32k values a task: one decode row stays on the calling thread
+  const int64_t grain = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(width, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      act_and_mul_row(src + t * 2 * width, src + t * 2 * width + width, dst + t * width, width, static_cast<Act>(act));
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(jido_act, m) { m.def("act_and_mul(Tensor x, int act) -> Tensor"); }
+
+TORCH_LIBRARY_IMPL(jido_act, CPU, m) { m.impl("act_and_mul", &act_and_mul); }
