@@ -470,18 +470,20 @@ def peers(jido: str, vllm: str, transformers: str, model: str = DEFAULT_MODEL) -
     return {"llama.cpp": Peer(setup_llama, lambda port: llama_command(port, model), 120),  # the GGUF's own quants
             "vllm": Peer(setup_vllm, lambda port: vllm_command(port, vllm, model), 600, {"dtype": vllm}),
             "transformers": Peer(setup_transformers, None, config={"dtype": transformers}),
-            "jido": Peer(lambda: {"version": f"jido {git_revision()}"}, lambda port: jido_command(port, jido, model),
-                         300, {"dtype": jido})}
+            "jido": jido_peer(jido, model)}
 
 
-def jido_variants(default: Peer, dtype: str, model: str, quantizations: list[str]) -> list[Peer]:
+def jido_peer(dtype: str, model: str, quantization: str | None = None) -> Peer:
+    """`jido serve` as an entry: ``jido[dtype=...]``, or with a ``quantization`` ``jido[dtype=...,quantization=...]``."""
+    config = {"dtype": dtype} | ({"quantization": quantization} if quantization else {})
+    return Peer(lambda: {"version": f"jido {git_revision()}"},
+                lambda port: jido_command(port, dtype, model, quantization), 300, config)
+
+
+def jido_variants(dtype: str, model: str, quantizations: list[str]) -> list[Peer]:
     """jido once per ``--quantization`` value (each an entry of its own, e.g. ``jido[dtype=float32,quantization=
-    w8a8]``), so schemes are measured in the same run; no values: the ``default`` entry alone."""
-    if not quantizations:
-        return [default]
-    return [Peer(lambda: {"version": f"jido {git_revision()}"},
-                 lambda port, q=q: jido_command(port, dtype, model, q), 300, {"dtype": dtype, "quantization": q})
-            for q in quantizations]
+    w8a8]``), so schemes are measured in the same run; no values: jido's default alone."""
+    return [jido_peer(dtype, model, q) for q in quantizations] or [jido_peer(dtype, model)]
 
 
 def git_revision() -> str:
@@ -532,7 +534,7 @@ def decode_limit(dtype: str, model: str, quantization: str | None = None) -> tup
 
     peaks, _ = roofline.cached_peaks(roofline.RooflineConfig(), torch.device("cpu"))
     shape = shape_from_hf_config(load_config(hf_folder(model)))
-    llm = LLM(model=model, dtype=dtype, kv_cache_memory="64MiB", **({"quantization": quantization} if quantization else {}))
+    llm = LLM(model=model, dtype=dtype, kv_cache_memory="64MiB", quantization=quantization)
     try:
         held = roofline.held_weight_bytes(llm)
     finally:
@@ -618,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
     quantizations = [q.strip() for q in args.jido_quantization.split(",") if q.strip()]
     if set(quantizations) - set(get_args(Quantization)):
         parser.error(f"--jido-quantization takes {', '.join(get_args(Quantization))}, got {args.jido_quantization}")
-    jidos = jido_variants(table["jido"], jido_dtype(args.jido_dtype), args.model, quantizations)
+    jidos = jido_variants(jido_dtype(args.jido_dtype), args.model, quantizations)
     runs = [(name, peer) for name in names for peer in (jidos if name == "jido" else [table[name]])]
     for name, peer in runs:
         label = variant_label(name, peer.config)

@@ -222,7 +222,7 @@ def causal_attention(spec: AttentionLayerSpec, q: torch.Tensor, keys: torch.Tens
 @functools.lru_cache(maxsize=64)
 def _visible(lag: int, query_len: int, num_keys: int, window: int | None, device: torch.device) -> torch.Tensor:
     """``[query_len, num_keys]`` bool: query i (at position lag + i past the first key) sees key j; kept for the
-    other layers of a step (Gemma 3: one mask for its 15 sliding layers, one for its 3 global ones)."""
+    other layers of a step (Gemma 3: its 15 sliding layers share their query tiles' masks)."""
     q_pos = torch.arange(query_len, device=device)[:, None] + lag
     k_pos = torch.arange(num_keys, device=device)[None, :]
     visible = k_pos <= q_pos

@@ -49,8 +49,9 @@ def test_an_entry_is_keyed_by_engine_and_configuration(compare):
 
 def test_each_jido_quantization_is_its_own_entry_serving_with_that_flag(compare, capsys):
     default = compare.peers("float32", "float32", "float32")["jido"]
-    assert compare.jido_variants(default, "float32", "gemma-3-270m", []) == [default]
-    none, w8a8 = compare.jido_variants(default, "float32", "gemma-3-270m", ["none", "w8a8"])
+    [alone] = compare.jido_variants("float32", "gemma-3-270m", [])
+    assert alone.config == default.config == {"dtype": "float32"} and alone.command(8765) == default.command(8765)
+    none, w8a8 = compare.jido_variants("float32", "gemma-3-270m", ["none", "w8a8"])
     assert compare.variant_label("jido", w8a8.config) == "jido[dtype=float32,quantization=w8a8]"
     command, _ = w8a8.command(8765)
     assert command[command.index("--quantization") + 1] == "w8a8"
