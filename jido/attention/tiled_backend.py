@@ -62,7 +62,9 @@ class TiledAttentionBackend(AttentionBackend):
     Decode rows (decodes, and each token of a short query: see ``build_plan``) run the C++ kernel of
     ``csrc/paged_decode.cpp`` on CPU: it reads each request's blocks in place and splits long contexts into
     equal pieces of at most ``decode_split_blocks`` blocks (at least one per core while the batch has fewer
-    (request, KV head) pairs than cores) merged by log-sum-exp, so one long request uses every core. Where the kernel cannot be built (or on
+    (request, KV head) pairs than cores) merged by log-sum-exp, so one long request uses every core. The rows of
+    one request at consecutive positions (a speculative step's K + 1, a short prompt) attend as one run: each
+    block is read once for all of them, and the run's splits share the cores. Where the kernel cannot be built (or on
     other devices) decodes run the same online softmax in PyTorch over key tiles gathered for the batch.
 
     Layout: one tensor per layer, ``[2, num_blocks, num_kv_heads, block_size, head_dim]`` (0 keys, 1 values):

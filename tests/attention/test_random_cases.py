@@ -124,3 +124,39 @@ def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next_load(tmp_p
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     assert not (tmp_path / cached.name / "lock").exists() and "left by a process that died" in done.stderr
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("window", [None, 7], ids=["global", "window7"])
+def test_speculative_verify_rows_attend_as_runs_and_match_the_float64_reference(dtype: torch.dtype,
+                                                                                 window: int | None) -> None:
+    # Verify steps of K + 1 rows (and a 16-token prompt, the longest run) among plain decodes; decode splits of one
+    # block, so each run's items cut rows' key ranges at every block edge, including blocks a row cannot see.
+    spec = AttentionLayerSpec(8, 2, 32, 32**-0.5, window, 20.0)
+    requests = [(37, 5), (0, 1), (3, 2), (60, 1), (12, 16), (29, 9), (1, 3)]
+    for split in (1, 2, 32):
+        backend = TiledAttentionBackend(decode_split_blocks=split)
+        case = make_case(requests, 8, 2, block_size=4, seed=split, backend=backend, dtype=dtype, head_dim=32)
+        torch.testing.assert_close(run(spec, case).float(), reference(spec, case), **TOLERANCE[dtype])
+
+
+def test_rows_sharing_blocks_at_consecutive_positions_give_each_row_its_own_attention() -> None:
+    # The kernel runs rows whose blocks are the same as one run whether or not they are one request's: two
+    # decodes of requests sharing a prompt's blocks at positions 40 and 41 (the second row sees one key more)
+    # must each get what that row gets alone.
+    kernel = cpu_extension.load_paged_decode()
+    gen = torch.Generator().manual_seed(3)
+    cache = torch.randn(2, 12, 1, 8, 64, generator=gen)
+    table = torch.randperm(12, generator=gen)[:6].int()
+    q = torch.randn(3, 4, 64, generator=gen)
+    tables, lens = table.repeat(3, 1).contiguous(), torch.tensor([40, 41, 42], dtype=torch.int32)
+    together = torch.empty_like(q)
+    kernel(together, q, cache, tables, lens, 0.125, 0, 0.0, 2)
+    for row in range(3):
+        alone = torch.empty_like(q[row:row + 1])
+        kernel(alone, q[row:row + 1].contiguous(), cache, tables[row:row + 1], lens[row:row + 1], 0.125, 0, 0.0, 2)
+        torch.testing.assert_close(together[row:row + 1], alone, atol=2e-6, rtol=1e-5)
+    keys = cache[0][table.long()].reshape(-1, 64)[:42]
+    values = cache[1][table.long()].reshape(-1, 64)[:42]
+    scores = (q.double() @ keys.double().T * 0.125).masked_fill(torch.arange(42) >= lens[:, None, None], float("-inf"))
+    torch.testing.assert_close(together, (scores.softmax(-1) @ values.double()).float(), atol=2e-6, rtol=1e-5)
