@@ -239,8 +239,8 @@ inline void pass(int64_t n, F f) {
 }
 
 // One run of query rows: rows of one request at consecutive positions (a decode is a run of one; a speculative
-// step's K + 1 tokens, or a short prompt's, one of several), which read the same blocks. Row r sees the keys
-// [first[r], end[r]).
+// step's K + 1 tokens, or a short prompt's, one of several), which read the same blocks; each row still sees only
+// the keys up to its own position. Its items are item0 .. item0 + num_splits * kv heads - 1.
 struct Run {
   int64_t row0, rows;  // its rows of q and out
   int64_t first_blk, num_splits, split_blocks, item0;
@@ -352,7 +352,6 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
   // context: 20.9 -> 19.0 ms a step on 2 cores).
   const int64_t pairs = std::max<int64_t>(1, static_cast<int64_t>(runs.size()) * H);  // NOTE: may be no rows
   const int64_t min_splits = (at::get_num_threads() + pairs - 1) / pairs;
-  int64_t num_items = 0;
   std::vector<int64_t> item_run, item_q;  // each item's run, and the offset of its first query's state
   int64_t num_q = 0;
   for (int64_t j = 0; j < static_cast<int64_t>(runs.size()); ++j) {
@@ -363,10 +362,10 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
     const int64_t splits = std::min(nblk, std::max((nblk + blocks_per_split - 1) / blocks_per_split, min_splits));
     run.split_blocks = (nblk + splits - 1) / splits;
     run.num_splits = (nblk + run.split_blocks - 1) / run.split_blocks;  // none empty
-    run.item0 = num_items;
+    run.item0 = static_cast<int64_t>(item_run.size());
     for (int64_t i = 0; i < run.num_splits * H; ++i) item_run.push_back(j), item_q.push_back(num_q), num_q += run.rows * G;
-    num_items += run.num_splits * H;
   }
+  const int64_t num_items = static_cast<int64_t>(item_run.size());
   std::vector<float> ms(num_q), ls(num_q), accs(num_q * D);
 
   at::parallel_for(0, num_items, 1, [&](int64_t lo, int64_t hi) {

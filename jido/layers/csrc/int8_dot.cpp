@@ -913,6 +913,16 @@ void rows_dot(const Weight& w, const QuantizedX& x, int64_t n0, int64_t n1, floa
   }
 }
 
+// Column quad j of x row xr in every int32 lane, with the signs of the panel's codes q where they are signed (the
+// codes then enter as |q|).
+template <bool Unsigned>
+JIDO_INLINE __m256i x_quad(const int8_t* xr, int64_t j, __m256i q) {
+  int32_t quad;
+  std::memcpy(&quad, xr + 4 * j, sizeof(quad));
+  const __m256i xv = _mm256_set1_epi32(quad);
+  return Unsigned ? xv : _mm256_sign_epi8(xv, q);
+}
+
 // pairs[r] (= with First, else +=) the products of column quad j of a panel's codes and of x rows xr[r].
 template <int R, bool Unsigned, bool First>
 JIDO_INLINE void quad_pairs(const uint8_t* codes, const int8_t* const* xr, int64_t j, __m256i* pairs) {
@@ -920,10 +930,7 @@ JIDO_INLINE void quad_pairs(const uint8_t* codes, const int8_t* const* xr, int64
   const __m256i mag = Unsigned ? q : _mm256_sign_epi8(q, q);
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
-    int32_t quad;
-    std::memcpy(&quad, xr[r] + 4 * j, sizeof(quad));
-    __m256i xv = _mm256_set1_epi32(quad);
-    if (!Unsigned) xv = _mm256_sign_epi8(xv, q);
+    const __m256i xv = x_quad<Unsigned>(xr[r], j, q);
     pairs[r] = First ? first_pairs(mag, xv) : add_pairs(pairs[r], mag, xv);
   }
 }
@@ -957,13 +964,8 @@ JIDO_INLINE void panel_rows(const Panel& p, const QuantizedX& x, int64_t m0, flo
         const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.codes + j0 * kPanel * 4));
         const __m256i mag = Unsigned ? q : _mm256_sign_epi8(q, q);
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          int32_t quad;
-          std::memcpy(&quad, xr[r] + 4 * j0, sizeof(quad));
-          __m256i xv = _mm256_set1_epi32(quad);
-          if (!Unsigned) xv = _mm256_sign_epi8(xv, q);
-          sum[r] = _mm256_add_epi32(sum[r], widen_pairs(first_pairs(mag, xv)));
-        }
+        for (int r = 0; r < R; ++r)
+          sum[r] = _mm256_add_epi32(sum[r], widen_pairs(first_pairs(mag, x_quad<Unsigned>(xr[r], j0, q))));
       } else {
         __m256i pairs[R];
         quad_pairs<R, Unsigned, true>(p.codes, xr, j0, pairs);
