@@ -100,14 +100,12 @@ class TiledAttentionBackend(AttentionBackend):
         write_kv(kv_cache, k, v, metadata.common.slot_mapping)
         num_tokens = q.shape[0]
         q = q.view(num_tokens, spec.num_heads, spec.head_dim)
+        batch = metadata.decodes
+        if batch is not None and batch.rows is None:  # decode rows only: the common step, in fewest calls
+            return self._decode(spec, q, kv_cache, batch.block_tables, batch.seq_lens).view(num_tokens, -1)
         out = torch.empty_like(q)
-        if metadata.decodes is not None:
-            batch = metadata.decodes
-            decode_q = q if batch.rows is None else q[batch.rows]
-            decode_out = self._decode(spec, decode_q, kv_cache, batch.block_tables, batch.seq_lens)
-            if batch.rows is None:
-                return decode_out.view(num_tokens, -1)
-            out[batch.rows] = decode_out
+        if batch is not None:
+            out[batch.rows] = self._decode(spec, q[batch.rows], kv_cache, batch.block_tables, batch.seq_lens)
         for p in metadata.prefills:
             rows = slice(p.query_start, p.query_start + p.query_len)
             block_table = metadata.common.block_tables[p.req_idx]
@@ -129,7 +127,7 @@ class TiledAttentionBackend(AttentionBackend):
         return out
 
     def _cpp_kernel(self, q: torch.Tensor) -> Callable | None:
-        if not self.use_cpp_decode or q.device.type != "cpu" or q.dtype not in (torch.float32, torch.bfloat16):
+        if not self.use_cpp_decode or not q.is_cpu or q.dtype not in (torch.float32, torch.bfloat16):
             return None
         return load_paged_decode()
 
@@ -137,7 +135,7 @@ class TiledAttentionBackend(AttentionBackend):
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Scatter this step's keys and values into their slots of the ``[2, blocks, kv_heads, block_size, width]``
     cache (quantized if the cache is): on CPU by one C++ call where the cache holds k's dtype."""
-    if kv_cache.device.type == "cpu" and k.dtype == kv_cache.dtype and k.dim() == 2 and k.stride(1) == v.stride(1) == 1:
+    if kv_cache.is_cpu and k.dtype == kv_cache.dtype and k.dim() == 2 and k.stride(1) == v.stride(1) == 1:
         kernel = load_write_kv()
         if kernel is not None:
             return kernel(kv_cache, k, v, slot_mapping)

@@ -47,7 +47,7 @@ def get_gated_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     act, fused = _ACTIVATIONS[name], _FUSED.get(name)
 
     def gated(gate_up: torch.Tensor) -> torch.Tensor:
-        if fused is not None and gate_up.device.type == "cpu" and gate_up.dtype == torch.float32 \
+        if fused is not None and gate_up.is_cpu and gate_up.dtype == torch.float32 \
                 and gate_up.dim() == 2 and gate_up.is_contiguous():
             ops = load_activation_ops()
             if ops is not None:

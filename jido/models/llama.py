@@ -49,9 +49,9 @@ class LlamaAttention(nn.Module):
         self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         self.o_proj = RowParallelLinear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias,
                                         quant_config=quant_config)
-        if c.qk_norm:
-            self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, unit_offset_norm)
-            self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, unit_offset_norm)
+        # None where the family has no q/k norm (a plain attribute then, read without nn.Module's lookup)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, unit_offset_norm) if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, unit_offset_norm) if c.qk_norm else None
         self.backend = backend
         self.spec = AttentionLayerSpec(
             num_heads=self.qkv_proj.num_heads,
@@ -63,15 +63,11 @@ class LlamaAttention(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, rope: RopeCosSin, kv_cache: torch.Tensor, metadata: Any) -> torch.Tensor:
-        num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)
-        # [num_tokens, num_heads, head_dim] and [num_tokens, num_kv_heads, head_dim]
-        q, k = norm_and_rotate_qk(qkv, self.q_size, self.kv_size, self.spec.head_dim, *rope,
-                                  getattr(self, "q_norm", None), getattr(self, "k_norm", None))
+        # [num_tokens, q_size] and [num_tokens, kv_size]
+        q, k = norm_and_rotate_qk(qkv, self.q_size, self.kv_size, self.spec.head_dim, *rope, self.q_norm, self.k_norm)
         v = qkv[:, self.q_size + self.kv_size:]
-        out = self.backend.forward(self.spec, q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v, kv_cache,
-                                   metadata)
-        return self.o_proj(out)
+        return self.o_proj(self.backend.forward(self.spec, q, k, v, kv_cache, metadata))
 
 
 class LlamaMLP(nn.Module):

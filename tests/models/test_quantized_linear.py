@@ -330,6 +330,33 @@ def test_q5_codes_decode_one_row_from_five_bits_with_the_same_outputs(monkeypatc
     assert weight_bytes(model) - read == layer.qweight.data.numel() + layer.qpanels.nbytes
 
 
+@pytest.mark.skipif(int8_dot.load_int8_dot_ops() is None, reason="no int8 dot kernel for this CPU")
+def test_the_route_settled_at_load_reads_the_weights_the_layer_holds_at_each_call():
+    """Moving weights into huge pages replaces a layer's codes, panels and five-bit rows after load: the kernels'
+    route bound at load must multiply by what the layer holds then, and give what choosing per call gives."""
+    from jido.layers.linear import Linear
+    from jido.layers.parameter import default_device_and_dtype
+
+    def q5_layer(seed: int) -> Linear:
+        gen = torch.Generator().manual_seed(seed)
+        codes = QuantizedCodes(torch.randint(-16, 16, (40, 96), generator=gen, dtype=torch.int8),
+                               torch.rand(40, 3, generator=gen), None, 32, "Q5_0")
+        with default_device_and_dtype(torch.device("cpu"), torch.float32):
+            layer = Linear(96, 40, quant_config=get_quantization_config("gguf"))
+        layer.weight.weight_loader(layer.weight, codes, None)
+        layer.linear_method.process_weights_after_loading(layer)
+        return layer
+
+    layer, other = q5_layer(1), q5_layer(2)
+    xs = [torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)) for rows in (1, 3, 9)]
+    layer.qweight, layer.qpanels, layer.qfive = other.qweight, other.qpanels, other.qfive
+    for x in xs:
+        torch.testing.assert_close(layer(x), other(x), atol=0, rtol=0)
+    del other.qlinear  # apply's own choice, per call
+    for x in xs:
+        torch.testing.assert_close(layer(x), other(x), atol=0, rtol=0)
+
+
 def test_gguf_codes_are_decoded_once_into_the_converted_folder_and_read_back_equal(tmp_path):
     from jido.models.loader import CODES_FILE, iter_quantized_weights, resolve_model
 

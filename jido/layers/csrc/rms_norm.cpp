@@ -108,14 +108,18 @@ void norm_rope_rows(T* qkv, int64_t row_stride, int64_t tokens, int64_t q_heads,
   });
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const c10::optional<at::Tensor>& residual) {
-  TORCH_CHECK(x.dim() >= 1 && x.is_contiguous(), "x must be contiguous");
+// x and residual are made contiguous here rather than by the caller: a Python call each saved, 4 a layer.
+at::Tensor rms_norm(const at::Tensor& x_in, const at::Tensor& weight, double eps,
+                    const c10::optional<at::Tensor>& residual_in) {
+  TORCH_CHECK(x_in.dim() >= 1, "x must have a last dimension");
+  const at::Tensor x = x_in.contiguous();
+  const c10::optional<at::Tensor> residual =
+      residual_in.has_value() ? c10::optional<at::Tensor>(residual_in->contiguous()) : c10::nullopt;
   const int64_t dim = x.size(-1);
   TORCH_CHECK(weight.dim() == 1 && weight.size(0) == dim && weight.scalar_type() == x.scalar_type() &&
                   weight.is_contiguous(), "weight must be a contiguous [", dim, "] tensor of x's dtype");
-  TORCH_CHECK(!residual.has_value() || (residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type()
-                                        && residual->is_contiguous()),
-              "residual must be a contiguous tensor shaped and typed like x");
+  TORCH_CHECK(!residual.has_value() || (residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type()),
+              "residual must be shaped and typed like x");
   at::Tensor out = at::empty_like(x);
   const int64_t rows = dim ? x.numel() / dim : 0;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "jido_rms_norm", [&] {
@@ -126,9 +130,13 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, c
   return out;
 }
 
-void qk_norm_rope_(at::Tensor qkv, int64_t q_size, int64_t kv_size, int64_t head_dim, const at::Tensor& cos,
-                   const at::Tensor& sin, const c10::optional<at::Tensor>& q_weight,
+// cos and sin: [tokens, head_dim / 2], or RotaryEmbedding's [tokens, 1, head_dim / 2] (taking the middle dim off
+// here saves two Python calls a layer).
+void qk_norm_rope_(at::Tensor qkv, int64_t q_size, int64_t kv_size, int64_t head_dim, const at::Tensor& cos_in,
+                   const at::Tensor& sin_in, const c10::optional<at::Tensor>& q_weight,
                    const c10::optional<at::Tensor>& k_weight, double eps) {
+  const auto rows_of = [](const at::Tensor& t) { return t.dim() == 3 && t.size(1) == 1 ? t.select(1, 0) : t; };
+  const at::Tensor cos = rows_of(cos_in), sin = rows_of(sin_in);
   TORCH_CHECK(qkv.dim() == 2 && qkv.stride(1) == 1, "qk_norm_rope_: qkv must be [tokens, width], rows contiguous");
   TORCH_CHECK(head_dim % 2 == 0 && q_size % head_dim == 0 && kv_size % head_dim == 0 &&
                   qkv.size(1) >= q_size + kv_size, "qk_norm_rope_: q_size, kv_size and head_dim do not fit qkv");
@@ -136,7 +144,7 @@ void qk_norm_rope_(at::Tensor qkv, int64_t q_size, int64_t kv_size, int64_t head
   for (const at::Tensor* t : {&cos, &sin})
     TORCH_CHECK(t->dim() == 2 && t->size(0) == tokens && t->size(1) == half && t->stride(1) == 1 &&
                     t->stride(0) == cos.stride(0) && t->scalar_type() == qkv.scalar_type(),
-                "qk_norm_rope_: cos and sin must be [tokens, head_dim / 2] of qkv's dtype with one row stride");
+                "qk_norm_rope_: cos and sin must be [tokens, (1,) head_dim / 2] of qkv's dtype with one row stride");
   TORCH_CHECK(q_weight.has_value() == k_weight.has_value(), "qk_norm_rope_: both norm weights or neither");
   for (const auto* w : {&q_weight, &k_weight})
     TORCH_CHECK(!w->has_value() || ((*w)->dim() == 1 && (*w)->size(0) == head_dim && (*w)->is_contiguous() &&
