@@ -116,19 +116,30 @@ def build_common_metadata(query_lens: list[int], seq_lens: list[int], block_tabl
 
     ``block_table`` is ``[num_reqs, max_num_blocks]`` int32, padded with any valid block id.
     """
+    return build_groups_metadata(query_lens, seq_lens, [block_table], block_size, device)[0]
+
+
+def build_groups_metadata(query_lens: list[int], seq_lens: list[int], block_tables: list[np.ndarray],
+                          block_size: int, device: torch.device | str = "cpu") -> list[AttentionMetadata]:
+    """:func:`build_common_metadata` for each KV cache group's block table, the same flat batch: what the groups
+    share (positions, query starts, context lengths) is computed once and its tensors shared, read-only. Gemma 3
+    has six groups; building each whole took ~30 us of a one-row step's ~0.26 ms of input preparation."""
     query_lens_np = np.asarray(query_lens, dtype=np.int64)
     seq_lens_np = np.asarray(seq_lens, dtype=np.int64)
     query_start_loc = np.concatenate([[0], np.cumsum(query_lens_np)]).astype(np.int32)
     # Positions of every query token: the last query_len positions of each request's context.
     req_index = np.repeat(np.arange(len(query_lens)), query_lens_np)
     positions = np.arange(int(query_start_loc[-1])) - query_start_loc[req_index] + (seq_lens_np - query_lens_np)[req_index]
-    slots = block_table[req_index, positions // block_size].astype(np.int64) * block_size + positions % block_size
-    return AttentionMetadata(
-        query_start_loc=torch.from_numpy(query_start_loc).to(device),
-        seq_lens=torch.from_numpy(seq_lens_np.astype(np.int32)).to(device),
-        block_tables=torch.from_numpy(np.ascontiguousarray(block_table, dtype=np.int32)).to(device),
-        slot_mapping=torch.from_numpy(slots).to(device),
-        block_size=block_size, query_lens_list=list(query_lens), seq_lens_list=list(seq_lens))
+    block_of, offset = positions // block_size, positions % block_size
+    query_start_loc_t = torch.from_numpy(query_start_loc).to(device)
+    seq_lens_t = torch.from_numpy(seq_lens_np.astype(np.int32)).to(device)
+    query_lens_list, seq_lens_list = list(query_lens), list(seq_lens)
+    return [AttentionMetadata(
+        query_start_loc=query_start_loc_t, seq_lens=seq_lens_t,
+        block_tables=torch.from_numpy(np.ascontiguousarray(table, dtype=np.int32)).to(device),
+        slot_mapping=torch.from_numpy(table[req_index, block_of].astype(np.int64) * block_size + offset).to(device),
+        block_size=block_size, query_lens_list=query_lens_list, seq_lens_list=seq_lens_list)
+        for table in block_tables]
 
 
 @dataclass(frozen=True)

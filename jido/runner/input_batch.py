@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from jido.attention.backend import AttentionMetadata, build_common_metadata
+from jido.attention.backend import AttentionMetadata, build_groups_metadata
 from jido.core.outputs import NewRequestData, SchedulerOutput
 from jido.sampling.batch import SamplingBatch
 
@@ -135,8 +135,9 @@ class InputBatch:
         input_ids = self.token_ids[rows[token_req], positions]
         max_blocks = -(-int(seq_lens.max()) // self.block_size)
         seq_lens_list = seq_lens.tolist()
-        group_metadata = [build_common_metadata(query_lens, seq_lens_list, table[rows, :max_blocks],
-                                                self.block_size, self.device) for table in self.block_tables]
+        group_metadata = build_groups_metadata(query_lens, seq_lens_list,
+                                               [table[rows, :max_blocks] for table in self.block_tables],
+                                               self.block_size, self.device)
         # A request samples once all its known tokens are computed (a mid-prompt chunk does not): at its
         # last known token and at each proposal after it.
         sampled = np.nonzero(seq_lens - num_drafts == self.num_tokens[rows])[0]

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
+
+
+Rows = torch.Tensor | np.ndarray  # [B], one value per row
 
 
 @dataclass
@@ -57,18 +61,22 @@ class SamplingMetadata:
     max_num_logprobs: int | None = field(init=False)
 
     def __post_init__(self) -> None:
-        random = self.temperature > 0
-        self.all_greedy = not bool(random.any())
+        # On numpy views of the [B] CPU tensors: one small torch op costs ~3 us, and these ~25 took 84 us of a
+        # one-row step (AVX2 EPYC); the same numpy calls take a third of that.
+        random = self.temperature.numpy() > 0
+        self.all_greedy = not random.any()
         self.all_random = bool(random.all())
-        self.no_top_k = not bool((self.top_k[random] > 0).any())
-        self.no_top_p = not bool((self.top_p[random] < 1).any())
-        self.no_min_p = not bool((self.min_p[random] > 0).any())
-        penalized = needs_penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty)
-        self.penalty_rows = penalized.nonzero().flatten() if bool(penalized.any()) else None
+        self.no_top_k = not (self.top_k.numpy()[random] > 0).any()
+        self.no_top_p = not (self.top_p.numpy()[random] < 1).any()
+        self.no_min_p = not (self.min_p.numpy()[random] > 0).any()
+        penalized = needs_penalties(self.repetition_penalty.numpy(), self.presence_penalty.numpy(),
+                                    self.frequency_penalty.numpy())
+        self.penalty_rows = torch.from_numpy(np.flatnonzero(penalized)) if penalized.any() else None
         _check_counts(self)
-        short = (self.output_positions < self.min_tokens).nonzero().flatten().tolist()
+        short = np.flatnonzero(self.output_positions.numpy() < self.min_tokens.numpy()).tolist()
         self.banned_rows = [row for row in short if self.stop_token_ids[row]]
-        self.max_num_logprobs = int(self.num_logprobs.max()) if bool((self.num_logprobs >= 0).any()) else None
+        num_logprobs = self.num_logprobs.numpy()
+        self.max_num_logprobs = int(num_logprobs.max()) if (num_logprobs >= 0).any() else None
 
     @property
     def num_rows(self) -> int:
@@ -111,8 +119,9 @@ def shift_metadata(md: SamplingMetadata, source_rows: list[int], prefixes: list[
                             prompt_token_mask=mask, output_token_counts=counts)
 
 
-def needs_penalties(repetition: torch.Tensor, presence: torch.Tensor, frequency: torch.Tensor) -> torch.Tensor:
-    """Which rows have any penalty on ([B] bool): the one rule for metadata and the rows it counts tokens for."""
+def needs_penalties(repetition: Rows, presence: Rows, frequency: Rows) -> Rows:
+    """Which rows have any penalty on ([B] bool, a tensor or an array as given): the one rule for metadata and the
+    rows it counts tokens for."""
     return (repetition != 1) | (presence != 0) | (frequency != 0)
 
 
