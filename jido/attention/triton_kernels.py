@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 
 # exp(x) == exp2(x * LOG2E): the kernels keep scores in base 2, where exp2 is the cheap instruction.
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)  # a constexpr: compiled kernels may read no other globals
 
 
 @triton.jit
