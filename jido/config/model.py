@@ -8,7 +8,7 @@ from jido.config.size import check_positive_int
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 DTYPES: tuple[str, ...] = get_args(DType)
-Quantization = Literal["none", "gguf", "int8", "int4", "w8a8"]
+Quantization = Literal["none", "gguf", "int8", "int4", "w8a8", "fp8"]
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 
 
@@ -28,9 +28,10 @@ class ModelConfig:
     """How weights are stored and multiplied: gguf keeps a GGUF file's quantized tensors as stored (int8/int4 codes
     with the file's scales, the default for a .gguf model on CPU), int8 quantizes weights per output channel at load,
     int4 in groups of quantization_group_size at load, w8a8 int8 weights per output channel with activations
-    rounded to int8 per token, none computes with dense weights in dtype (the default for other models and on
-    CUDA). The quantized schemes run CPU kernels that round activations to int8 (per block of 32 columns, per token
-    under w8a8) where the CPU has AVX2."""
+    rounded to int8 per token, fp8 e4m3 weights per output channel and activations per token on a GPU with FP8
+    tensor cores (CUDA compute capability 8.9 or newer), none computes with dense weights in dtype (the default for
+    other models and on CUDA). The int8 and int4 schemes run CPU kernels that round activations to int8 (per block
+    of 32 columns, per token under w8a8) where the CPU has AVX2."""
     quantization_group_size: int | None = None
     """Inputs per scale for int8 and int4 (default: a whole row for int8, 32 for int4)."""
     attention_backend: str | None = None

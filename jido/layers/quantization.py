@@ -164,6 +164,7 @@ _CONFIGS: dict[str, str] = {
     "int8": "jido.layers.quantized_linear:Int8Config",
     "int4": "jido.layers.quantized_linear:Int4Config",
     "w8a8": "jido.layers.quantized_linear:W8A8Config",
+    "fp8": "jido.layers.fp8_linear:Fp8Config",
 }
 QUANTIZATIONS: tuple[str, ...] = tuple(_CONFIGS)
 

@@ -18,6 +18,7 @@ from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
 from jido.kvtransfer.base import KVConnectorWorker, kv_fingerprint
 from jido.kvtransfer.factory import connector_name, make_worker_connector
 from jido.kvtransfer.layerwise import LayerwiseHooks
+from jido.layers.fp8_linear import MIN_CAPABILITY as MIN_FP8_CAPABILITY
 from jido.layers.parameter import default_device_and_dtype
 from jido.layers.quantization import get_quantization_config, process_weights_after_loading
 from jido.models.config import ModelArchConfig
@@ -65,15 +66,32 @@ def resolve_quantization(quantization: str | None, device: torch.device, from_gg
     The GGUF kernels are CPU kernels; on CUDA a GGUF model is dequantized to dtype unless asked otherwise.
 
     Raises:
-        ValueError: ``gguf`` asked for a model that is not a GGUF file, or a quantized scheme (CPU kernels) off the CPU.
+        ValueError: ``gguf`` asked for a model that is not a GGUF file, a CPU scheme off the CPU, or ``fp8`` anywhere
+            but on a GPU with FP8 tensor cores.
     """
     if quantization == "gguf" and not from_gguf:
         raise ValueError("quantization 'gguf' needs a .gguf model; for other checkpoints use int8, int4, w8a8 or none")
+    if quantization == "fp8":
+        check_fp8_device(device)
+        return quantization
     if quantization not in (None, "none") and device.type != "cpu":
         raise ValueError(f"quantization {quantization!r} runs on CPU kernels; on {device.type} use quantization none")
     if quantization is not None:
         return quantization
     return "gguf" if from_gguf and device.type == "cpu" else "none"
+
+
+def check_fp8_device(device: torch.device) -> None:
+    """Raise unless ``device`` multiplies FP8 on tensor cores (CUDA compute capability 8.9 or newer)."""
+    if device.type != "cuda":
+        raise ValueError("quantization 'fp8' needs a GPU with FP8 tensor cores (CUDA compute capability 8.9 or "
+                         "newer); on a CPU torch multiplies FP8 by a reference loop (200x slower than float32): "
+                         "use w8a8 (int8 weights and activations) or int8 there")
+    capability = torch.cuda.get_device_capability(device)
+    if capability < MIN_FP8_CAPABILITY:
+        raise ValueError(f"quantization 'fp8' needs CUDA compute capability {MIN_FP8_CAPABILITY[0]}."
+                         f"{MIN_FP8_CAPABILITY[1]} or newer (Ada, Hopper); {torch.cuda.get_device_name(device)} "
+                         f"is {capability[0]}.{capability[1]}: use quantization none")
 
 
 def layer_kv_specs(arch: ModelArchConfig, block_size: int, kv_cache_dtype: torch.dtype,
