@@ -37,7 +37,8 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` ``[rows, cols]`` as e4m3 codes and a float32 scale per row ``[rows, 1]``: ``x ~ codes * scale``.
 
     A row of zeros gets a tiny scale instead of zero, so its codes (zeros) stay finite. On a GPU one Triton
-    kernel does it (:mod:`jido.layers.fp8_kernels`, the same bits as :func:`quantize_rows_reference`).
+    kernel does it (:mod:`jido.layers.fp8_kernels`: :func:`quantize_rows_reference`'s values up to the last bit of a
+    division, see there).
     """
     if x.is_cuda and x.stride(-1) == 1:
         from jido.layers.fp8_kernels import quantize_rows_cuda  # triton compiles only for GPUs
