@@ -83,6 +83,11 @@ class AttentionBackend(ABC):
     # The token axis of one block, ``kv_cache[:, block_id]``: 1 for ``[2, block_size, kv_heads, width]``. KV
     # connectors move blocks in a layout of their own (tokens on axis 1) and turn them with this.
     block_token_dim: int = 1
+    # Whether a decode step may be captured in a CUDA graph and replayed (jido/runner/cuda_graphs.py): the backend's
+    # forward then makes no host decision from the metadata's device tensors, copies nothing between host and
+    # device, reads only the metadata's tensors (refreshed in place before each replay) and decides from its Python
+    # fields once, at capture, as for contexts of the longest length.
+    supports_cuda_graphs: bool = False
 
     @staticmethod
     @abstractmethod

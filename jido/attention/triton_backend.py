@@ -57,6 +57,9 @@ class TritonAttentionBackend(AttentionBackend):
     """
 
     name = "triton"
+    # Query tiles are built (host to device) on the first call with a metadata and cached in it; the split count
+    # comes from its Python fields; the kernels skip negative slots and read contexts from seq_lens.
+    supports_cuda_graphs = True
 
     @staticmethod
     def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,

@@ -39,6 +39,9 @@ class ModelConfig:
     fastest measured for the device, tiled on CPU and torch on CUDA)."""
     seed: int = 0
     """Seed of the engine's random state (requests seed their own sampling)."""
+    enforce_eager: bool = False
+    """Never replay CUDA graphs: on CUDA, decode steps otherwise run from graphs captured at start for batch sizes
+    up to max_num_seqs (with an attention backend that supports them: triton)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -139,6 +139,7 @@ class EngineCore:
             raise ValueError(f"kv_cache_memory={self.config.cache_config.kv_cache_memory!r}: {exc}") from None
         plan = plan_kv_cache(self.config, kv_cache_config, model_arch.max_position_embeddings)
         self.executor.initialize_kv_cache(kv_cache_config)
+        self.executor.capture_model(plan.max_model_len)
         return plan
 
     def add_request(self, request: Request) -> None:

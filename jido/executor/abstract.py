@@ -89,6 +89,10 @@ class Executor(ABC):
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         self.collective_rpc("initialize_kv_cache", (kv_cache_config,))
 
+    def capture_model(self, max_model_len: int) -> None:
+        """Let every worker capture its decode steps in CUDA graphs, for requests of up to ``max_model_len`` tokens."""
+        self.collective_rpc("capture_model", (max_model_len,))
+
 
 def get_executor_class(backend: str) -> type[Executor]:
     """The executor class registered for a ``distributed_executor_backend`` name."""

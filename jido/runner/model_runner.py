@@ -26,6 +26,7 @@ from jido.models.loader import CODES_FILE, gguf_source, iter_quantized_weights, 
 from jido.models.registry import get_model_class
 from jido.parallel.state import ModelParallel, building_for, layer_range, local_kv_heads
 from jido.runner.cache_blend import CacheBlender
+from jido.runner.cuda_graphs import DecodeGraphs
 from jido.runner.input_batch import InputBatch, ModelInputs
 from jido.runner.prompt_logprobs import PromptLogprobsCollector
 from jido.runner.spec_decode import ProposerContext, SpecDecoder, make_proposer
@@ -174,6 +175,7 @@ class ModelRunner:
                                       config.model_config.quantization_group_size, self.quantization)
             self.spec_decoder = SpecDecoder(spec, self.sampler, make_proposer(spec, context))
         self.blender: CacheBlender | None = None
+        self.decode_graphs: DecodeGraphs | None = None
 
     def _load_model(self) -> torch.nn.Module:
         model = load_model(self.model_folder, self.model_arch, self.layer_hooks or self.attn_backend, self.device,
@@ -210,6 +212,7 @@ class ModelRunner:
         layers = range(arch.num_layers)
         self.kv_caches = [tensors[kv_cache_config.tensor_index(i)] if i in self.layer_ids else None for i in layers]
         self.layer_groups = [kv_cache_config.group_index(i) for i in layers]
+        self.num_kv_groups = len(kv_cache_config.groups)
         if self.parallel.world_size > 1:
             logger.info("rank %d holds %s of KV cache (%d tensors of %d blocks, %d of %d KV heads)",
                         self.parallel.rank, _mib(sum(t.numel() * t.element_size() for t in tensors.values())),
@@ -229,6 +232,27 @@ class ModelRunner:
         if self.kv_connector is not None:
             self.kv_connector.register_kv_caches(self.kv_caches, kv_cache_config, self.attn_backend.block_token_dim)
             self.layer_hooks.connector = self.kv_connector
+
+    def capture_model(self, max_model_len: int) -> None:
+        """Capture decode steps in CUDA graphs where they can run (vLLM's name), once the KV cache exists.
+
+        Only on CUDA, with a backend that supports them, on one worker, without speculative decoding (verify steps
+        are not one token a request) or a KV connector (its per-layer hooks run Python between layers), and not
+        under ``enforce_eager``.
+        """
+        if (self.device.type != "cuda" or self.config.model_config.enforce_eager
+                or not self.attn_backend.supports_cuda_graphs or self.spec_decoder is not None
+                or self.layer_hooks is not None or self.parallel.world_size > 1):
+            return
+        graphs = DecodeGraphs(self.model, self.attn_backend, self.kv_caches, self.layer_groups, self.num_kv_groups,
+                              self.config.scheduler_config.max_num_seqs, max_model_len, self.block_size, self.device)
+        try:
+            with torch.inference_mode():
+                graphs.capture()
+        except RuntimeError as exc:  # a kernel or op that cannot be captured: serve eager rather than not at all
+            logger.warning("CUDA graph capture failed (%s); decode steps run eager", exc)
+            return
+        self.decode_graphs = graphs
 
     def _kv_fingerprint(self, kv_cache_config: KVCacheConfig) -> str:
         """What another engine must match to reuse this one's stored KV blocks (see ``kv_fingerprint``)."""
@@ -286,9 +310,13 @@ class ModelRunner:
         if sched.kv_blend_plans:  # CacheBlend prefills change their tokens between layers: not one flat batch
             return self._execute_with_blends(sched, begin)
         inputs = batch.prepare_inputs(sched)
-        attn_metadata = build_step_metadata(self.attn_backend, inputs.group_metadata, self.layer_groups)
-        start = time.perf_counter()
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn_metadata)
+        if self.decode_graphs is not None and self.decode_graphs.fits(inputs):
+            start = time.perf_counter()
+            hidden = self.decode_graphs.run(inputs)
+        else:
+            attn_metadata = build_step_metadata(self.attn_backend, inputs.group_metadata, self.layer_groups)
+            start = time.perf_counter()
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn_metadata)
         prompt_logprobs = self.prompt_logprobs.collect(sched, hidden)  # only ever due in a sampling step
         verified = VerifiedTokens([], [])
         model_done = time.perf_counter()

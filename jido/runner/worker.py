@@ -53,6 +53,9 @@ class Worker:
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         self.runner.initialize_kv_cache(kv_cache_config)
 
+    def capture_model(self, max_model_len: int) -> None:
+        self.runner.capture_model(max_model_len)
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
         """The step's output on the output rank; None elsewhere (every rank sampled the same, nothing to send)."""
         start = time.perf_counter()

@@ -43,6 +43,9 @@ class ScriptedExecutor(Executor):
     def initialize_kv_cache(self, kv_cache_config: Any) -> None:
         self.kv_cache_config = kv_cache_config
 
+    def capture_model(self, max_model_len: int) -> None:
+        pass  # no model: nothing to capture
+
     def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
         return [getattr(self, method)(*args, **(kwargs or {}))]
 

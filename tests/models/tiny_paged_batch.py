@@ -24,7 +24,7 @@ class TinyPagedRunner:
         dtype = model.model.norm.weight.dtype  # a quantized embedding keeps no float table
         self.kv_caches = [torch.zeros(shape, dtype=dtype) for _ in range(model.num_layers)]
         # Shuffled so that a request's blocks are not contiguous, as after a while in a real server.
-        self.free_blocks = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
+        self.free_blocks = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed), device="cpu").tolist()
         self.block_tables: dict[str, list[int]] = {}
         self.num_computed: dict[str, int] = {}
 
@@ -58,6 +58,6 @@ class TinyPagedRunner:
         max_blocks = max(len(self.block_tables[r]) for r in req_ids)
         table = np.array([self.block_tables[r] + [0] * (max_blocks - len(self.block_tables[r])) for r in req_ids],
                          dtype=np.int32)
-        common = build_common_metadata(query_lens, seq_lens, table, self.block_size)
+        common = build_common_metadata(query_lens, seq_lens, table, self.block_size, self.kv_caches[0].device)
         # Every layer in one KV cache group: the tiny models are tested without hybrid caching.
         return build_step_metadata(self.backend, [common], [0] * self.model.num_layers)
