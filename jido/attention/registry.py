@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 from jido.attention.backend import AttentionBackend
 
@@ -17,13 +18,18 @@ def supported_attention_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
-# The default per device type: the fastest measured there (benchmarks/results/decode_step-2026-12-01.md on
-# CPU). CUDA keeps the reference until the triton kernels have been timed on a GPU.
-_DEFAULT_BY_DEVICE = {"cpu": "tiled", "cuda": "torch"}
+# The default per device type: the fastest measured there. CPU: benchmarks/results/decode_step-2026-12-01.md.
+# CUDA: benchmarks/results/cuda-2026-12-04-h200.md, where triton beat torch on every workload of both model
+# shapes (its decode replayed from CUDA graphs, which the torch backend does not support: batch 1 340 against
+# 31 tok/s, a 2,000-token prompt 18 against 51 ms), if triton is installed (it comes with PyTorch's CUDA wheels).
+_DEFAULT_BY_DEVICE = {"cpu": "tiled", "cuda": "triton"}
 
 
 def default_attention_backend(device_type: str) -> str:
-    return _DEFAULT_BY_DEVICE.get(device_type, "torch")
+    name = _DEFAULT_BY_DEVICE.get(device_type, "torch")
+    if name == "triton" and importlib.util.find_spec("triton") is None:
+        return "torch"
+    return name
 
 
 def get_attention_backend(name: str = "torch") -> AttentionBackend:

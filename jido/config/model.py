@@ -36,7 +36,7 @@ class ModelConfig:
     """Inputs per scale for int8 and int4 (default: a whole row for int8, 32 for int4)."""
     attention_backend: str | None = None
     """The attention backend by registry name (torch, tiled, triton); it owns the KV cache layout (default: the
-    fastest measured for the device, tiled on CPU and torch on CUDA)."""
+    fastest measured for the device, tiled on CPU and triton on CUDA, or torch where triton is not installed)."""
     seed: int = 0
     """Seed of the engine's random state (requests seed their own sampling)."""
     enforce_eager: bool = False
