@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from jido.attention.backend import AttentionBackend, AttentionMetadata, build_step_metadata
+from jido.attention.backend import AttentionBackend, AttentionMetadata, StepAttentionMetadata, build_step_metadata
 from jido.runner.input_batch import ModelInputs
 
 logger = logging.getLogger("jido")
@@ -116,7 +116,7 @@ class DecodeGraphs:
             self.slot_mapping[group][n:size].fill_(-1)  # padding writes no KV
         return self.replays[size]()[:n]
 
-    def _metadata(self, size: int):
+    def _metadata(self, size: int) -> StepAttentionMetadata:
         """The step metadata every replay of ``size`` reads: views of the buffers, contexts as long as they may be."""
         groups = [AttentionMetadata(query_start_loc=self.query_start_loc[:size + 1], seq_lens=self.seq_lens[:size],
                                     block_tables=tables[:size], slot_mapping=slots[:size], block_size=self.block_size,
