@@ -392,7 +392,8 @@ def weight_bytes(model: torch.nn.Module, prepacked: bool = True) -> int:
 
 def _held_beside(module: torch.nn.Module, prepacked: bool) -> list[torch.Tensor]:
     """Weight tensors a layer keeps outside its parameters (see jido/layers/quantized_linear.py)."""
-    held = [getattr(module, "packed_logits_weight", None)]
+    held = [getattr(module, name, None) for name in (
+        "packed_logits_weight", "weight_scale", "logits_codes", "logits_scale")]  # (the last three: fp8_linear)
     qweight, five = getattr(module, "qweight", None), getattr(module, "qfive", None)
     if qweight is not None:  # one-row decode reads the five-bit rows where a layer has them, else the codes
         held += [qweight.scales, qweight.mins] + ([qweight.data] if prepacked or five is None else [])

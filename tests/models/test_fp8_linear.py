@@ -14,7 +14,7 @@ from torch import nn
 from jido.layers import fp8_linear as fp8_linear_module
 from jido.layers.fp8_linear import FP8_DTYPE, FP8_MAX, Fp8LinearMethod, fp8_linear, quantize_rows
 from jido.layers.quantization import get_quantization_config, process_weights_after_loading
-from jido.runner.model_runner import resolve_quantization
+from jido.runner.model_runner import resolve_quantization, weight_bytes
 
 TOKENS = {"a": [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], "b": [2, 7, 1, 8, 2, 8, 1, 8]}
 
@@ -109,6 +109,11 @@ def test_an_fp8_model_holds_e4m3_layers_and_head_and_stays_near_the_dense_model(
     if arch == "gemma3":  # tied: the embedding gathers from its float table, the head multiplies an e4m3 copy
         assert head is fp8.model.embed_tokens and head.weight.dtype == torch.float32
         assert head.logits_codes.dtype == FP8_DTYPE and head.logits_scale.shape == (1, head.weight.shape[0])
+        # The bytes held count the copy: a byte a weight and a float32 scale a row, as for the layers.
+        layers = [m for m in fp8.modules() if getattr(m, "weight_scale", None) is not None]
+        saved = sum(3 * m.weight.numel() - 4 * m.weight_scale.numel() for m in layers)
+        added = head.logits_codes.numel() + 4 * head.logits_scale.numel()
+        assert weight_bytes(fp8) == weight_bytes(dense) - saved + added
     else:
         assert head.weight.dtype == FP8_DTYPE and head.weight_scale.shape == (1, head.weight.shape[0])
     ours, expected = TinyPagedRunner(fp8).step(TOKENS), TinyPagedRunner(dense).step(TOKENS)
