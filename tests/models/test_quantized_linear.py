@@ -24,6 +24,7 @@ from jido.layers.quantized_linear import QuantizedCodes, merge_codes
 from jido.models.loader import iter_gguf_weights
 from jido.models.named import CACHE_DIR_ENV
 from jido.runner.model_runner import resolve_quantization, weight_bytes
+from jido.utils.cpu import CpuInfo
 
 # A prefill of 20 rows; the layers run every step of two rows or more on their prepacked panels, and a decode
 # step of one row on the rows kernel.
@@ -297,9 +298,13 @@ def test_a_bf16_copy_is_kept_only_where_asked_and_never_under_w8a8(monkeypatch):
     monkeypatch.setattr(quantized_linear, "keeps_bf16_copy", lambda dtype, device: True)
     assert not hasattr(_gguf_layer(torch.bfloat16, "w8a8"), "qdense")
     monkeypatch.undo()
-    amx = "amx_bf16" in quantized_linear.cpu_info().flags and quantized_linear.cpu_info().has_onednn_bf16
-    assert quantized_linear.keeps_bf16_copy(torch.bfloat16, torch.device("cpu")) == amx
-    assert not quantized_linear.keeps_bf16_copy(torch.float32, torch.device("cpu"))
+    avx512 = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
+    for flags, kept in ((avx512 | {"avx512_bf16"}, True), (avx512 | {"amx_bf16", "amx_tile"}, True),
+                        ({"avx2", "fma"}, False), (avx512, False)):  # Zen 4, Sapphire Rapids, Zen 3, Skylake-X
+        monkeypatch.setattr(quantized_linear, "cpu_info", lambda f=flags: CpuInfo("x", 2, frozenset(f)))
+        assert quantized_linear.keeps_bf16_copy(torch.bfloat16, torch.device("cpu")) == (
+            kept and torch.backends.mkldnn.is_available()), flags
+        assert not quantized_linear.keeps_bf16_copy(torch.float32, torch.device("cpu"))
 
 
 @pytest.mark.skipif(int8_dot.load_int8_dot_ops() is None, reason="no int8 dot kernel for this CPU")
