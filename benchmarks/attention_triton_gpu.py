@@ -112,8 +112,8 @@ def run_shape(shape: Shape, spec: AttentionLayerSpec, block_size: int, dtype: to
     pairs = num_reqs * (query_len * (query_len + 1) // 2 if prefix == 0 else seq_len)
     flops = 4 * spec.head_dim * spec.num_heads * pairs
     kv_bytes = 2 * k.numel() * k.element_size()
-    triton_s = _time(lambda: unified_attention(spec, flat_q, cache, out, metadata, splits), iters)
-    sdpa_s = _time(lambda: _sdpa(q, k, v, query_len), iters)
+    triton_s = cuda_time(lambda: unified_attention(spec, flat_q, cache, out, metadata, splits), iters)
+    sdpa_s = cuda_time(lambda: _sdpa(q, k, v, query_len), iters)
     tflops, sdpa_tflops = flops / triton_s / 1e12, flops / sdpa_s / 1e12
     return (f"| {shape.name} | {err_text} | {triton_s * 1e3:.3f} | {tflops:.1f} | "
             f"{100 * tflops / H200_BF16_DENSE_TFLOPS:.1f} | {kv_bytes / triton_s / 1e9:.0f} "
@@ -126,9 +126,9 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, query_len: int) -> 
     return F.scaled_dot_product_attention(q, k, v, is_causal=query_len > 1, enable_gqa=True)
 
 
-def _time(fn, iters: int) -> float:
-    """Median seconds per call, by CUDA events, after warm-up (compiles and autotunes)."""
-    for _ in range(3):
+def cuda_time(fn, iters: int, warmup: int = 3) -> float:
+    """Median seconds per call, by CUDA events, after ``warmup`` calls (compiles and autotunes)."""
+    for _ in range(warmup):
         fn()
     times = []
     for _ in range(iters):

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
+from benchmarks.attention_triton_gpu import cuda_time
 from jido.layers.fp8_linear import fp8_linear, quantize_rows, quantize_rows_reference
 
 H200_BF16_DENSE_TFLOPS = 989.0  # the fp8 dense peak is twice this
@@ -26,19 +26,9 @@ LAYERS = {  # (out_features, in_features)
 ROWS = (1, 16, 1024, 8192)
 
 
-def timed(fn, iters: int = 30) -> float:
-    """Median seconds per call."""
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return float(np.median(times))
+def timed(fn) -> float:
+    """Median seconds per call of 30, after 5 warm-up calls."""
+    return cuda_time(fn, iters=30, warmup=5)
 
 
 def check_kernel_bits(gen: torch.Generator) -> None:
