@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +24,17 @@ def load_norm_ops(source: Path = SOURCE) -> object | None:
     return torch.ops.jido_norm
 
 
+@functools.cache
+def load_triton_ops() -> ModuleType | None:
+    """:mod:`jido.layers.triton_ops` (the layer ops' GPU kernels, same calls as the C++ ones) where triton is
+    installed, else None: then PyTorch's ops run on the GPU."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    from jido.layers import triton_ops  # triton is imported only where a GPU tensor asks for it
+
+    return triton_ops
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm over the last dimension, float32 inside, one rounding to the dtype.
 
@@ -30,7 +43,8 @@ class RMSNorm(nn.Module):
     in bf16 the stored ``1 + w`` and the product are rounded once more than HF's order (measured with the
     rest of bf16's error by ``benchmarks/bf16_accuracy.py``). On CPU one C++ kernel per call
     (``csrc/rms_norm.cpp``): ``F.rms_norm`` runs there as ~10 ATen ops, ~40 us a call, and Gemma 3 270M
-    runs 109 norms per step. ``forward(x, residual)`` returns ``residual + norm(x)`` (Gemma's norms after
+    runs 109 norms per step. On CUDA one Triton kernel (:mod:`jido.layers.triton_ops`), same arithmetic.
+    ``forward(x, residual)`` returns ``residual + norm(x)`` (Gemma's norms after
     attention and MLP) from the same pass, rounded as the two ops would round.
     """
 
@@ -45,7 +59,7 @@ class RMSNorm(nn.Module):
         copy_weight(param.data, loaded.float() + 1.0 if self.unit_offset else loaded)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        ops = load_norm_ops() if x.is_cpu else None
+        ops = load_norm_ops() if x.is_cpu else load_triton_ops() if x.is_cuda else None
         if ops is not None:  # it makes x and residual contiguous (in C++: 109 norms a step, each call counts)
             return ops.rms_norm(x, self.weight, self.eps, residual)
         out = F.rms_norm(x, (self.dim,), self.weight, self.eps)
