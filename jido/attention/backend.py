@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from jido.utils.host_copy import to_device
+
 
 @dataclass
 class AttentionMetadata:
@@ -136,13 +138,13 @@ def build_groups_metadata(query_lens: list[int], seq_lens: list[int], block_tabl
     req_index = np.repeat(np.arange(len(query_lens)), query_lens_np)
     positions = np.arange(int(query_start_loc[-1])) - query_start_loc[req_index] + (seq_lens_np - query_lens_np)[req_index]
     block_of, offset = positions // block_size, positions % block_size
-    query_start_loc_t = torch.from_numpy(query_start_loc).to(device)
-    seq_lens_t = torch.from_numpy(seq_lens_np.astype(np.int32)).to(device)
+    query_start_loc_t = to_device(query_start_loc, device)
+    seq_lens_t = to_device(seq_lens_np.astype(np.int32), device)
     query_lens_list, seq_lens_list = list(query_lens), list(seq_lens)
     return [AttentionMetadata(
         query_start_loc=query_start_loc_t, seq_lens=seq_lens_t,
-        block_tables=torch.from_numpy(np.ascontiguousarray(table, dtype=np.int32)).to(device),
-        slot_mapping=torch.from_numpy(table[req_index, block_of].astype(np.int64) * block_size + offset).to(device),
+        block_tables=to_device(np.ascontiguousarray(table, dtype=np.int32), device),
+        slot_mapping=to_device(table[req_index, block_of].astype(np.int64) * block_size + offset, device),
         block_size=block_size, query_lens_list=query_lens_list, seq_lens_list=seq_lens_list)
         for table in block_tables]
 

@@ -11,12 +11,15 @@ from triton.runtime.jit import JITFunction
 from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
 from jido.attention.kv_quant import is_quantized, quantize_rows, row_width
 from jido.attention.triton_kernels import merge_splits_kernel, reshape_and_cache_kernel, unified_attention_kernel
+from jido.utils.host_copy import to_device
 
 # (rows of one query tile: queries x the query heads of one KV head, keys per inner step): small tiles
 # waste no rows on decodes and short chunks, large ones reuse each loaded key over more queries in a
 # prefill. tl.dot needs 16 or more in each dimension on a GPU.
 SMALL_TILES = (16, 32)
 LARGE_TILES = (64, 64)
+# Warps and software-pipeline stages of a launch with large tiles (Triton's defaults: 4 warps, 3 stages).
+PREFILL_LAUNCH = {"num_warps": 4, "num_stages": 3}
 # A KV split should get at least this many keys, or the merge costs more than the parallelism buys.
 MIN_KEYS_PER_SPLIT = 256
 MAX_KV_SPLITS = 16
@@ -118,7 +121,8 @@ def unified_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch
     q = _rows_contiguous(q)
     common = metadata.common
     group = spec.num_heads // spec.num_kv_heads
-    block_m, tile_n = LARGE_TILES if metadata.max_query_len * group >= LARGE_TILES[0] else SMALL_TILES
+    large = metadata.max_query_len * group >= LARGE_TILES[0]
+    block_m, tile_n = LARGE_TILES if large else SMALL_TILES
     block_m = max(block_m, triton.next_power_of_2(group))
     block_q = block_m // group
     tile_req, tile_q_start = metadata.query_tiles(block_q)
@@ -143,7 +147,7 @@ def unified_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch
         GROUP=group, HEAD_DIM=spec.head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=common.block_size,
         BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n, WINDOW=spec.sliding_window or 0,
         USE_SOFTCAP=spec.logit_softcap is not None, NUM_SPLITS=num_splits, IEEE=q.dtype == torch.float32,
-        KV_FORMAT=kv_format)
+        KV_FORMAT=kv_format, **(PREFILL_LAUNCH if large else {}))
     if num_splits > 1:
         merge_splits_kernel[(num_tokens, spec.num_heads)](
             out, partial, lse, out.stride(0), partial.stride(0), lse.stride(0), spec.num_heads,
@@ -175,7 +179,7 @@ def _query_tiles(query_lens: list[int], block_q: int, device: torch.device) -> t
     tile_req = np.repeat(np.arange(len(query_lens), dtype=np.int32), num_tiles)
     first_tile = np.concatenate([[0], np.cumsum(num_tiles)[:-1]])
     tile_q_start = ((np.arange(len(tile_req)) - first_tile[tile_req]) * block_q).astype(np.int32)
-    return torch.from_numpy(tile_req).to(device), torch.from_numpy(tile_q_start).to(device)
+    return to_device(tile_req, device), to_device(tile_q_start, device)
 
 
 def _rows_contiguous(x: torch.Tensor) -> torch.Tensor:

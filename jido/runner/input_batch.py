@@ -9,6 +9,7 @@ import torch
 from jido.attention.backend import AttentionMetadata, build_groups_metadata
 from jido.core.outputs import NewRequestData, SchedulerOutput
 from jido.sampling.batch import SamplingBatch
+from jido.utils.host_copy import to_device
 
 
 @dataclass
@@ -144,10 +145,10 @@ class InputBatch:
         num_rows = num_drafts[sampled] + 1  # request i's rows are the last num_rows[i] of its tokens
         logits_indices = _ranges(cum[sampled] - num_rows, num_rows)
         return ModelInputs(
-            input_ids=torch.from_numpy(input_ids).to(self.device),
-            positions=torch.from_numpy(positions).to(self.device),
+            input_ids=to_device(input_ids, self.device),
+            positions=to_device(positions, self.device),
             group_metadata=group_metadata,
-            logits_indices=torch.from_numpy(logits_indices).to(self.device),
+            logits_indices=to_device(logits_indices, self.device),
             sampled_req_ids=[req_ids[i] for i in sampled],
             sampled_rows=rows[sampled],
             draft_token_ids=[drafts[i] for i in sampled])
