@@ -11,10 +11,15 @@ TFLOP/s, HBM 4.8 TB/s.
 
     PYTHONPATH=. python benchmarks/attention_triton_gpu.py [--dtype bfloat16] [--iters 20] [--out FILE.md]
     PYTHONPATH=. python benchmarks/attention_triton_gpu.py --device cpu --tiny   # correctness only, interpreted
+    PYTHONPATH=. python benchmarks/attention_triton_gpu.py --sweep   # prefill: every tile and launch setting
+
+``--sweep`` times the prefill shapes under each large-tile size (rows x keys), warp count and pipeline depth
+(``triton_backend.LARGE_TILES`` and ``PREFILL_LAUNCH``), each checked against float32 SDPA first.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import time
 from dataclasses import dataclass
@@ -44,6 +49,18 @@ def shapes(tiny: bool) -> list[Shape]:
     return prefills + decodes
 
 
+SWEEP = {"tiles": [(64, 64), (128, 32), (128, 64)], "num_warps": [4, 8], "num_stages": [2, 3]}
+
+
+def runs(tiny: bool, sweep: bool) -> list[tuple[Shape, dict | None]]:
+    """(shape, setting): every shape as shipped, or each prefill shape under every setting of the sweep."""
+    if not sweep:
+        return [(shape, None) for shape in shapes(tiny)]
+    settings = [{"tiles": t, "num_warps": w, "num_stages": s}
+                for t, w, s in itertools.product(SWEEP["tiles"], SWEEP["num_warps"], SWEEP["num_stages"])]
+    return [(shape, setting) for shape in shapes(tiny) if shape.name.startswith("prefill") for setting in settings]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -51,6 +68,7 @@ def main() -> None:
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", default=None, help="also write the table to this markdown file")
+    parser.add_argument("--sweep", action="store_true", help="prefill shapes under every tile and launch setting")
     args = parser.parse_args()
     if args.device == "cpu":
         # Triton reads this once, when it is imported (below): CPU tensors need its interpreter.
@@ -63,8 +81,13 @@ def main() -> None:
              "| shape | max err | triton ms | TFLOP/s | % peak | KV GB/s (% HBM) | SDPA ms | SDPA TFLOP/s | % peak |",
              "|---|---|---|---|---|---|---|---|---|"]
     print("\n".join(lines), flush=True)
-    for shape in shapes(args.tiny):
-        line = run_shape(shape, spec, block_size, dtype, args.device, args.iters)
+    for shape, setting in runs(args.tiny, args.sweep):
+        try:
+            line = run_shape(shape, spec, block_size, dtype, args.device, args.iters, setting)
+        except Exception as error:  # a setting the GPU cannot run (shared memory, registers) must not end the sweep
+            if setting is None:
+                raise
+            line = f"| {shape.name} {setting} | {type(error).__name__}: {str(error)[:80]} | - | - | - | - | - | - | - |"
         print(line, flush=True)
         lines.append(line)
     if args.out:
@@ -75,9 +98,16 @@ def main() -> None:
 
 
 def run_shape(shape: Shape, spec: AttentionLayerSpec, block_size: int, dtype: torch.dtype, device: str,
-              iters: int) -> str:
+              iters: int, setting: dict | None = None) -> str:
     # Imported here, after main() has chosen whether triton interprets.
+    from jido.attention import triton_backend
     from jido.attention.triton_backend import TritonAttentionBackend, num_kv_splits, unified_attention
+
+    if setting is not None:
+        triton_backend.LARGE_TILES = setting["tiles"]
+        triton_backend.PREFILL_LAUNCH = {"num_warps": setting["num_warps"], "num_stages": setting["num_stages"]}
+        shape = Shape(f"{shape.name} tiles {setting['tiles']} warps {setting['num_warps']} stages "
+                      f"{setting['num_stages']}", shape.requests)
 
     gen = torch.Generator(device).manual_seed(0)
     num_reqs, (prefix, query_len) = len(shape.requests), shape.requests[0]

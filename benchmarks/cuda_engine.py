@@ -6,7 +6,8 @@ depend on the weights' values.
 
 1. Agreement: a tiny random Gemma 3 in float32, greedy, on cuda with each backend against the same run on CPU
    (the engine's reference, made beforehand by ``--write-reference`` on a CPU machine): token ids must be equal.
-2. For each model shape, backend (torch, triton) and quantization (none, fp8), in bfloat16:
+2. For each model shape, backend (torch, triton), quantization (none, fp8), mode (CUDA graphs or eager) and layer
+   ops (triton: jido.layers.triton_ops' fused kernels, as shipped; torch: PyTorch's ops), in bfloat16:
    - greedy agreement of 8 prompts x 32 tokens with the first combination's run (first divergence),
    - batch 1: one 128-token prompt, 256 greedy tokens: decode tok/s and median TPOT,
    - 64 streams: 64 prompts of 256 tokens, 128 tokens each, submitted together: output tok/s,
@@ -18,6 +19,7 @@ depend on the weights' values.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import statistics
@@ -25,12 +27,14 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from unittest import mock
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, Qwen2Config
 
 from jido import LLM, SamplingParams
+from jido.layers import activation, rms_norm, rotary
 
 SHAPES = {
     "gemma-3-270m-shape": lambda: Gemma3TextConfig(
@@ -107,6 +111,15 @@ def agreement_with_cpu(reference: Path, backends: list[str], modes: list[str]) -
             traceback.print_exc()
     return result
 
+def layer_ops(kind: str) -> contextlib.AbstractContextManager:
+    """``triton``: the layers as shipped; ``torch``: every layer op by PyTorch's ops (the fused kernels hidden)."""
+    if kind == "triton":
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    for module in (rms_norm, rotary, activation):
+        stack.enter_context(mock.patch.object(module, "load_triton_ops", lambda: None))
+    return stack
+
 def time_workloads(llm: LLM, vocab: int) -> dict:
     decode = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True)
     greedy(llm, prompts(2, 64, vocab, seed=9), 16)  # warm-up: kernels compiled and autotuned
@@ -138,6 +151,8 @@ def main() -> None:
     parser.add_argument("--quantizations", nargs="+", default=["none", "fp8"])
     parser.add_argument("--modes", nargs="+", default=["graphs", "eager"], choices=["graphs", "eager"],
                         help="decode from CUDA graphs (where the backend supports them) or enforce_eager")
+    parser.add_argument("--layer-ops", nargs="+", default=["triton"], choices=["triton", "torch"],
+                        help="the layers' norm, RoPE and activation by jido's Triton kernels or PyTorch's ops")
     parser.add_argument("--device", default="cuda", help="cpu only to try the script itself (tiny shapes are slow)")
     args = parser.parse_args()
     if args.write_reference:
@@ -158,20 +173,23 @@ def main() -> None:
             folder = write_random_model(root / shape, config, std=0.05)
             check_prompts = prompts(8, 64, config.vocab_size, seed=4)
             reference = None
-            for backend, quantization, mode in itertools.product(args.backends, args.quantizations, args.modes):
-                run = {"shape": shape, "backend": backend, "quantization": quantization, "mode": mode}
+            for backend, quantization, mode, ops in itertools.product(args.backends, args.quantizations, args.modes,
+                                                                     args.layer_ops):
+                run = {"shape": shape, "backend": backend, "quantization": quantization, "mode": mode,
+                       "layer_ops": ops}
                 try:
-                    start = time.perf_counter()
-                    llm = LLM(model=str(folder), device=args.device, dtype="bfloat16", attention_backend=backend,
-                              quantization=quantization, kv_cache_memory="16GiB", max_model_len=4096,
-                              max_num_seqs=64, max_num_batched_tokens=8192, enforce_eager=mode == "eager")
-                    run["load_s"] = time.perf_counter() - start
-                    run["graphs"] = llm.collective_rpc(lambda worker: worker.runner.decode_graphs is not None)[0]
-                    tokens = greedy(llm, check_prompts, 32)
-                    reference = reference or tokens
-                    run["first_divergence_from_first_run"] = first_divergence(tokens, reference)
-                    run.update(time_workloads(llm, config.vocab_size))
-                    del llm
+                    with layer_ops(ops):
+                        start = time.perf_counter()
+                        llm = LLM(model=str(folder), device=args.device, dtype="bfloat16", attention_backend=backend,
+                                  quantization=quantization, kv_cache_memory="16GiB", max_model_len=4096,
+                                  max_num_seqs=64, max_num_batched_tokens=8192, enforce_eager=mode == "eager")
+                        run["load_s"] = time.perf_counter() - start
+                        run["graphs"] = llm.collective_rpc(lambda worker: worker.runner.decode_graphs is not None)[0]
+                        tokens = greedy(llm, check_prompts, 32)
+                        reference = reference or tokens
+                        run["first_divergence_from_first_run"] = first_divergence(tokens, reference)
+                        run.update(time_workloads(llm, config.vocab_size))
+                        del llm
                     torch.cuda.empty_cache()
                 except Exception as error:  # one failing combination must not hide the others' figures
                     run["error"] = f"{type(error).__name__}: {error}"
