@@ -3,7 +3,7 @@
 On CPU, float32 SiLU and tanh-GELU run as one C++ pass (``csrc/activation.cpp``): ATen's two ops over a strided
 half of the input, with its GELU's tanh, took 8.6 ms a call for a 2,000-token prefill of Gemma 3 270M on the AVX2
 EPYC. The kernel's exp is within 2 ulp, so its values can differ from ATen's in the last bits. On CUDA, in any dtype,
-one Triton kernel (``triton_ops.act_and_mul``) where ATen launches two.
+one Triton kernel (``triton_ops.act_and_mul``) where ATen launches two, where it pays (``triton_ops_for``).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from jido.layers.rms_norm import load_triton_ops
+from jido.layers.rms_norm import triton_ops_for
 from jido.utils.cpp_build import load_ops_library
 
 SOURCE = Path(__file__).parent / "csrc" / "activation.cpp"
@@ -51,7 +51,7 @@ def get_gated_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     def gated(gate_up: torch.Tensor) -> torch.Tensor:
         if fused is not None and gate_up.dim() == 2 and gate_up.is_contiguous():
             on_cpu = gate_up.is_cpu and gate_up.dtype == torch.float32
-            ops = load_activation_ops() if on_cpu else load_triton_ops() if gate_up.is_cuda else None
+            ops = load_activation_ops() if on_cpu else triton_ops_for(gate_up)
             if ops is not None:
                 return ops.act_and_mul(gate_up, fused)
         gate, up = gate_up.chunk(2, dim=-1)

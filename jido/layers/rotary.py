@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from jido.layers.rms_norm import RMSNorm, load_norm_ops, load_triton_ops
+from jido.layers.rms_norm import RMSNorm, load_norm_ops, triton_ops_for
 
 
 @dataclass(frozen=True)
@@ -109,8 +109,8 @@ def norm_and_rotate_qk(qkv: torch.Tensor, q_size: int, kv_size: int, head_dim: i
 
     On CPU one C++ call does it in place in ``qkv`` (``csrc/rms_norm.cpp``, ``qk_norm_rope_``), rounding as the
     unfused ops do, so the results are the same bits: a decode step of Gemma 3 270M ran ~20 ATen ops per layer
-    for this (1.6 ms a step on a 2-core Xeon). On CUDA one Triton kernel does the same (``triton_ops``): ~14 of a
-    layer's ~25 kernels were this. The returned q and k are views of ``qkv`` there, else new tensors.
+    for this (1.6 ms a step on a 2-core Xeon). On CUDA one Triton kernel does the same where it pays (``triton_ops_for``):
+    ~14 of a layer's ~25 kernels were this. The returned q and k are views of ``qkv`` there, else new tensors.
     It runs once a layer, so the path is chosen with few Python calls: each cost ~1 us of a ~0.35 ms one-row layer.
     """
     num_tokens = qkv.shape[0]
@@ -119,7 +119,7 @@ def norm_and_rotate_qk(qkv: torch.Tensor, q_size: int, kv_size: int, head_dim: i
         q_weight, k_weight = q_norm.weight, k_norm.weight
     if (qkv.stride(-1) == 1 and cos.dtype == sin.dtype == qkv.dtype
             and (q_weight is None or q_weight.dtype == k_weight.dtype == qkv.dtype)):
-        ops = load_norm_ops() if qkv.is_cpu else load_triton_ops() if qkv.is_cuda else None
+        ops = load_norm_ops() if qkv.is_cpu else triton_ops_for(qkv)
         if ops is not None:
             ops.qk_norm_rope_(qkv, q_size, kv_size, head_dim, cos, sin, q_weight, k_weight,
                               0.0 if q_norm is None else q_norm.eps)

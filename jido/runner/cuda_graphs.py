@@ -5,8 +5,9 @@ On a GPU an eager decode step of a small model is bound by the CPU launching its
 benchmarks/results/cuda-2026-12-04-h200.md). A graph replays all of a step's kernels with one launch.
 
 A graph replays the kernels it recorded on the tensors it recorded, so every input lives in a buffer owned
-here: token ids, positions, and per KV cache group the context lengths, block tables and slots. A step copies
-its values into the first ``n`` rows and replays the graph of the smallest captured size ``>= n``; the rows
+here: token ids, positions, the rows sampled, and per KV cache group the context lengths, block tables and slots.
+A step, prepared on the host, writes its values into the first ``n`` rows of pinned host copies of those buffers,
+sends them in two asynchronous copies and replays the graph of the smallest captured size ``>= n``; the rows
 past ``n`` are padding, a one-token context whose KV write is skipped (slot -1), and their outputs are dropped.
 The attention backend must take everything it decides on the host from the captured metadata (see
 :attr:`~jido.attention.backend.AttentionBackend.supports_cuda_graphs`): the graphs are captured as if every
@@ -21,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from jido.attention.backend import AttentionBackend, AttentionMetadata, StepAttentionMetadata, build_step_metadata
+from jido.layers.rms_norm import for_cuda_graphs
 from jido.runner.input_batch import ModelInputs
 
 logger = logging.getLogger("jido")
@@ -56,6 +58,32 @@ class CudaGraphCapture:
         return replay
 
 
+class StagedBuffer:
+    """A device buffer (``target``) fed from a host buffer of its shape (``host``, pinned on CUDA), by one asynchronous
+    copy of a prefix.
+
+    Each pageable copy to a GPU makes the host wait for it, and a step's inputs were ~20 copies; a graph's inputs
+    live here instead, written on the host and sent in one copy a buffer. ``host`` may be written again once the
+    last copy out of it has run (``wait``): a step reads its tokens back before the next one writes, so it has.
+    """
+
+    def __init__(self, dtype: torch.dtype, numel: int, device: torch.device) -> None:
+        self.target = torch.zeros(numel, dtype=dtype, device=device)
+        self.host = torch.zeros(numel, dtype=dtype, device="cpu", pin_memory=device.type == "cuda")
+        self.copied: torch.cuda.Event | None = None
+
+    def wait(self) -> None:
+        if self.copied is not None:
+            self.copied.synchronize()
+
+    def send(self, count: int) -> None:
+        """Copy the first ``count`` elements of ``host`` to ``target``."""
+        self.target[:count].copy_(self.host[:count], non_blocking=True)
+        if self.target.is_cuda:
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+
+
 class DecodeGraphs:
     """Decode steps of up to ``max_batch`` requests (one token each) run by graph replay."""
 
@@ -65,61 +93,77 @@ class DecodeGraphs:
         self.model, self.backend, self.kv_caches, self.layer_groups = model, backend, kv_caches, layer_groups
         self.max_model_len, self.block_size = max_model_len, block_size
         self.sizes = capture_sizes(max_batch)
-        max_blocks = -(-max_model_len // block_size)
-        with torch.device(device):
-            self.input_ids = torch.zeros(max_batch, dtype=torch.int64)
-            self.positions = torch.zeros(max_batch, dtype=torch.int64)
-            self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32)  # one query per request
-            self.seq_lens = torch.ones(max_batch, dtype=torch.int32)
-            self.block_tables = [torch.zeros(max_batch, max_blocks, dtype=torch.int32) for _ in range(num_groups)]
-            self.slot_mapping = [torch.full((max_batch,), -1, dtype=torch.int64) for _ in range(num_groups)]
+        self.max_batch, self.num_groups, self.max_blocks = max_batch, num_groups, -(-max_model_len // block_size)
+        # int64: token ids, positions, the rows sampled, then each group's slots; int32: context lengths, then the
+        # block tables as [request][group][block], so that a step's rows of every group are one prefix to send.
+        self.words = StagedBuffer(torch.int64, (3 + num_groups) * max_batch, device)
+        self.ints = StagedBuffer(torch.int32, max_batch * (1 + num_groups * self.max_blocks), device)
+        self.query_start_loc = torch.arange(max_batch + 1, dtype=torch.int32, device=device)  # one query a request
         self.replays: dict[int, Forward] = {}
         self.forwards: dict[int, Forward] = {}
+
+    def _views(self, words: torch.Tensor, ints: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The named inputs inside a pair of buffers (the device's or the host's)."""
+        b = self.max_batch
+        return {"input_ids": words[:b], "positions": words[b:2 * b], "logits_indices": words[2 * b:3 * b],
+                "slot_mapping": words[3 * b:].view(self.num_groups, b), "seq_lens": ints[:b],
+                "block_tables": ints[b:].view(b, self.num_groups, self.max_blocks)}
 
     def capture(self, capture: Capture | None = None) -> None:
         """Record one graph per size, after an eager run of it (kernels compiled, per-metadata tables built)."""
         capture = capture or CudaGraphCapture()
         start = time.perf_counter()
+        on_device = self._views(self.words.target, self.ints.target)
+        on_device["seq_lens"].fill_(1)
+        on_device["slot_mapping"].fill_(-1)
         for size in reversed(self.sizes):
-            metadata = self._metadata(size)
-            ids, positions = self.input_ids[:size], self.positions[:size]
+            metadata = self._metadata(size, on_device)
+            ids, positions = on_device["input_ids"][:size], on_device["positions"][:size]
 
             def forward(ids=ids, positions=positions, metadata=metadata) -> torch.Tensor:
                 return self.model(ids, positions, self.kv_caches, metadata)
 
-            forward()
-            self.replays[size] = capture(forward)
+            with for_cuda_graphs():  # the layers' one-kernel ops, compiled by the eager run
+                forward()
+                self.replays[size] = capture(forward)
             # A graph keeps the addresses of the tensors it read, not the objects: the metadata's tensors (the
             # triton backend's query tiles, built in the eager run) must live as long as the graph, with forward.
             self.forwards[size] = forward
         logger.info("captured %d CUDA graphs for decode batches of %s requests in %.1f s", len(self.sizes),
                     ", ".join(map(str, self.sizes)), time.perf_counter() - start)
 
-    def fits(self, inputs: ModelInputs) -> bool:
-        """Whether this step is one a graph runs: every request decodes one token, no more than the largest size."""
-        first = inputs.group_metadata[0]
-        return (inputs.input_ids.shape[0] <= self.sizes[-1] and first.is_decode_only
-                and len(inputs.group_metadata) == len(self.block_tables)
-                and all(m.block_tables.shape[1] <= self.block_tables[0].shape[1] for m in inputs.group_metadata))
+    def takes(self, query_lens: list[int]) -> bool:
+        """Whether a graph runs a step of these query lengths: every request decodes one token, no more than the
+        largest size (contexts never outgrow ``max_model_len``, which the buffers are sized for)."""
+        return 0 < len(query_lens) <= self.sizes[-1] and all(n == 1 for n in query_lens)
 
-    def run(self, inputs: ModelInputs) -> torch.Tensor:
-        """The step's hidden states ``[n, hidden]``: its values copied into the buffers, then a replay."""
-        n = inputs.input_ids.shape[0]
+    def run(self, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's hidden states ``[n, hidden]`` and its ``logits_indices`` on the device, from ``inputs`` prepared
+        on the host (``takes`` their query lengths): their values sent in two copies, then a replay."""
+        n, sampled = inputs.input_ids.shape[0], inputs.logits_indices.shape[0]
         size = next(s for s in self.sizes if s >= n)
-        self.input_ids[:n].copy_(inputs.input_ids)
-        self.positions[:n].copy_(inputs.positions)
-        self.seq_lens[:n].copy_(inputs.group_metadata[0].seq_lens)
-        self.seq_lens[n:size].fill_(1)  # padding: a context of one token, its own
+        self.words.wait()
+        self.ints.wait()
+        host = self._views(self.words.host, self.ints.host)
+        host["input_ids"][:n] = inputs.input_ids
+        host["positions"][:n] = inputs.positions
+        host["logits_indices"][:sampled] = inputs.logits_indices
+        host["seq_lens"][:n] = inputs.group_metadata[0].seq_lens
+        host["seq_lens"][n:size] = 1  # padding: a context of one token, its own
         for group, common in enumerate(inputs.group_metadata):
-            self.block_tables[group][:n, :common.block_tables.shape[1]].copy_(common.block_tables)
-            self.slot_mapping[group][:n].copy_(common.slot_mapping)
-            self.slot_mapping[group][n:size].fill_(-1)  # padding writes no KV
-        return self.replays[size]()[:n]
+            host["block_tables"][:n, group, :common.block_tables.shape[1]] = common.block_tables
+            host["slot_mapping"][group, :n] = common.slot_mapping
+            host["slot_mapping"][group, n:size] = -1  # padding writes no KV
+        self.words.send(self.words.host.numel())
+        self.ints.send(self.max_batch + size * self.num_groups * self.max_blocks)
+        on_device = self._views(self.words.target, self.ints.target)
+        return self.replays[size]()[:n], on_device["logits_indices"][:sampled]
 
-    def _metadata(self, size: int) -> StepAttentionMetadata:
+    def _metadata(self, size: int, buffers: dict[str, torch.Tensor]) -> StepAttentionMetadata:
         """The step metadata every replay of ``size`` reads: views of the buffers, contexts as long as they may be."""
-        groups = [AttentionMetadata(query_start_loc=self.query_start_loc[:size + 1], seq_lens=self.seq_lens[:size],
-                                    block_tables=tables[:size], slot_mapping=slots[:size], block_size=self.block_size,
+        groups = [AttentionMetadata(query_start_loc=self.query_start_loc[:size + 1], seq_lens=buffers["seq_lens"][:size],
+                                    block_tables=buffers["block_tables"][:size, group],
+                                    slot_mapping=buffers["slot_mapping"][group, :size], block_size=self.block_size,
                                     query_lens_list=[1] * size, seq_lens_list=[self.max_model_len] * size)
-                  for tables, slots in zip(self.block_tables, self.slot_mapping)]
+                  for group in range(self.num_groups)]
         return build_step_metadata(self.backend, groups, self.layer_groups)

@@ -119,8 +119,10 @@ class InputBatch:
         return self.token_ids[row, :self.num_tokens[row]].copy(), int(self.num_computed_tokens[row]), tables
 
     # -- the step's flat batch --------------------------------------------------------------------
-    def prepare_inputs(self, sched: SchedulerOutput) -> ModelInputs:
-        """Lay the scheduled tokens of every request end to end, with positions, slots and metadata."""
+    def prepare_inputs(self, sched: SchedulerOutput, device: torch.device | None = None) -> ModelInputs:
+        """Lay the scheduled tokens of every request end to end, with positions, slots and metadata, on ``device``
+        (default: the batch's; the host for a step that CUDA graphs send to the GPU themselves)."""
+        device = self.device if device is None else device
         req_ids = list(sched.num_scheduled_tokens)
         rows = np.fromiter((self.req_index[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
         query_lens = list(sched.num_scheduled_tokens.values())
@@ -138,17 +140,17 @@ class InputBatch:
         seq_lens_list = seq_lens.tolist()
         group_metadata = build_groups_metadata(query_lens, seq_lens_list,
                                                [table[rows, :max_blocks] for table in self.block_tables],
-                                               self.block_size, self.device)
+                                               self.block_size, device)
         # A request samples once all its known tokens are computed (a mid-prompt chunk does not): at its
         # last known token and at each proposal after it.
         sampled = np.nonzero(seq_lens - num_drafts == self.num_tokens[rows])[0]
         num_rows = num_drafts[sampled] + 1  # request i's rows are the last num_rows[i] of its tokens
         logits_indices = _ranges(cum[sampled] - num_rows, num_rows)
         return ModelInputs(
-            input_ids=to_device(input_ids, self.device),
-            positions=to_device(positions, self.device),
+            input_ids=to_device(input_ids, device),
+            positions=to_device(positions, device),
             group_metadata=group_metadata,
-            logits_indices=to_device(logits_indices, self.device),
+            logits_indices=to_device(logits_indices, device),
             sampled_req_ids=[req_ids[i] for i in sampled],
             sampled_rows=rows[sampled],
             draft_token_ids=[drafts[i] for i in sampled])

@@ -309,14 +309,7 @@ class ModelRunner:
             return ModelRunnerOutput({})
         if sched.kv_blend_plans:  # CacheBlend prefills change their tokens between layers: not one flat batch
             return self._execute_with_blends(sched, begin)
-        inputs = batch.prepare_inputs(sched)
-        if self.decode_graphs is not None and self.decode_graphs.fits(inputs):
-            start = time.perf_counter()
-            hidden = self.decode_graphs.run(inputs)
-        else:
-            attn_metadata = build_step_metadata(self.attn_backend, inputs.group_metadata, self.layer_groups)
-            start = time.perf_counter()
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn_metadata)
+        inputs, hidden, start = self._forward(sched)
         prompt_logprobs = self.prompt_logprobs.collect(sched, hidden)  # only ever due in a sampling step
         verified = VerifiedTokens([], [])
         model_done = time.perf_counter()
@@ -336,6 +329,20 @@ class ModelRunner:
             model_time_s=model_done - start,
             sample_time_s=sample_done - model_done, propose_time_s=time.perf_counter() - sample_done,
             expert_load=self.take_expert_load())
+
+    def _forward(self, sched: SchedulerOutput) -> tuple[ModelInputs, torch.Tensor, float]:
+        """The step's flat batch and its hidden states, from a CUDA graph where one runs the step; and when the
+        model's part of the step began."""
+        graphs, batch = self.decode_graphs, self.input_batch
+        if graphs is not None and graphs.takes(list(sched.num_scheduled_tokens.values())):
+            inputs = batch.prepare_inputs(sched, torch.device("cpu"))  # the graphs send it in two copies
+            start = time.perf_counter()
+            hidden, logits_indices = graphs.run(inputs)
+            return dataclasses.replace(inputs, logits_indices=logits_indices), hidden, start
+        inputs = batch.prepare_inputs(sched)
+        attn_metadata = build_step_metadata(self.attn_backend, inputs.group_metadata, self.layer_groups)
+        start = time.perf_counter()
+        return inputs, self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn_metadata), start
 
     def _execute_with_blends(self, sched: SchedulerOutput, begin: float) -> ModelRunnerOutput:
         """A step with CacheBlend prefills: the other requests as one flat forward, then each blend on its own.

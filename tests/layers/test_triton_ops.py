@@ -13,7 +13,7 @@ pytest.importorskip("triton", reason="triton is not installed (it comes with the
 
 from jido.layers import triton_ops  # noqa: E402
 from jido.layers.activation import get_gated_activation  # noqa: E402
-from jido.layers.rms_norm import RMSNorm, load_triton_ops  # noqa: E402
+from jido.layers.rms_norm import TRITON_MIN_ROWS, RMSNorm, for_cuda_graphs, triton_ops_for  # noqa: E402
 from jido.layers.rotary import RotaryEmbedding, apply_rotary  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -28,8 +28,8 @@ def _norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
 
 
-def _tolerance(dtype: torch.dtype) -> dict:
-    return dict(rtol=2e-6, atol=2e-6) if dtype == torch.float32 else dict(rtol=2**-7, atol=1e-5)
+def _tolerance(dtype: torch.dtype, atol_bf16: float = 1e-5) -> dict:
+    return dict(rtol=2e-6, atol=2e-6) if dtype == torch.float32 else dict(rtol=2**-7, atol=atol_bf16)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -63,8 +63,8 @@ def test_rms_norm_kernel_reads_rows_of_a_wider_tensor() -> None:
 def test_qk_norm_rope_kernel_equals_the_unfused_ops(dtype, heads, kv_heads, head_dim, with_norm) -> None:
     gen = torch.Generator().manual_seed(heads * head_dim)
     tokens, q_size, kv_size = 7, heads * head_dim, kv_heads * head_dim
+    qkv = (torch.randn(tokens, q_size + 2 * kv_size, generator=gen) * 2).to(DEVICE, dtype)
     with torch.device(DEVICE):
-        qkv = (torch.randn(tokens, q_size + 2 * kv_size, generator=gen) * 2).to(DEVICE, dtype)
         rope = RotaryEmbedding(head_dim, 10000.0).to(dtype)
         q_norm, k_norm = RMSNorm(head_dim, 1e-6).to(dtype), RMSNorm(head_dim, 1e-6).to(dtype)
     q_norm.weight.data.copy_(torch.rand(head_dim, generator=gen) + 0.5)
@@ -79,8 +79,10 @@ def test_qk_norm_rope_kernel_equals_the_unfused_ops(dtype, heads, kv_heads, head
     v = qkv[:, q_size + kv_size:].clone()
     triton_ops.qk_norm_rope_(qkv, q_size, kv_size, head_dim, cos, sin, q_norm.weight if with_norm else None,
                              k_norm.weight if with_norm else None, 1e-6)
-    torch.testing.assert_close(qkv[:, :q_size], expected_q, **_tolerance(dtype))
-    torch.testing.assert_close(qkv[:, q_size:q_size + kv_size], expected_k, **_tolerance(dtype))
+    # bf16: a product one unit in the last place off (float32 sums inside a norm in another order) moves a
+    # difference of two products by up to a unit of the larger one: |values| < 8, units of 2^-5
+    torch.testing.assert_close(qkv[:, :q_size], expected_q, **_tolerance(dtype, atol_bf16=2**-5))
+    torch.testing.assert_close(qkv[:, q_size:q_size + kv_size], expected_k, **_tolerance(dtype, atol_bf16=2**-5))
     assert torch.equal(qkv[:, q_size + kv_size:], v), "v must be left as it was"
 
 
@@ -109,16 +111,19 @@ def test_act_and_mul_kernel_matches_float64_and_the_aten_ops(dtype, name, act, s
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="the layers dispatch to these kernels for CUDA tensors only")
-def test_layers_on_cuda_take_the_kernels_and_give_the_unfused_values() -> None:
-    assert load_triton_ops() is triton_ops
+def test_layers_on_cuda_take_the_kernels_where_they_pay_and_give_the_unfused_values() -> None:
+    few, many = torch.empty(4, 8, device="cuda"), torch.empty(TRITON_MIN_ROWS, 8, device="cuda")
+    assert triton_ops_for(many) is triton_ops and triton_ops_for(few) is None  # eager: launching costs more
+    with for_cuda_graphs():
+        assert triton_ops_for(few) is triton_ops  # every replay of a graph runs them without launching them
     gen = torch.Generator().manual_seed(9)
-    x = torch.randn(4, 640, generator=gen).cuda().bfloat16()
+    x = torch.randn(TRITON_MIN_ROWS, 640, generator=gen).cuda().bfloat16()
     norm = RMSNorm(640, 1e-6).cuda().bfloat16()
     norm.weight.data.copy_(torch.rand(640, generator=gen) + 0.5)
     fused = norm(x)
     torch.testing.assert_close(fused.float(), torch.nn.functional.rms_norm(x, (640,), norm.weight, 1e-6).float(),
                                rtol=2**-7, atol=1e-5)
-    gate_up = torch.randn(4, 2048, generator=gen).cuda().bfloat16()
+    gate_up = torch.randn(TRITON_MIN_ROWS, 2048, generator=gen).cuda().bfloat16()
     gate, up = gate_up.chunk(2, dim=-1)
     torch.testing.assert_close(get_gated_activation("gelu_pytorch_tanh")(gate_up),
                                torch.nn.functional.gelu(gate, approximate="tanh") * up, rtol=2**-7, atol=1e-5)

@@ -68,12 +68,18 @@ class GraphRunner(TinyPagedRunner):
         width = max(len(self.block_tables[r]) for r in req_ids)
         table = np.array([self.block_tables[r] + [0] * (width - len(self.block_tables[r])) for r in req_ids],
                          dtype=np.int32)
-        common = build_common_metadata([1] * len(req_ids), [p + 1 for p in positions], table, self.block_size, DEVICE)
-        inputs = ModelInputs(torch.tensor([t[0] for t in new_tokens.values()]), torch.tensor(positions), [common],
-                             torch.arange(len(req_ids)), req_ids, np.arange(len(req_ids)), [[]] * len(req_ids))
-        assert self.graphs.fits(inputs)
+        # Prepared on the host, as the runner prepares a step for the graphs; the rows sampled reversed, so that
+        # the indices returned are the ones given.
+        common = build_common_metadata([1] * len(req_ids), [p + 1 for p in positions], table, self.block_size, "cpu")
+        rows = torch.arange(len(req_ids) - 1, -1, -1, device="cpu")
+        inputs = ModelInputs(torch.tensor([t[0] for t in new_tokens.values()], device="cpu"),
+                             torch.tensor(positions, device="cpu"), [common], rows, req_ids,
+                             np.arange(len(req_ids)), [[]] * len(req_ids))
+        assert self.graphs.takes([1] * len(req_ids))
         with torch.no_grad():
-            logits = self.model.compute_logits(self.graphs.run(inputs))
+            hidden, logits_indices = self.graphs.run(inputs)
+            assert logits_indices.device.type == DEVICE and logits_indices.tolist() == rows.tolist()
+            logits = self.model.compute_logits(hidden[logits_indices]).flip(0)
         return dict(zip(req_ids, logits.split(1)))
 
 
@@ -109,14 +115,7 @@ def test_a_step_with_a_prefill_or_more_requests_than_captured_is_left_to_eager()
     model = type(reference)(reference.config, get_attention_backend("triton")).eval()
     model.load_state_dict(reference.state_dict())
     graphs = GraphRunner(model).graphs
-    table = np.zeros((9, 2), dtype=np.int32)
-
-    def inputs(query_lens: list[int]) -> ModelInputs:
-        common = build_common_metadata(query_lens, [q + 2 for q in query_lens], table[:len(query_lens)], 4)
-        n = sum(query_lens)
-        return ModelInputs(torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64), [common],
-                           torch.arange(len(query_lens)), [], np.arange(len(query_lens)), [])
-
-    assert graphs.fits(inputs([1] * 8))
-    assert not graphs.fits(inputs([1] * 9))
-    assert not graphs.fits(inputs([1, 2]))
+    assert graphs.takes([1] * 8) and graphs.takes([1])
+    assert not graphs.takes([1] * 9)
+    assert not graphs.takes([1, 2])
+    assert not graphs.takes([])
