@@ -173,16 +173,20 @@ class QuantizedLinearMethod(LinearMethod):
                 layer.qfive = int8_dot.pack_five_bits(qweight)
 
     def _bind(self, layer: nn.Module) -> None:
-        """Settle once which int8 kernel a step of each size runs on ``layer`` (as :meth:`apply` would choose), as
+        """Settle once which int8 kernel a step of each size runs on ``layer`` (as :meth:`apply` would choose; under
+        ``w8a8``, steps of ``int8_dot.INT_MM_MIN_ROWS`` rows or more as one int8 GEMM, ``int_mm_linear``), as
         ``layer.qlinear(x, bias)``. A one-row decode of Gemma 3 270M runs 73 linears a step, and choosing per call
         (attribute probes that miss, the kernels' checks) cost ~4 us of Python each on the AVX2 EPYC. The weights
         are read from the layer at each call: moving them into huge pages replaces them after load."""
         if not hasattr(layer, "qpanels"):
             return  # the int8 kernels do not run here: apply's other routes
         five, per_token = hasattr(layer, "qfive"), self.per_token
+        int_mm = per_token and int8_dot.takes_int_mm(layer.qweight)
 
         def linear(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
             rows = x.shape[0]
+            if int_mm and rows >= int8_dot.INT_MM_MIN_ROWS:
+                return int8_dot.int_mm_linear(x, layer.qweight, bias)
             if rows >= int8_dot.PREPACKED_MIN_ROWS:
                 return int8_dot.panel_linear(x, layer.qpanels, bias)
             if five and rows == 1:

@@ -286,3 +286,38 @@ def test_five_bit_rows_store_each_code_plus_16_in_a_nibble_and_a_bit() -> None:
     assert int.from_bytes(bytes(data[36:40]), "little") == fifth_bits_word(v)
     assert data[40:56] == [(j & 15) | (((j + 16) & 15) << 4) for j in range(16)]  # the last block's
     assert int.from_bytes(bytes(data[56:60]), "little") == fifth_bits_word(u)
+
+
+def test_quantize_per_token_gives_the_codes_and_scales_of_the_rounding_the_kernels_use() -> None:
+    gen = torch.Generator().manual_seed(21)
+    x = torch.randn(7, 83, generator=gen) * torch.linspace(0.1, 9, 83)  # a partial last block; one all-zero row
+    x[3] = 0
+    codes, scales = int8_dot.load_int8_dot_ops().quantize_per_token(x)
+    expected_codes, expected_scales = int8_dot.quantize_activations(x, per_token=True)
+    assert codes.dtype == torch.int8 and codes.shape == (7, 83)
+    assert torch.equal(codes, expected_codes)
+    assert torch.equal(scales, expected_scales[:, 0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("num_rows,num_cols,rows_x", [(70, 96, 1), (33, 83, 64), (640, 2048, 130)])
+def test_int_mm_linear_equals_float64_math_on_the_rounded_activations(dtype, num_rows, num_cols, rows_x) -> None:
+    gen = torch.Generator().manual_seed(num_rows + rows_x)
+    w = qk.quantize(torch.randn(num_rows, num_cols, generator=gen) * 0.05, 8, None)  # w8a8's weights
+    assert int8_dot.takes_int_mm(w)
+    x = (torch.randn(rows_x, num_cols, generator=gen) * 3).to(dtype)
+    bias = torch.randn(num_rows, generator=gen)
+    y = int8_dot.int_mm_linear(x, w, bias)
+    assert y.dtype == dtype and y.shape == (rows_x, num_rows)
+    ref = int8_dot.int8_dot_linear_reference(x, w, bias, per_token=True)
+    magnitude = int8_dot.int8_dot_linear_reference(x.abs(), _magnitudes(w), None, True) + bias.abs().double()
+    rounding = 2e-6 if dtype == torch.float32 else 2**-8  # float32 sums; bf16's rounding of the result
+    assert torch.all((y.double() - ref).abs() <= rounding * magnitude + 1e-6)
+
+
+def test_int_mm_takes_only_int8_codes_scaled_per_row() -> None:
+    gen = torch.Generator().manual_seed(22)
+    weight = torch.randn(16, 64, generator=gen)
+    assert int8_dot.takes_int_mm(qk.quantize(weight, 8, None))
+    assert not int8_dot.takes_int_mm(qk.quantize(weight, 8, 32))  # group scales: not one GEMM
+    assert not int8_dot.takes_int_mm(qk.quantize(weight, 4, None))  # int4 with mins

@@ -103,6 +103,30 @@ def test_quantized_steps_run_the_int8_dot_kernels_and_stay_near_the_dense_model(
     assert error <= 0.06 * expected["a"].abs().max(), error
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_w8a8_steps_of_many_rows_run_one_int8_gemm_a_layer_and_stay_near_the_dense_model(arch, monkeypatch):
+    # A prefill of int8_dot.INT_MM_MIN_ROWS tokens or more runs each projection as torch._int_mm on x rounded per
+    # token; each call must equal the kernels' float64 reference on its input, and the logits stay near dense.
+    quantized, dense = _quantized_and_reference(arch, "w8a8", None)
+    weights, calls = [m.qweight for m in quantized.modules() if hasattr(m, "qpanels")], []
+    int_mm = int8_dot.int_mm_linear
+
+    def recorded(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        out = int_mm(x, w, bias)
+        reference = int8_dot.int8_dot_linear_reference(x, w, bias, per_token=True)
+        calls.append((x.shape[0], any(w is v for v in weights), float((out.double() - reference).abs().max())))
+        return out
+
+    monkeypatch.setattr(int8_dot, "int_mm_linear", recorded)
+    gen = torch.Generator().manual_seed(5)
+    prompt = {"a": torch.randint(3, 128, (int8_dot.INT_MM_MIN_ROWS + 6,), generator=gen).tolist()}
+    ours, expected = _run_steps(quantized, (prompt,)), _run_steps(dense, (prompt,))
+    # the layers' projections, then the head (this runner takes logits at every position)
+    assert [rows for rows, *_ in calls] == [int8_dot.INT_MM_MIN_ROWS + 6] * (quantized.config.num_layers * 4 + 1)
+    assert all(known for _, known, _ in calls) and max(error for *_, error in calls) < 1e-4, calls
+    assert (ours["a"] - expected["a"]).abs().max() <= 0.06 * expected["a"].abs().max()
+
+
 def _run_steps(model, steps: tuple[dict[str, list[int]], ...]) -> dict[str, torch.Tensor]:
     """The logits of the last of ``steps`` run one after another on a fresh paged cache."""
     runner = TinyPagedRunner(model)
