@@ -55,6 +55,27 @@ def test_cpp_kernel_gives_each_value_the_same_bits_in_any_column_and_batch() -> 
     assert torch.equal(batch, one.repeat(9, 1))
 
 
+@pytest.mark.parametrize("name", ["silu", "gelu_pytorch_tanh"])
+def test_cpp_kernel_in_bf16_rounds_the_activation_then_the_product_once_each(name) -> None:
+    # As ATen's two bf16 ops round (each computing in float32): act(gate) rounded to bf16, times up, rounded. (ATen's
+    # own tanh form cancels where gate is well below 0, so it is the float64 activation that is rounded here.)
+    assert activation_module.load_activation_ops() is not None, "the C++ activation kernel did not build here"
+    gen = torch.Generator().manual_seed(len(name))
+    gate_up = (torch.randn(33, 2 * 211, generator=gen) * 4).bfloat16()  # 211 wide: an 8-wide loop and a tail
+    gate_up[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    out = get_gated_activation(name)(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    act = logistic_reference(name, torch.cat([gate, torch.ones_like(gate)], dim=-1))  # act(gate) in float64
+    expected = (act.bfloat16().float() * up.float()).bfloat16()
+    assert out.dtype == torch.bfloat16 and out.shape == expected.shape
+    assert torch.equal(out[0, :3].isnan(), torch.tensor([True, False, True]))  # inf * 1 stays; -inf / inf is NaN
+    finite = expected.isfinite()
+    # float32's activation (exp within 2 ulp) rounds to the other bf16 neighbour only near a rounding boundary
+    ulp = expected.float().abs().clamp(min=1e-30) * 2**-7
+    off = (out.float() - expected.float()).abs()[finite] / ulp[finite]
+    assert off.max() <= 1.01 and (off > 0).float().mean() < 0.01, (off.max(), (off > 0).float().mean())
+
+
 def test_extremes_give_the_limits_not_nan(path) -> None:
     gate = torch.tensor([-1e4, -90.0, -30.0, 0.0, 30.0, 90.0, 1e4, -0.0])
     gate_up = torch.cat([gate, torch.full_like(gate, 2.0)])[None]

@@ -1,5 +1,5 @@
-// Gated MLP activations in one pass: out[t, j] = act(x[t, j]) * x[t, I + j] for x [tokens, 2 * I] float32, act
-// SiLU or GELU's tanh form. ATen runs them as two ops over a strided half of x, and its GELU evaluates tanh by
+// Gated MLP activations in one pass: out[t, j] = act(x[t, j]) * x[t, I + j] for x [tokens, 2 * I] float32 or
+// bfloat16, act SiLU or GELU's tanh form. ATen runs them as two ops over a strided half of x, and its GELU evaluates tanh by
 // Sleef (a 2,000-token prefill of Gemma 3 270M: 18 calls of 7.6 ms on the AVX2 EPYC, plus 1 ms for each product).
 //
 // Both are x times a logistic: silu(g) = g / (1 + e^-g), and since 1 + tanh(y) = 2 / (1 + e^-2y),
@@ -70,6 +70,58 @@ inline __m256 exp8(__m256 x) {
 }
 #endif
 
+// bf16 <-> float32 as c10 converts: the top 16 bits; rounding to nearest even, NaN to 0x7fc0.
+inline float from_bf16(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+inline uint16_t to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return x != x ? 0x7fc0 : static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+#ifdef __AVX2__
+inline __m256 load_bf16(const uint16_t* p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
+}
+// 8 floats rounded to bf16, as their bits in the low halves of int32 lanes.
+inline __m256i bf16_bits(__m256 x) {
+  const __m256i u = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  return _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), nan);
+}
+inline __m256 round_bf16(__m256 x) { return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(x), 16)); }
+inline void store_bf16(uint16_t* p, __m256 x) {
+  const __m256i r = bf16_bits(x);
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+#endif
+
+// One bf16 row: act(gate) rounded to bf16, times up, rounded (as ATen's two bf16 ops round, each computing in
+// float32): a bf16 2,000-token prefill of Gemma 3 270M spent 5.9 ms a layer in ATen's GELU alone (2-core Zen 4).
+void act_and_mul_row_bf16(const uint16_t* gate, const uint16_t* up, uint16_t* out, int64_t width, Act act) {
+  int64_t j = 0;
+#ifdef __AVX2__
+  const __m256 one = _mm256_set1_ps(1.f);
+  for (; j + 8 <= width; j += 8) {
+    const __m256 g = load_bf16(gate + j);
+    const __m256 a = round_bf16(_mm256_div_ps(g, _mm256_add_ps(one, exp8(exponent8(g, act)))));
+    store_bf16(out + j, _mm256_mul_ps(a, load_bf16(up + j)));
+  }
+#endif
+  for (; j < width; ++j) {
+    const float g = from_bf16(gate[j]);
+    out[j] = to_bf16(from_bf16(to_bf16(g / (1.f + exp_approx(exponent(g, act))))) * from_bf16(up[j]));
+  }
+}
+
 // One row: out[j] = act(gate[j]) * up[j], rounded once each (as the two unfused float32 ops round).
 void act_and_mul_row(const float* gate, const float* up, float* out, int64_t width, Act act) {
   int64_t j = 0;
@@ -87,17 +139,28 @@ void act_and_mul_row(const float* gate, const float* up, float* out, int64_t wid
 at::Tensor act_and_mul(const at::Tensor& x, int64_t act) {
   TORCH_CHECK(act == static_cast<int64_t>(Act::kSilu) || act == static_cast<int64_t>(Act::kGeluTanh),
               "act_and_mul: act must be 0 (silu) or 1 (gelu_tanh), got ", act);
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat && x.size(1) % 2 == 0,
-              "act_and_mul: x must be contiguous float32 [tokens, 2 * width]");
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (bf16 || x.scalar_type() == at::kFloat) && x.size(1) % 2 == 0,
+              "act_and_mul: x must be contiguous float32 or bfloat16 [tokens, 2 * width]");
   const int64_t rows = x.size(0), width = x.size(1) / 2;
   at::Tensor out = at::empty({rows, width}, x.options());
-  const float* src = x.data_ptr<float>();
-  float* dst = out.data_ptr<float>();
   // rows of at least ~32k values a task: one decode row stays on the calling thread
   const int64_t grain = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(width, 1));
+  const Act a = static_cast<Act>(act);
+  if (bf16) {
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+    uint16_t* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t)
+        act_and_mul_row_bf16(src + t * 2 * width, src + t * 2 * width + width, dst + t * width, width, a);
+    });
+    return out;
+  }
+  const float* src = x.data_ptr<float>();
+  float* dst = out.data_ptr<float>();
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
-      act_and_mul_row(src + t * 2 * width, src + t * 2 * width + width, dst + t * width, width, static_cast<Act>(act));
+      act_and_mul_row(src + t * 2 * width, src + t * 2 * width + width, dst + t * width, width, a);
   });
   return out;
 }
