@@ -26,3 +26,16 @@ def load_paged_decode(source: Path = SOURCE) -> object | None:
 def load_write_kv() -> object | None:
     """``torch.ops.jido_cpu_attn.write_kv`` (the same library as :func:`load_paged_decode`), or None."""
     return None if load_paged_decode() is None else torch.ops.jido_cpu_attn.write_kv
+
+
+PREFILL_SOURCE = Path(__file__).parent / "csrc" / "flash_prefill.cpp"
+
+
+@functools.cache
+def load_flash_prefill(source: Path = PREFILL_SOURCE, on_amx: bool = False) -> object | None:
+    """``torch.ops.jido_cpu_prefill.flash_prefill`` (bf16 causal prefill on oneDNN's AVX-512 BF16 micro-kernels), or
+    None: where oneDNN runs AMX, unless ``on_amx`` (PyTorch's SDPA measured faster there), or where the library
+    cannot be built (with a warning)."""
+    if not load_ops_library("jido_cpu_prefill", source, "C++ prefill attention", "PyTorch's SDPA for prefill"):
+        return None
+    return None if torch.ops.jido_cpu_prefill.amx() and not on_amx else torch.ops.jido_cpu_prefill.flash_prefill

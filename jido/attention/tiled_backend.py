@@ -7,14 +7,17 @@ from dataclasses import dataclass
 import torch
 
 from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
-from jido.attention.cpu_extension import load_paged_decode, load_write_kv
+from jido.attention.cpu_extension import load_flash_prefill, load_paged_decode, load_write_kv
 from jido.attention.kv_quant import cache_rows, read_rows, row_width
 from jido.attention.torch_backend import TorchAttentionMetadata, build_plan, causal_attention, first_visible_key
+from jido.utils.cpu import cpu_info
 
 # A prefill whose [query, key] mask has at most this many elements runs as one fused SDPA call over its
 # gathered keys: on 2k-token prompts that is ~2.5x faster than the tiled loop in PyTorch (measured:
 # benchmarks/results/attention-2026-12-01.md). Beyond it the tiled loop keeps memory linear in the context.
 DENSE_PREFILL_MAX_SCORES = 1 << 23
+# Queries per work item of the C++ prefill kernel (csrc/flash_prefill.cpp); for 4:1 GQA, GEMMs of 256 rows.
+CPP_PREFILL_QUERY_TILE = 64
 
 
 @dataclass
@@ -80,7 +83,10 @@ class TiledAttentionBackend(AttentionBackend):
     block_token_dim = 2  # a block is [2, kv_heads, block_size, width]
 
     def __init__(self, query_tile: int = 256, key_tile_blocks: int = 32, decode_split_blocks: int = 32,
-                 use_cpp_decode: bool = True, dense_prefill_max_scores: int = DENSE_PREFILL_MAX_SCORES) -> None:
+                 use_cpp_decode: bool = True, dense_prefill_max_scores: int = DENSE_PREFILL_MAX_SCORES,
+                 use_cpp_prefill: bool = True, prefill_query_tile: int = CPP_PREFILL_QUERY_TILE) -> None:
+        self.use_cpp_prefill = use_cpp_prefill
+        self.prefill_query_tile = prefill_query_tile
         self.dense_prefill_max_scores = dense_prefill_max_scores
         self.query_tile = query_tile
         self.key_tile_blocks = key_tile_blocks
@@ -109,7 +115,11 @@ class TiledAttentionBackend(AttentionBackend):
         for p in metadata.prefills:
             rows = slice(p.query_start, p.query_start + p.query_len)
             block_table = metadata.common.block_tables[p.req_idx]
-            if p.query_len * _num_visible_keys(spec, p.seq_len, p.query_len) <= self.dense_prefill_max_scores:
+            kernel = self._cpp_prefill_kernel(spec, q, kv_cache)
+            if kernel is not None:
+                out[rows] = cpp_prefill_attention(spec, q[rows], kv_cache, block_table, p.seq_len, kernel,
+                                                  self.prefill_query_tile)
+            elif p.query_len * _num_visible_keys(spec, p.seq_len, p.query_len) <= self.dense_prefill_max_scores:
                 out[rows] = dense_prefill_attention(spec, q[rows], kv_cache, block_table, p.seq_len)
             else:
                 out[rows] = prefill_attention(spec, q[rows], kv_cache, block_table, p.seq_len, self.query_tile,
@@ -125,6 +135,12 @@ class TiledAttentionBackend(AttentionBackend):
         kernel(out, q.contiguous(), kv_cache, block_tables, seq_lens, spec.scale, spec.sliding_window or 0,
                spec.logit_softcap or 0.0, self.decode_split_blocks)
         return out
+
+    def _cpp_prefill_kernel(self, spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor) -> Callable | None:
+        if not (self.use_cpp_prefill and q.is_cpu and q.dtype == kv_cache.dtype == torch.bfloat16
+                and spec.head_dim % 64 == 0 and cpu_info().has_native_bf16):
+            return None
+        return load_flash_prefill()
 
     def _cpp_kernel(self, q: torch.Tensor) -> Callable | None:
         if not self.use_cpp_decode or not q.is_cpu or q.dtype not in (torch.float32, torch.bfloat16):
@@ -154,17 +170,36 @@ def _num_visible_keys(spec: AttentionLayerSpec, seq_len: int, query_len: int) ->
 def dense_prefill_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor,
                             block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
     """The same as :func:`prefill_attention` in one masked SDPA call over the gathered keys (short prompts)."""
-    num_kv_heads, head_dim = spec.num_kv_heads, spec.head_dim
-    block_size, first_query = kv_cache.shape[3], seq_len - q.shape[0]
+    first_query = seq_len - q.shape[0]
+    keys, values, first_key = _gather_visible(spec, kv_cache, block_table, first_query, seq_len)
+    return causal_attention(spec, q, keys, values, first_query, first_key)
+
+
+def cpp_prefill_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                          seq_len: int, kernel: Callable, query_tile: int) -> torch.Tensor:
+    """The same as :func:`prefill_attention` by the C++ kernel of ``csrc/flash_prefill.cpp`` over the gathered keys."""
+    first_query = seq_len - q.shape[0]
+    keys, values, first_key = _gather_visible(spec, kv_cache, block_table, first_query, seq_len)
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    kernel(out, q, keys.contiguous(), values.contiguous(), spec.scale, first_query, first_key,
+           spec.sliding_window or 0, spec.logit_softcap or 0.0, query_tile)
+    return out
+
+
+def _gather_visible(spec: AttentionLayerSpec, kv_cache: torch.Tensor, block_table: torch.Tensor, first_query: int,
+                    seq_len: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The keys and values ``[kv_heads, num_keys, head_dim]`` that queries from ``first_query`` on can see, and the
+    position of the first."""
+    num_kv_heads, head_dim, block_size, width = spec.num_kv_heads, spec.head_dim, kv_cache.shape[3], kv_cache.shape[4]
     first_key = first_visible_key(spec, first_query)
     first_block = first_key // block_size
     block_ids = block_table[first_block : -(-seq_len // block_size)].long()
     keep = slice(first_key - first_block * block_size, seq_len - first_block * block_size)
-    width = kv_cache.shape[4]
     # [n, kv_heads, block_size, width] -> [kv_heads, num_keys, head_dim]
     keys = read_rows(kv_cache[0][block_ids].transpose(0, 1).reshape(num_kv_heads, -1, width)[:, keep], head_dim)
     values = read_rows(kv_cache[1][block_ids].transpose(0, 1).reshape(num_kv_heads, -1, width)[:, keep], head_dim)
-    return causal_attention(spec, q, keys, values, first_query, first_key)
+    return keys, values, first_key
 
 
 def prefill_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,

@@ -1,0 +1,96 @@
+"""The C++ bf16 prefill kernel (``csrc/flash_prefill.cpp``) against float64 attention over random shapes, GQA
+ratios, windows, soft-caps, block sizes and cached prefixes: with oneDNN's AMX packing where this CPU has AMX, and
+with jido's own VNNI packing on oneDNN's AVX-512 BF16 kernels (as on a Zen 4), in-process on such a CPU and, on an
+AMX machine, in a process whose oneDNN is held to that ISA."""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from paged_cases import make_case, reference, run
+
+from jido.attention import cpu_extension, tiled_backend
+from jido.attention.backend import AttentionLayerSpec
+from jido.attention.tiled_backend import TiledAttentionBackend
+from jido.utils import cpp_build
+from jido.utils.cpu import cpu_info
+
+needs_bf16 = pytest.mark.skipif(not cpu_info().has_native_bf16, reason="the kernel runs where bf16 is native")
+TOLERANCE = {"atol": 3e-2, "rtol": 2e-2}  # bf16 inputs and output
+
+
+def check_random_prefills(draws: int) -> None:
+    """``draws`` random steps of prefills (no decode rows: queries of 17+ tokens) through the kernel, each against
+    the float64 reference; the seed is in a failure's message."""
+    kernel = cpu_extension.load_flash_prefill(on_amx=True)
+    assert kernel is not None
+    for _ in range(draws):
+        seed = random.SystemRandom().randrange(2**32)
+        rng = random.Random(seed)
+        backend = TiledAttentionBackend(prefill_query_tile=rng.choice([16, 64]))
+        backend._cpp_prefill_kernel = lambda spec, q, kv_cache: kernel
+        num_kv_heads, group, head_dim = rng.choice([1, 2]), rng.choice([1, 2, 4]), rng.choice([64, 128, 256])
+        window = rng.choice([None, rng.randint(1, 150)])
+        softcap = rng.choice([None, rng.uniform(5.0, 30.0)])
+        requests = [(rng.choice([0, rng.randint(1, 200)]), rng.randint(17, 300)) for _ in range(rng.randint(1, 3))]
+        block_size = rng.choice([4, 16, 32])
+        spec = AttentionLayerSpec(num_kv_heads * group, num_kv_heads, head_dim, head_dim**-0.5, window, softcap)
+        case = make_case(requests, spec.num_heads, num_kv_heads, block_size, seed=seed, backend=backend,
+                         dtype=torch.bfloat16, head_dim=head_dim)
+        torch.testing.assert_close(run(spec, case).float(), reference(spec, case), **TOLERANCE,
+                                   msg=lambda m: f"seed {seed}, {spec}, {requests}, block {block_size}, tile "
+                                                         f"{backend.prefill_query_tile}: {m}")
+
+
+@needs_bf16
+def test_cpp_prefill_matches_float64_reference() -> None:
+    check_random_prefills(6)
+
+
+@pytest.mark.skipif("amx_bf16" not in cpu_info().flags, reason="tests the AVX-512 BF16 path on an AMX machine")
+def test_cpp_prefill_without_amx_packs_its_own_vnni_layout_and_matches_reference() -> None:
+    # ONEDNN_MAX_CPU_ISA makes oneDNN run as on an AVX-512 BF16 CPU without AMX: its packing refuses, so the kernel
+    # packs keys and values itself, in the layout oneDNN's AVX-512 BF16 brgemm reads.
+    script = ("import torch; from jido.attention import cpu_extension; import test_cpp_prefill as t; "
+              "cpu_extension.load_flash_prefill(on_amx=True); assert not torch.ops.jido_cpu_prefill.amx(); "
+              "t.check_random_prefills(4)")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@needs_bf16
+def test_cpp_prefill_build_failure_falls_back_to_sdpa_with_a_warning(tmp_path, monkeypatch, caplog) -> None:
+    broken = tmp_path / "flash_prefill.cpp"
+    broken.write_text("#error this source does not compile\n")
+    monkeypatch.setattr(cpp_build, "CACHE_ROOT", tmp_path / "build")
+    monkeypatch.setattr(tiled_backend, "load_flash_prefill", lambda: cpu_extension.load_flash_prefill(broken))
+    with caplog.at_level(logging.WARNING, logger=cpp_build.__name__):
+        spec = AttentionLayerSpec(4, 1, 64, 0.125, sliding_window=40)
+        case = make_case([(30, 50), (0, 90)], 4, 1, block_size=16, backend="tiled", dtype=torch.bfloat16,
+                         head_dim=64)
+        torch.testing.assert_close(run(spec, case).float(), reference(spec, case), **TOLERANCE)
+    assert cpu_extension.load_flash_prefill(broken) is None
+    assert "C++ prefill attention unavailable" in caplog.text and "using PyTorch's SDPA for prefill" in caplog.text
+
+
+def test_cpp_prefill_rejects_what_it_cannot_run() -> None:
+    kernel = cpu_extension.load_flash_prefill(on_amx=True)
+    if kernel is None or not cpu_info().has_native_bf16:
+        pytest.skip("no kernel on this machine")
+    q = torch.zeros(8, 2, 64, dtype=torch.bfloat16)
+    keys = torch.zeros(1, 8, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="bfloat16 tensors"):
+        kernel(q.float(), q.float(), keys.float(), keys.float(), 0.1, 0, 0, 0, 0.0, 64)
+    with pytest.raises(RuntimeError, match="head sizes"):
+        kernel(q[..., :32].contiguous(), q[..., :32].contiguous(), keys[..., :32].contiguous(),
+               keys[..., :32].contiguous(), 0.1, 0, 0, 0, 0.0, 64)
+    with pytest.raises(RuntimeError, match="cover every query"):
+        kernel(q, q, keys[:, :4].contiguous(), keys[:, :4].contiguous(), 0.1, 0, 0, 0, 0.0, 64)
