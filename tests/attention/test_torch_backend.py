@@ -47,6 +47,7 @@ def test_long_prompts_in_query_tiles_match_float64_reference(monkeypatch, window
                                                               backend: str) -> None:
     # Small tiles, so these prompts (fresh, and after a cached prefix) run many tiles, each seeing only its keys.
     monkeypatch.setattr(torch_backend, "SLIDING_QUERY_TILE", 8)
+    monkeypatch.setattr(torch_backend, "SLIDING_QUERY_TILE_AMX", 8)
     monkeypatch.setattr(torch_backend, "GLOBAL_QUERY_TILE", 16)
     spec = _spec(4, 1, window, softcap)
     case = make_case([(0, 70), (23, 50), (5, 9)], 4, 1, block_size=4, backend=backend)
