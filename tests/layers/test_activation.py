@@ -55,6 +55,17 @@ def test_cpp_kernel_gives_each_value_the_same_bits_in_any_column_and_batch() -> 
     assert torch.equal(batch, one.repeat(9, 1))
 
 
+def test_cpp_kernel_in_bf16_gives_each_value_the_same_bits_in_any_column() -> None:
+    # 61 wide: columns 0..47 in 16-lane AVX-512 BF16 vectors where the CPU has them, 48..55 in the AVX2 loop, 56..60
+    # in the scalar tail; rolled by 5, every value moves to another of them.
+    assert activation_module.load_activation_ops() is not None, "the C++ activation kernel did not build here"
+    gate = torch.linspace(-4, 4, 61).bfloat16()
+    up = torch.linspace(0.5, 2, 61).bfloat16()
+    one = get_gated_activation("gelu_pytorch_tanh")(torch.cat([gate, up])[None])
+    out = get_gated_activation("gelu_pytorch_tanh")(torch.cat([gate.roll(-5), up.roll(-5)])[None])
+    assert torch.equal(out[0], one[0].roll(-5))
+
+
 @pytest.mark.parametrize("name", ["silu", "gelu_pytorch_tanh"])
 def test_cpp_kernel_in_bf16_rounds_the_activation_then_the_product_once_each(name) -> None:
     # As ATen's two bf16 ops round (each computing in float32): act(gate) rounded to bf16, times up, rounded. (ATen's

@@ -106,8 +106,61 @@ inline void store_bf16(uint16_t* p, __m256 x) {
 
 // One bf16 row: act(gate) rounded to bf16, times up, rounded (as ATen's two bf16 ops round, each computing in
 // float32): a bf16 2,000-token prefill of Gemma 3 270M spent 5.9 ms a layer in ATen's GELU alone (2-core Zen 4).
+#if defined(__AVX2__) && defined(__GNUC__)
+#define JIDO_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
+
+// The AVX2 loop's operations, 16 lanes at a time; bf16 rounding by the CPU's own conversion (to nearest even, as
+// bf16_bits does for every number). Where the CPU has AVX-512 BF16: a 2,000-token row block of Gemma 3 270M's
+// gated GELU (2,000 x 2 x 2,048) on the 2-core AMX Xeon took 2.36 ms on the AVX2 loop, 1.03 here.
+JIDO_AVX512_BF16 inline __m512 load_bf16x16(const uint16_t* p) {
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
+JIDO_AVX512_BF16 inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpMin)), _mm512_set1_ps(kExpMax));
+  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo), _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), x));
+  __m512 p = _mm512_set1_ps(kP[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP[i]));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+JIDO_AVX512_BF16 inline __m512 exponent16(__m512 g, Act act) {
+  if (act == Act::kSilu) return _mm512_sub_ps(_mm512_setzero_ps(), g);
+  const __m512 inner = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(kGeluB), g), g, _mm512_set1_ps(1.f));
+  return _mm512_mul_ps(inner, _mm512_mul_ps(_mm512_set1_ps(kGeluA), g));
+}
+
+// Columns [0, width / 16 * 16) of one bf16 row; returns where it stopped.
+JIDO_AVX512_BF16 int64_t act_and_mul_row_bf16_avx512(const uint16_t* gate, const uint16_t* up, uint16_t* out,
+                                                      int64_t width, Act act) {
+  const __m512 one = _mm512_set1_ps(1.f);
+  int64_t j = 0;
+  for (; j + 16 <= width; j += 16) {
+    const __m512 g = load_bf16x16(gate + j);
+    const __m256bh a16 = _mm512_cvtneps_pbh(_mm512_div_ps(g, _mm512_add_ps(one, exp16(exponent16(g, act)))));
+    const __m512 a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)a16), 16));
+    const __m256bh y = _mm512_cvtneps_pbh(_mm512_mul_ps(a, load_bf16x16(up + j)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), (__m256i)y);
+  }
+  return j;
+}
+
+bool has_avx512_bf16() {
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+#endif
+
 void act_and_mul_row_bf16(const uint16_t* gate, const uint16_t* up, uint16_t* out, int64_t width, Act act) {
   int64_t j = 0;
+#if defined(__AVX2__) && defined(__GNUC__)
+  if (has_avx512_bf16()) j = act_and_mul_row_bf16_avx512(gate, up, out, width, act);
+#endif
 #ifdef __AVX2__
   const __m256 one = _mm256_set1_ps(1.f);
   for (; j + 8 <= width; j += 8) {
