@@ -114,17 +114,30 @@ class TiledAttentionBackend(AttentionBackend):
             out[batch.rows] = self._decode(spec, q[batch.rows], kv_cache, batch.block_tables, batch.seq_lens)
         for p in metadata.prefills:
             rows = slice(p.query_start, p.query_start + p.query_len)
-            block_table = metadata.common.block_tables[p.req_idx]
-            kernel = self._cpp_prefill_kernel(spec, q, kv_cache)
-            if kernel is not None:
-                out[rows] = cpp_prefill_attention(spec, q[rows], kv_cache, block_table, p.seq_len, kernel,
-                                                  self.prefill_query_tile)
-            elif p.query_len * _num_visible_keys(spec, p.seq_len, p.query_len) <= self.dense_prefill_max_scores:
-                out[rows] = dense_prefill_attention(spec, q[rows], kv_cache, block_table, p.seq_len)
-            else:
-                out[rows] = prefill_attention(spec, q[rows], kv_cache, block_table, p.seq_len, self.query_tile,
-                                              self.key_tile_blocks)
+            result = self._prefill(spec, q[rows], k[rows], v[rows], kv_cache,
+                                   metadata.common.block_tables[p.req_idx], p.seq_len)
+            if p.query_len == num_tokens:  # the step's only request: no copy into out
+                return result.reshape(num_tokens, -1)
+            out[rows] = result
         return out.view(num_tokens, -1)
+
+    def _prefill(self, spec: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 kv_cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+        """One request's prefill attention; ``k``/``v`` are its keys and values of this step."""
+        query_len = q.shape[0]
+        # A prompt with nothing cached sees only this step's keys: take them as they came, not gathered back out
+        # of the cache they were just written to (where the cache holds their dtype, so the values are the same).
+        context = None
+        if query_len == seq_len and kv_cache.dtype == k.dtype:
+            context = (k.view(query_len, spec.num_kv_heads, spec.head_dim).transpose(0, 1),
+                       v.view(query_len, spec.num_kv_heads, spec.head_dim).transpose(0, 1))
+        kernel = self._cpp_prefill_kernel(spec, q, kv_cache)
+        if kernel is not None:
+            return cpp_prefill_attention(spec, q, kv_cache, block_table, seq_len, kernel, self.prefill_query_tile,
+                                         context)
+        if query_len * _num_visible_keys(spec, seq_len, query_len) <= self.dense_prefill_max_scores:
+            return dense_prefill_attention(spec, q, kv_cache, block_table, seq_len, context)
+        return prefill_attention(spec, q, kv_cache, block_table, seq_len, self.query_tile, self.key_tile_blocks)
 
     def _decode(self, spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
                 seq_lens: torch.Tensor) -> torch.Tensor:
@@ -167,19 +180,24 @@ def _num_visible_keys(spec: AttentionLayerSpec, seq_len: int, query_len: int) ->
     return seq_len - first_visible_key(spec, seq_len - query_len)
 
 
+Context = tuple[torch.Tensor, torch.Tensor]  # a prompt's keys and values [kv_heads, seq_len, head_dim], from position 0
+
+
 def dense_prefill_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor,
-                            block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """The same as :func:`prefill_attention` in one masked SDPA call over the gathered keys (short prompts)."""
+                            block_table: torch.Tensor, seq_len: int, context: Context | None = None) -> torch.Tensor:
+    """The same as :func:`prefill_attention` in one masked SDPA call over the gathered keys (short prompts), or over
+    ``context``, the whole context's keys and values where the caller has them."""
     first_query = seq_len - q.shape[0]
-    keys, values, first_key = _gather_visible(spec, kv_cache, block_table, first_query, seq_len)
+    keys, values, first_key = _visible_context(spec, kv_cache, block_table, first_query, seq_len, context)
     return causal_attention(spec, q, keys, values, first_query, first_key)
 
 
 def cpp_prefill_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                          seq_len: int, kernel: Callable, query_tile: int) -> torch.Tensor:
-    """The same as :func:`prefill_attention` by the C++ kernel of ``csrc/flash_prefill.cpp`` over the gathered keys."""
+                          seq_len: int, kernel: Callable, query_tile: int, context: Context | None = None) -> torch.Tensor:
+    """The same as :func:`prefill_attention` by the C++ kernel of ``csrc/flash_prefill.cpp`` over the gathered keys
+    (or ``context``, as for :func:`dense_prefill_attention`)."""
     first_query = seq_len - q.shape[0]
-    keys, values, first_key = _gather_visible(spec, kv_cache, block_table, first_query, seq_len)
+    keys, values, first_key = _visible_context(spec, kv_cache, block_table, first_query, seq_len, context)
     q = q.contiguous()
     out = torch.empty_like(q)
     kernel(out, q, keys.contiguous(), values.contiguous(), spec.scale, first_query, first_key,
@@ -187,12 +205,14 @@ def cpp_prefill_attention(spec: AttentionLayerSpec, q: torch.Tensor, kv_cache: t
     return out
 
 
-def _gather_visible(spec: AttentionLayerSpec, kv_cache: torch.Tensor, block_table: torch.Tensor, first_query: int,
-                    seq_len: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _visible_context(spec: AttentionLayerSpec, kv_cache: torch.Tensor, block_table: torch.Tensor, first_query: int,
+                     seq_len: int, context: Context | None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The keys and values ``[kv_heads, num_keys, head_dim]`` that queries from ``first_query`` on can see, and the
-    position of the first."""
+    position of the first: cut from ``context`` where given, else gathered from the cache."""
     num_kv_heads, head_dim, block_size, width = spec.num_kv_heads, spec.head_dim, kv_cache.shape[3], kv_cache.shape[4]
     first_key = first_visible_key(spec, first_query)
+    if context is not None:
+        return context[0][:, first_key:seq_len], context[1][:, first_key:seq_len], first_key
     first_block = first_key // block_size
     block_ids = block_table[first_block : -(-seq_len // block_size)].long()
     keep = slice(first_key - first_block * block_size, seq_len - first_block * block_size)
