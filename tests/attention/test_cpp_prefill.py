@@ -81,10 +81,10 @@ def test_cpp_prefill_build_failure_falls_back_to_sdpa_with_a_warning(tmp_path, m
     assert "C++ prefill attention unavailable" in caplog.text and "using PyTorch's SDPA for prefill" in caplog.text
 
 
+@needs_bf16
 def test_cpp_prefill_rejects_what_it_cannot_run() -> None:
     kernel = cpu_extension.load_flash_prefill(on_amx=True)
-    if kernel is None or not cpu_info().has_native_bf16:
-        pytest.skip("no kernel on this machine")
+    assert kernel is not None, "the C++ prefill kernel did not build here"
     q = torch.zeros(8, 2, 64, dtype=torch.bfloat16)
     keys = torch.zeros(1, 8, 64, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="bfloat16 tensors"):
