@@ -67,6 +67,17 @@ def test_cpp_prefill_without_amx_packs_its_own_vnni_layout_and_matches_reference
 
 
 @needs_bf16
+def test_cpp_prefill_that_onednn_refuses_at_load_falls_back_to_sdpa_with_a_warning() -> None:
+    # Held to AVX2, oneDNN refuses bf16 micro-kernels: the load-time self-check catches it, so no request meets it.
+    script = ("import logging; logging.basicConfig(); from jido.attention import cpu_extension; "
+              "assert cpu_extension.load_flash_prefill(on_amx=True) is None")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "C++ prefill attention unavailable" in done.stderr and "using PyTorch's SDPA for prefill" in done.stderr
+
+
+@needs_bf16
 def test_cpp_prefill_build_failure_falls_back_to_sdpa_with_a_warning(tmp_path, monkeypatch, caplog) -> None:
     broken = tmp_path / "flash_prefill.cpp"
     broken.write_text("#error this source does not compile\n")
