@@ -80,7 +80,7 @@ def pages(layers: list, head, repeats: int) -> dict:
 def rows(layers: list, head, repeats: int) -> list[dict]:
     hx = torch.randn(1, head.qweight.shape[1])
     results = []
-    for num_rows in (4, 8, 16, 32, 128, 2000):
+    for num_rows in (4, 8, 16, 32, 48, 64, 128, 2000):
         xs = [torch.randn(num_rows, m.qweight.shape[1], dtype=torch.bfloat16) for m in layers]
         record = {"rows": num_rows}
         record["panels_ms"] = _median_ms(lambda: [int8_dot.panel_linear(x, m.qpanels) for m, x in zip(layers, xs)],

@@ -210,13 +210,33 @@ def test_prepacked_panels_give_bit_for_bit_what_the_panel_kernel_packing_per_cal
             assert torch.equal(int8_dot.panel_linear(x, packed, bias), expected), (num_rows, num_cols, group_size, rows)
 
 
+@pytest.mark.skipif(not int8_dot.amx_runs(), reason="needs AMX-INT8 tiles (and the kernels built)")
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_amx_panels_give_bit_for_bit_what_the_vector_panels_give(bits, per_token) -> None:
+    # Steps of 1-16 rows run as one tile block; past 16, in blocks of 16 with the last padded by zero rows.
+    gen = torch.Generator().manual_seed(14)
+    for i, (num_rows, num_cols, group_size) in enumerate(SHAPES):
+        if group_size == 16 and per_token:
+            continue  # w8a8 weights have groups of 32 or more
+        w = random_weight(num_rows, num_cols, group_size, bits, with_mins=i % 2 == 0, gen=gen)
+        amx, vector = int8_dot.pack_panels(w, per_token, amx=True), int8_dot.pack_panels(w, per_token, amx=False)
+        bias = torch.randn(num_rows, generator=gen) if i % 3 else None
+        for rows in (1, 2, 15, 16, 17, 40):
+            x = random_x(rows, num_cols, torch.float32, gen)
+            expected = int8_dot.panel_linear(x, vector, bias)
+            assert torch.equal(int8_dot.panel_linear(x, amx, bias), expected), (num_rows, num_cols, group_size, rows)
+
+
 def test_narrow_codes_pack_unsigned_and_wide_ones_signed() -> None:
     gen = torch.Generator().manual_seed(12)
     narrow = random_weight(16, 64, 32, 8, with_mins=False, gen=gen, codes=(-20, 20))
     wide = random_weight(16, 64, 32, 8, with_mins=False, gen=gen)
     # a span of at most 127 codes is stored shifted, with the shift in a mins' term; a wider one as it is
-    assert int8_dot.pack_panels(narrow).meta[:, 1].tolist() == [1, 1] and int8_dot.pack_panels(narrow).mins.numel() > 0
-    assert int8_dot.pack_panels(wide).meta[:, 1].tolist() == [0, 0] and int8_dot.pack_panels(wide).mins.numel() == 0
+    for amx in {False, int8_dot.amx_runs()}:
+        packed_narrow, packed_wide = int8_dot.pack_panels(narrow, amx=amx), int8_dot.pack_panels(wide, amx=amx)
+        assert all(packed_narrow.with_mins) and packed_narrow.mins.numel() > 0, amx
+        assert not any(packed_wide.with_mins) and packed_wide.mins.numel() == 0, amx
     for w in (narrow, wide):
         x = random_x(3, 64, torch.float32, gen)
         assert_equals_reference(x, w, None, False, True, "panels")
@@ -229,7 +249,7 @@ def test_panels_packed_for_one_rounding_of_x_are_refused_for_the_other() -> None
     w = random_weight(8, 640, None, 8, with_mins=False, gen=torch.Generator().manual_seed(13))
     per_block = int8_dot.pack_panels(w)
     mixed = int8_dot.PackedPanels(per_block.codes, per_block.scales, per_block.mins, per_block.meta, w.group_size,
-                                  w.shape, per_token=True)
+                                  w.shape, per_token=True, amx=per_block.amx)
     with pytest.raises(RuntimeError, match="packed for another x_block"):
         int8_dot.panel_linear(torch.randn(2, 640), mixed)
 

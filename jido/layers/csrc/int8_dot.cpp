@@ -17,7 +17,8 @@
 //   up to 8 quads for 4-bit codes. Wider codes multiply by sign: |q| against xq with q's signs; under VNNI instead
 //   xq + 128 against the codes as stored, less 128 times their sums, two panels to a 512-bit vector (the LM head
 //   at 16 rows: 32.1 -> 20.7 ms on a 2-core Xeon); a panel left unpaired keeps the sign path. A step of up to 8
-//   rows (a speculative verify step's K + 1) meets each panel once with all its rows.
+//   rows (a speculative verify step's K + 1) meets each panel once with all its rows. With AMX-INT8, prepacked
+//   panels of 16 rows run on the tile units instead (see AMX panels below), with the same outputs.
 //
 // int8 codes as |q| (unsigned) against xq with q's signs (_mm256_sign_epi8; |q| <= 128 and |xq| <= 127, so
 // maddubs' pair sums of at most 32512 never saturate); int4 codes (0..15) in the rows kernel as they are, the
@@ -30,7 +31,9 @@
 #ifndef JIDO_INT8_DOT_PASS
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <sys/syscall.h>
 #include <torch/library.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -528,7 +531,202 @@ void prepacked_panels(const Weight& w, const at::Tensor& codes, const at::Tensor
     return dot;
   });
 }
-#endif
+
+// AMX panels: steps of a few rows (decode batches, verify steps) on the tile units of CPUs with AMX-INT8. A panel
+// holds 16 weight rows as an AMX B tile takes them: codes [quads][16][4] (the two 8-row panels of pack_panel side
+// by side, so their codes, shifts and mins are the vector kernels'), scales [chunks][16], mins [groups][16]. Each
+// chunk of columns is one tile multiply of up to 16 rows of x (A: [rows][chunk] int8) by the panel (B) into int32
+// sums (C), stored and scaled in 16-lane vectors. Signed and shifted codes both fit int8 (shifted ones are 0..127),
+// so every panel runs as int8 x int8 (tdpbssd). The integer sums are exact and each output's float operations are
+// panel_rows' in the same order, so the outputs are the vector panel kernels' bits.
+constexpr int64_t kAmxPanel = 16;  // weight rows per AMX panel: a B tile's 16 int32 columns
+constexpr int64_t kAmxRows = 16;   // rows of x per A tile
+
+namespace amx {
+struct Panels {
+  const int8_t* codes;  // [panels][quads][16][4]
+  const float* scales;  // [panels][chunks][16]
+  const float* mins;    // [panels][groups][16]; nullptr: no panel has a mins' term
+  const int32_t* with_mins;  // [panels]
+  int64_t N, kpad, chunk, num_chunks, num_groups;
+};
+}  // namespace amx
+
+// Columns of x per tile multiply: a chunk of 16 or 32, or for longer chunks (x and w scaled per row, or groups of
+// 64 and more per token) 64 where the chunks and the padded row divide by it, else 32.
+inline int64_t amx_sub_k(int64_t chunk, int64_t kpad) {
+  if (chunk <= 32) return chunk;
+  return chunk % 64 == 0 && kpad % 64 == 0 ? 64 : 32;
+}
+
+// Every 16-row AMX panel of w: the two 8-row panels pack_panel makes, interleaved quad by quad.
+std::vector<at::Tensor> pack_all_amx_panels(const Weight& w, int64_t x_block) {
+  const int64_t num_panels = (w.N + kAmxPanel - 1) / kAmxPanel, kpad = w.nb * kBlock, chunk = panel_chunk(w, x_block);
+  const int64_t num_chunks = (w.K + chunk - 1) / chunk;
+  const auto floats = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor codes = at::empty({num_panels, kAmxPanel * kpad}, at::TensorOptions().dtype(at::kChar));
+  at::Tensor scales = at::empty({num_panels, num_chunks * kAmxPanel}, floats);
+  at::Tensor mins = at::zeros({num_panels, w.num_groups * kAmxPanel}, floats);
+  at::Tensor meta = at::empty({num_panels}, at::TensorOptions().dtype(at::kInt));
+  int32_t* mp = meta.data_ptr<int32_t>();
+  at::parallel_for(0, num_panels, 32, [&](int64_t p0, int64_t p1) {
+    std::vector<uint8_t> rows(kPanel * kpad), half_codes(2 * kPanel * kpad);
+    std::vector<float> half_scales(2 * num_chunks * kPanel), half_mins(2 * w.num_groups * kPanel);
+    for (int64_t p = p0; p < p1; ++p) {
+      bool with_mins[2] = {false, false};
+      for (int h = 0; h < 2; ++h) {
+        int span = 0;
+        pack_panel(w, p * kAmxPanel + h * kPanel, chunk, num_chunks, kAvx512Vnni, rows.data(),
+                   half_codes.data() + h * kPanel * kpad, half_scales.data() + h * num_chunks * kPanel,
+                   half_mins.data() + h * w.num_groups * kPanel, &with_mins[h], &span);
+      }
+      uint8_t* dst = reinterpret_cast<uint8_t*>(codes.data_ptr<int8_t>()) + p * kAmxPanel * kpad;
+      for (int64_t j = 0; j < kpad / 4; ++j)
+        for (int h = 0; h < 2; ++h)
+          std::memcpy(dst + (j * kAmxPanel + h * kPanel) * 4, half_codes.data() + h * kPanel * kpad + j * kPanel * 4,
+                      kPanel * 4);
+      float* ps = scales.data_ptr<float>() + p * num_chunks * kAmxPanel;
+      float* pm = mins.data_ptr<float>() + p * w.num_groups * kAmxPanel;
+      for (int h = 0; h < 2; ++h) {
+        for (int64_t c = 0; c < num_chunks; ++c)
+          std::memcpy(ps + c * kAmxPanel + h * kPanel, half_scales.data() + (h * num_chunks + c) * kPanel, kPanel * 4);
+        for (int64_t g = 0; with_mins[h] && g < w.num_groups; ++g)  // a half without a mins' term adds zeros
+          std::memcpy(pm + g * kAmxPanel + h * kPanel, half_mins.data() + (h * w.num_groups + g) * kPanel, kPanel * 4);
+      }
+      mp[p] = with_mins[0] || with_mins[1];
+    }
+  });
+  bool any_mins = false;
+  for (int64_t p = 0; p < num_panels; ++p) any_mins = any_mins || mp[p];
+  return {codes, scales, any_mins ? mins : at::empty({0}, floats), meta};
+}
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,amx-tile,amx-int8")
+namespace amx {
+// Tile registers: blocks of 16 rows of x multiply in C 0 / A 1, the step's last block of fewer rows in C 3 / A 4,
+// the codes in B 2. Each chunk's sums are stored and scaled as soon as they are made: its vector work then overlaps
+// the next chunk's codes arriving from memory. Measured against making every chunk's sums of a panel first (in four
+// banks of tiles) and scaling them after: the LM head at 16 rows 11.9 against 14.5 ms. (GCC's tile intrinsics paste
+// the tile argument into the instruction's text: the registers are literals, picked by `if constexpr`.)
+template <bool Full>
+JIDO_INLINE void zero_sums() {
+  if constexpr (Full) _tile_zero(0); else _tile_zero(3);
+}
+template <bool Full>
+JIDO_INLINE void load_x(const int8_t* x, int64_t ldx) {
+  if constexpr (Full) _tile_loadd(1, x, ldx); else _tile_loadd(4, x, ldx);
+}
+template <bool Full>
+JIDO_INLINE void multiply() {
+  if constexpr (Full) _tile_dpbssd(0, 1, 2); else _tile_dpbssd(3, 4, 2);
+}
+template <bool Full>
+JIDO_INLINE void store_sums(int32_t* sums) {
+  if constexpr (Full) _tile_stored(0, sums, 64); else _tile_stored(3, sums, 64);
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+// This thread's tiles for multiplies of `sub` columns, with a last block of `rest` rows of x (0: none).
+inline void configure(int64_t sub, int64_t rest) {
+  TileConfig cfg;
+  cfg.rows[0] = kAmxRows, cfg.colsb[0] = 64;
+  cfg.rows[1] = kAmxRows, cfg.colsb[1] = sub;
+  cfg.rows[2] = sub / 4, cfg.colsb[2] = 64;
+  if (rest > 0) {
+    cfg.rows[3] = rest, cfg.colsb[3] = 64;
+    cfg.rows[4] = rest, cfg.colsb[4] = sub;
+  }
+  _tile_loadconfig(&cfg);
+}
+// Rows [m0, m0 + R) of x against panel p: out[r * ldo + i] for the panel's 16 rows i (the first `width`), each
+// output's float operations panel_rows' in the same order.
+template <int R, bool Full>
+void panel_block(const Panels& w, int64_t p, const QuantizedX& x, int64_t m0, int64_t sub, float* out, int64_t ldo,
+                 int64_t width) {
+  const int8_t* codes = w.codes + p * kAmxPanel * w.kpad;
+  const float* scales = w.scales + p * w.num_chunks * kAmxPanel;
+  const int64_t ldx = x.nb * kBlock;
+  const int8_t* xq = x.q + m0 * ldx;
+  alignas(64) int32_t sums[R][kAmxPanel];
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  zero_sums<Full>();
+  for (int64_t c = 0; c < w.num_chunks; ++c) {
+    const int64_t k0 = c * w.chunk, k1 = std::min(k0 + w.chunk, w.kpad);
+    for (int64_t k = k0; k < k1; k += sub) {
+      load_x<Full>(xq + k, ldx);
+      _tile_loadd(2, codes + k * kAmxPanel, 64);
+      multiply<Full>();
+    }
+    store_sums<Full>(&sums[0][0]);
+    zero_sums<Full>();
+    const __m512 ws = _mm512_loadu_ps(scales + c * kAmxPanel);
+    const float* dx = x.d + m0 * x.nb + k0 / kBlock;  // per token: every block holds the row's scale
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 s = _mm512_cvtepi32_ps(_mm512_load_si512(sums[r]));
+      acc[r] = _mm512_fmadd_ps(s, _mm512_mul_ps(ws, _mm512_set1_ps(dx[r * x.nb])), acc[r]);
+    }
+  }
+  if (w.mins != nullptr && w.with_mins[p]) {
+    const float* mins = w.mins + p * w.num_groups * kAmxPanel;
+    for (int64_t g = 0; g < w.num_groups; ++g) {
+      const __m512 mv = _mm512_loadu_ps(mins + g * kAmxPanel);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm512_fmadd_ps(mv, _mm512_set1_ps(x.sums[(m0 + r) * x.num_groups + g]), acc[r]);
+    }
+  }
+  const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1);
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * ldo, mask, acc[r]);
+}
+template <int R>
+inline void rest_block(const Panels& w, int64_t p, const QuantizedX& x, int64_t m0, int64_t sub, float* out,
+                       int64_t ldo, int64_t width) {
+  panel_block<R, false>(w, p, x, m0, sub, out, ldo, width);
+}
+// Panels [p0, p1) against the M rows of x, on this thread's tiles.
+void run_panels(const Panels& w, const QuantizedX& x, int64_t M, int64_t p0, int64_t p1, float* out) {
+  using RestFn = void (*)(const Panels&, int64_t, const QuantizedX&, int64_t, int64_t, float*, int64_t, int64_t);
+  static constexpr RestFn kRest[kAmxRows] = {
+      nullptr, &rest_block<1>, &rest_block<2>, &rest_block<3>, &rest_block<4>, &rest_block<5>, &rest_block<6>,
+      &rest_block<7>, &rest_block<8>, &rest_block<9>, &rest_block<10>, &rest_block<11>, &rest_block<12>,
+      &rest_block<13>, &rest_block<14>, &rest_block<15>};
+  const int64_t sub = amx_sub_k(w.chunk, w.kpad), rest = M % kAmxRows, full = M - rest;
+  configure(sub, rest);
+  for (int64_t p = p0; p < p1; ++p) {
+    const int64_t n0 = p * kAmxPanel, width = std::min(kAmxPanel, w.N - n0);
+    for (int64_t m0 = 0; m0 < full; m0 += kAmxRows)
+      panel_block<kAmxRows, true>(w, p, x, m0, sub, out + m0 * w.N + n0, w.N, width);
+    if (rest > 0) kRest[rest](w, p, x, full, sub, out + full * w.N + n0, w.N, width);
+  }
+  _tile_release();
+}
+}  // namespace amx
+#pragma GCC pop_options
+
+// Whether this CPU multiplies int8 tiles (AMX-INT8) and Linux lets this process use their state: asked once, the
+// first time (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA; oneDNN asks the same).
+bool amx_ready() {
+  static const bool ready = [] {
+    if (!__builtin_cpu_supports("amx-int8") || !__builtin_cpu_supports("amx-tile") ||
+        !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512dq") ||
+        !__builtin_cpu_supports("avx512vl"))
+      return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  return ready;
+}
+#else
+bool amx_ready() { return false; }
+#endif  // __AVX2__
 
 // y = x w^T (+ bias) in x's dtype, x rounded per block of 32 (x_block 32) or per row (x_block 0), by the rows
 // kernel or (panels) the panel kernel; see the top of this file.
@@ -589,6 +787,69 @@ at::Tensor int8_dot_panel_linear(const at::Tensor& x, const at::Tensor& codes, c
   const RoundedX rx = round_x(xf, w.group_size, x_block == 0, false, isa == kAvx512Vnni);
   at::Tensor out = at::empty({xf.size(0), N}, xf.options());
   prepacked_panels(w, codes, scales, mins, meta, rx.view, x_block, isa, out.data_ptr<float>());
+  if (bias.has_value()) out.add_(bias->to(at::kFloat));
+  return out.to(x.scalar_type());
+#else
+  TORCH_CHECK(false, "the int8 dot kernels need an AVX2 build");
+#endif
+}
+
+// w's 16-row AMX panels packed once (pack_all_amx_panels), for amx_panel_linear with the same x_block.
+std::vector<at::Tensor> int8_dot_pack_amx_panels(const at::Tensor& data, const at::Tensor& scales,
+                                                 const c10::optional<at::Tensor>& mins, int64_t group_size,
+                                                 int64_t bits, int64_t K, int64_t x_block) {
+#if defined(__AVX2__)
+  check_weight(data, scales, mins, group_size, bits, K);
+  TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
+  TORCH_CHECK(amx_ready(), "this CPU (or this process) cannot use AMX-INT8 tiles");
+  return pack_all_amx_panels(make_weight(data, scales, mins, group_size, bits, K), x_block);
+#else
+  TORCH_CHECK(false, "the int8 dot kernels need an AVX2 build");
+#endif
+}
+
+// y = x w^T (+ bias) on w's AMX panels (int8_dot_pack_amx_panels), x rounded as in int8_dot_linear: the bits the
+// vector panel kernel gives (see amx::Panels).
+at::Tensor int8_dot_amx_panel_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                                     const at::Tensor& mins, const at::Tensor& meta, int64_t N, int64_t K,
+                                     int64_t group_size, const c10::optional<at::Tensor>& bias, int64_t x_block) {
+#if defined(__AVX2__)
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "]");
+  TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
+  TORCH_CHECK(amx_ready(), "this CPU (or this process) cannot use AMX-INT8 tiles");
+  const int64_t nb = (K + kBlock - 1) / kBlock, kpad = nb * kBlock, gs = std::min(group_size, K);
+  const Weight w{nullptr, nullptr, nullptr, N, K, gs, 8, 0, (K + gs - 1) / gs, nb, group_size == 16 && K > 16};
+  const int64_t chunk = panel_chunk(w, x_block), num_chunks = (K + chunk - 1) / chunk;
+  const int64_t num_panels = (N + kAmxPanel - 1) / kAmxPanel;
+  TORCH_CHECK(codes.sizes() == at::IntArrayRef({num_panels, kAmxPanel * kpad}) && codes.scalar_type() == at::kChar &&
+                  codes.is_contiguous(),
+              "AMX panel codes must be contiguous int8 [", num_panels, ", ", kAmxPanel * kpad, "]");
+  TORCH_CHECK(scales.sizes() == at::IntArrayRef({num_panels, num_chunks * kAmxPanel}) &&
+                  scales.scalar_type() == at::kFloat && scales.is_contiguous(),
+              "AMX panel scales must be contiguous float32 [", num_panels, ", ", num_chunks * kAmxPanel,
+              "]: packed for another x_block?");
+  TORCH_CHECK(meta.sizes() == at::IntArrayRef({num_panels}) && meta.scalar_type() == at::kInt && meta.is_contiguous(),
+              "AMX panel meta must be contiguous int32 [", num_panels, "]");
+  const bool has_mins = mins.numel() > 0;
+  TORCH_CHECK(!has_mins || (mins.sizes() == at::IntArrayRef({num_panels, w.num_groups * kAmxPanel}) &&
+                            mins.is_contiguous() && mins.scalar_type() == at::kFloat),
+              "AMX panel mins must be empty or contiguous float32 [", num_panels, ", ", w.num_groups * kAmxPanel, "]");
+  const int32_t* mp = meta.data_ptr<int32_t>();
+  for (int64_t p = 0; !has_mins && p < num_panels; ++p)
+    TORCH_CHECK(!mp[p], "panel ", p, " has a mins' term but no mins were given");
+  const amx::Panels panels{codes.data_ptr<int8_t>(), scales.data_ptr<float>(), has_mins ? mins.data_ptr<float>() : nullptr,
+                           mp, N, kpad, chunk, num_chunks, w.num_groups};
+  const int64_t M = x.size(0);
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  RoundedX rx = round_x(xf, w.group_size, x_block == 0, false);
+  // x's rows 64-byte aligned for the tile loads (a row of 32 codes across two cache lines cost 2x the time)
+  at::Tensor xq = at::empty({static_cast<int64_t>(rx.q.size())}, at::TensorOptions().dtype(at::kChar));
+  std::memcpy(xq.data_ptr<int8_t>(), rx.q.data(), rx.q.size());
+  rx.view.q = xq.data_ptr<int8_t>();
+  at::Tensor out = at::empty({M, N}, xf.options());
+  float* op = out.data_ptr<float>();
+  if (M > 0)
+    at::parallel_for(0, num_panels, 16, [&](int64_t p0, int64_t p1) { amx::run_panels(panels, rx.view, M, p0, p1, op); });
   if (bias.has_value()) out.add_(bias->to(at::kFloat));
   return out.to(x.scalar_type());
 #else
@@ -727,13 +988,20 @@ TORCH_LIBRARY(jido_int8_dot, m) {
         "int isa, int x_block) -> Tensor");
   m.def("quantize_per_token(Tensor x) -> Tensor[]");
   m.def("scale_sums(Tensor acc, Tensor x_scales, Tensor w_scales, Tensor? bias) -> Tensor");
+  m.def("pack_amx_panels(Tensor data, Tensor scales, Tensor? mins, int group_size, int bits, int K, int x_block) "
+        "-> Tensor[]");
+  m.def("amx_panel_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, Tensor meta, int N, int K, "
+        "int group_size, Tensor? bias, int x_block) -> Tensor");
   m.def("supported(int isa) -> bool", &jido_int8_dot::int8_dot_supported);
+  m.def("amx_supported() -> bool", &jido_int8_dot::amx_ready);
 }
 
 TORCH_LIBRARY_IMPL(jido_int8_dot, CPU, m) {
   m.impl("linear", &jido_int8_dot::int8_dot_linear);
   m.impl("pack_panels", &jido_int8_dot::int8_dot_pack_panels);
   m.impl("panel_linear", &jido_int8_dot::int8_dot_panel_linear);
+  m.impl("pack_amx_panels", &jido_int8_dot::int8_dot_pack_amx_panels);
+  m.impl("amx_panel_linear", &jido_int8_dot::int8_dot_amx_panel_linear);
   m.impl("five_bit_linear", &jido_int8_dot::int8_dot_five_bit_linear);
   m.impl("quantize_per_token", &jido_int8_dot::int8_dot_quantize_per_token);
   m.impl("scale_sums", &jido_int8_dot::int8_dot_scale_sums);
