@@ -604,26 +604,29 @@ std::vector<at::Tensor> pack_all_amx_panels(const Weight& w, int64_t x_block) {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,amx-tile,amx-int8")
 namespace amx {
-// Tile registers: blocks of 16 rows of x multiply in C 0 / A 1, the step's last block of fewer rows in C 3 / A 4,
-// the codes in B 2. Each chunk's sums are stored and scaled as soon as they are made: its vector work then overlaps
-// the next chunk's codes arriving from memory. Measured against making every chunk's sums of a panel first (in four
-// banks of tiles) and scaling them after: the LM head at 16 rows 11.9 against 14.5 ms. (GCC's tile intrinsics paste
-// the tile argument into the instruction's text: the registers are literals, picked by `if constexpr`.)
-template <bool Full>
+// Tile registers: a panel's chunks alternate between two banks (sums C, x A, codes B: tiles 0/2/4 and 1/3/5), so
+// one chunk's multiplies run while the other's sums are stored and scaled: with one bank, every chunk waited for
+// the last one's sums (the LM head at 16 rows: 12.0 ms). (GCC's tile intrinsics paste the tile argument into the
+// instruction's text: each bank's registers are literals, picked by `if constexpr`.)
+template <int Bank>
 JIDO_INLINE void zero_sums() {
-  if constexpr (Full) _tile_zero(0); else _tile_zero(3);
+  if constexpr (Bank == 0) _tile_zero(0); else _tile_zero(1);
 }
-template <bool Full>
-JIDO_INLINE void load_x(const int8_t* x, int64_t ldx) {
-  if constexpr (Full) _tile_loadd(1, x, ldx); else _tile_loadd(4, x, ldx);
+template <int Bank>
+JIDO_INLINE void multiply(const int8_t* x, int64_t ldx, const int8_t* codes) {
+  if constexpr (Bank == 0) {
+    _tile_loadd(2, x, ldx);
+    _tile_loadd(4, codes, 64);
+    _tile_dpbssd(0, 2, 4);
+  } else {
+    _tile_loadd(3, x, ldx);
+    _tile_loadd(5, codes, 64);
+    _tile_dpbssd(1, 3, 5);
+  }
 }
-template <bool Full>
-JIDO_INLINE void multiply() {
-  if constexpr (Full) _tile_dpbssd(0, 1, 2); else _tile_dpbssd(3, 4, 2);
-}
-template <bool Full>
+template <int Bank>
 JIDO_INLINE void store_sums(int32_t* sums) {
-  if constexpr (Full) _tile_stored(0, sums, 64); else _tile_stored(3, sums, 64);
+  if constexpr (Bank == 0) _tile_stored(0, sums, 64); else _tile_stored(1, sums, 64);
 }
 
 struct alignas(64) TileConfig {
@@ -632,47 +635,68 @@ struct alignas(64) TileConfig {
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
 };
-// This thread's tiles for multiplies of `sub` columns, with a last block of `rest` rows of x (0: none).
-inline void configure(int64_t sub, int64_t rest) {
+
+// This thread's tiles for `rows` rows of x and multiplies of `sub` columns.
+inline void configure(int64_t rows, int64_t sub) {
   TileConfig cfg;
-  cfg.rows[0] = kAmxRows, cfg.colsb[0] = 64;
-  cfg.rows[1] = kAmxRows, cfg.colsb[1] = sub;
-  cfg.rows[2] = sub / 4, cfg.colsb[2] = 64;
-  if (rest > 0) {
-    cfg.rows[3] = rest, cfg.colsb[3] = 64;
-    cfg.rows[4] = rest, cfg.colsb[4] = sub;
+  for (int bank = 0; bank < 2; ++bank) {
+    cfg.rows[bank] = rows, cfg.colsb[bank] = 64;
+    cfg.rows[2 + bank] = rows, cfg.colsb[2 + bank] = sub;
+    cfg.rows[4 + bank] = sub / 4, cfg.colsb[4 + bank] = 64;
   }
   _tile_loadconfig(&cfg);
 }
-// Rows [m0, m0 + R) of x against panel p: out[r * ldo + i] for the panel's 16 rows i (the first `width`), each
-// output's float operations panel_rows' in the same order.
-template <int R, bool Full>
+
+// One panel against one block of rows of x.
+struct Block {
+  const Panels& w;
+  const QuantizedX& x;
+  const int8_t* codes;  // the panel's
+  const int8_t* xq;     // the block's first row
+  int64_t m0, sub;
+};
+
+// Chunk c's tile multiplies into bank Bank's sums.
+template <int Bank>
+JIDO_INLINE void chunk_products(const Block& b, int64_t c) {
+  const int64_t k0 = c * b.w.chunk, k1 = std::min(k0 + b.w.chunk, b.w.kpad), ldx = b.x.nb * kBlock;
+  for (int64_t k = k0; k < k1; k += b.sub) multiply<Bank>(b.xq + k, ldx, b.codes + k * kAmxPanel);
+}
+
+// Chunk c's sums from bank Bank (which is zeroed again), scaled into acc: rows r < R.
+template <int R, int Bank>
+JIDO_INLINE void scale_chunk(const Block& b, const float* scales, int64_t c, int32_t* sums, __m512* acc) {
+  store_sums<Bank>(sums);
+  zero_sums<Bank>();
+  const __m512 ws = _mm512_loadu_ps(scales + c * kAmxPanel);
+  const float* dx = b.x.d + b.m0 * b.x.nb + c * b.w.chunk / kBlock;  // per token: every block holds the row's scale
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    const __m512 s = _mm512_cvtepi32_ps(_mm512_load_si512(sums + r * kAmxPanel));
+    acc[r] = _mm512_fmadd_ps(s, _mm512_mul_ps(ws, _mm512_set1_ps(dx[r * b.x.nb])), acc[r]);
+  }
+}
+
+// Rows [m0, m0 + R) of x against panel p: out[r * ldo + i] for the panel's 16 rows i (the first `width`). The
+// tiles may hold more rows (zeros past the step's last): only R are scaled.
+template <int R>
 void panel_block(const Panels& w, int64_t p, const QuantizedX& x, int64_t m0, int64_t sub, float* out, int64_t ldo,
                  int64_t width) {
-  const int8_t* codes = w.codes + p * kAmxPanel * w.kpad;
+  const Block b{w, x, w.codes + p * kAmxPanel * w.kpad, x.q + m0 * x.nb * kBlock, m0, sub};
   const float* scales = w.scales + p * w.num_chunks * kAmxPanel;
-  const int64_t ldx = x.nb * kBlock;
-  const int8_t* xq = x.q + m0 * ldx;
-  alignas(64) int32_t sums[R][kAmxPanel];
+  alignas(64) int32_t sums[2][kAmxRows * kAmxPanel];
   __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  zero_sums<Full>();
-  for (int64_t c = 0; c < w.num_chunks; ++c) {
-    const int64_t k0 = c * w.chunk, k1 = std::min(k0 + w.chunk, w.kpad);
-    for (int64_t k = k0; k < k1; k += sub) {
-      load_x<Full>(xq + k, ldx);
-      _tile_loadd(2, codes + k * kAmxPanel, 64);
-      multiply<Full>();
-    }
-    store_sums<Full>(&sums[0][0]);
-    zero_sums<Full>();
-    const __m512 ws = _mm512_loadu_ps(scales + c * kAmxPanel);
-    const float* dx = x.d + m0 * x.nb + k0 / kBlock;  // per token: every block holds the row's scale
 #pragma GCC unroll 16
-    for (int r = 0; r < R; ++r) {
-      const __m512 s = _mm512_cvtepi32_ps(_mm512_load_si512(sums[r]));
-      acc[r] = _mm512_fmadd_ps(s, _mm512_mul_ps(ws, _mm512_set1_ps(dx[r * x.nb])), acc[r]);
-    }
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  zero_sums<0>();
+  zero_sums<1>();
+  const int64_t n = w.num_chunks;
+  chunk_products<0>(b, 0);
+  for (int64_t c = 0; c < n; c += 2) {  // the outputs add the chunks up in order
+    if (c + 1 < n) chunk_products<1>(b, c + 1);
+    scale_chunk<R, 0>(b, scales, c, sums[0], acc);
+    if (c + 2 < n) chunk_products<0>(b, c + 2);
+    if (c + 1 < n) scale_chunk<R, 1>(b, scales, c + 1, sums[1], acc);
   }
   if (w.mins != nullptr && w.with_mins[p]) {
     const float* mins = w.mins + p * w.num_groups * kAmxPanel;
@@ -684,27 +708,24 @@ void panel_block(const Panels& w, int64_t p, const QuantizedX& x, int64_t m0, in
     }
   }
   const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1);
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * ldo, mask, acc[r]);
 }
-template <int R>
-inline void rest_block(const Panels& w, int64_t p, const QuantizedX& x, int64_t m0, int64_t sub, float* out,
-                       int64_t ldo, int64_t width) {
-  panel_block<R, false>(w, p, x, m0, sub, out, ldo, width);
-}
-// Panels [p0, p1) against the M rows of x, on this thread's tiles.
+
+// Panels [p0, p1) against the first M rows of x, on this thread's tiles. x holds them in blocks of 16 rows, the
+// last padded with zero rows, or in one block of fewer.
 void run_panels(const Panels& w, const QuantizedX& x, int64_t M, int64_t p0, int64_t p1, float* out) {
-  using RestFn = void (*)(const Panels&, int64_t, const QuantizedX&, int64_t, int64_t, float*, int64_t, int64_t);
-  static constexpr RestFn kRest[kAmxRows] = {
-      nullptr, &rest_block<1>, &rest_block<2>, &rest_block<3>, &rest_block<4>, &rest_block<5>, &rest_block<6>,
-      &rest_block<7>, &rest_block<8>, &rest_block<9>, &rest_block<10>, &rest_block<11>, &rest_block<12>,
-      &rest_block<13>, &rest_block<14>, &rest_block<15>};
-  const int64_t sub = amx_sub_k(w.chunk, w.kpad), rest = M % kAmxRows, full = M - rest;
-  configure(sub, rest);
+  using BlockFn = void (*)(const Panels&, int64_t, const QuantizedX&, int64_t, int64_t, float*, int64_t, int64_t);
+  static constexpr BlockFn kBlocks[kAmxRows + 1] = {
+      nullptr, &panel_block<1>, &panel_block<2>, &panel_block<3>, &panel_block<4>, &panel_block<5>,
+      &panel_block<6>, &panel_block<7>, &panel_block<8>, &panel_block<9>, &panel_block<10>, &panel_block<11>,
+      &panel_block<12>, &panel_block<13>, &panel_block<14>, &panel_block<15>, &panel_block<16>};
+  const int64_t sub = amx_sub_k(w.chunk, w.kpad);
+  configure(std::min(M, kAmxRows), sub);
   for (int64_t p = p0; p < p1; ++p) {
     const int64_t n0 = p * kAmxPanel, width = std::min(kAmxPanel, w.N - n0);
-    for (int64_t m0 = 0; m0 < full; m0 += kAmxRows)
-      panel_block<kAmxRows, true>(w, p, x, m0, sub, out + m0 * w.N + n0, w.N, width);
-    if (rest > 0) kRest[rest](w, p, x, full, sub, out + full * w.N + n0, w.N, width);
+    for (int64_t m0 = 0; m0 < M; m0 += kAmxRows)
+      kBlocks[std::min(kAmxRows, M - m0)](w, p, x, m0, sub, out + m0 * w.N + n0, w.N, width);
   }
   _tile_release();
 }
@@ -839,8 +860,9 @@ at::Tensor int8_dot_amx_panel_linear(const at::Tensor& x, const at::Tensor& code
     TORCH_CHECK(!mp[p], "panel ", p, " has a mins' term but no mins were given");
   const amx::Panels panels{codes.data_ptr<int8_t>(), scales.data_ptr<float>(), has_mins ? mins.data_ptr<float>() : nullptr,
                            mp, N, kpad, chunk, num_chunks, w.num_groups};
-  const int64_t M = x.size(0);
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const int64_t M = x.size(0), padded = M > kAmxRows ? (M + kAmxRows - 1) / kAmxRows * kAmxRows : M;
+  // past 16 rows, x in whole blocks of 16 (zero rows at the end): every block runs on one tile configuration
+  const at::Tensor xf = at::constant_pad_nd(x.to(at::kFloat), {0, 0, 0, padded - M}).contiguous();
   RoundedX rx = round_x(xf, w.group_size, x_block == 0, false);
   // x's rows 64-byte aligned for the tile loads (a row of 32 codes across two cache lines cost 2x the time)
   at::Tensor xq = at::empty({static_cast<int64_t>(rx.q.size())}, at::TensorOptions().dtype(at::kChar));
