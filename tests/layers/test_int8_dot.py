@@ -228,6 +228,15 @@ def test_amx_panels_give_bit_for_bit_what_the_vector_panels_give(bits, per_token
             assert torch.equal(int8_dot.panel_linear(x, amx, bias), expected), (num_rows, num_cols, group_size, rows)
 
 
+@pytest.mark.skipif(int8_dot.load_int8_dot_ops() is None or int8_dot.amx_runs(),
+                    reason="needs the kernels built on a CPU (or process) without AMX-INT8 tiles")
+def test_amx_panels_are_refused_with_a_clear_error_where_the_cpu_has_no_tiles() -> None:
+    w = random_weight(16, 64, 32, 8, with_mins=False, gen=torch.Generator().manual_seed(15))
+    assert not int8_dot.pack_panels(w).amx
+    with pytest.raises(RuntimeError, match="cannot use AMX-INT8 tiles"):
+        int8_dot.pack_panels(w, amx=True)
+
+
 def test_narrow_codes_pack_unsigned_and_wide_ones_signed() -> None:
     gen = torch.Generator().manual_seed(12)
     narrow = random_weight(16, 64, 32, 8, with_mins=False, gen=gen, codes=(-20, 20))

@@ -884,7 +884,7 @@ at::Tensor int8_dot_amx_panel_linear(const at::Tensor& x, const at::Tensor& code
   // past 16 rows, x in whole blocks of 16 (zero rows at the end): every block runs on one tile configuration
   const at::Tensor xf = at::constant_pad_nd(x.to(at::kFloat), {0, 0, 0, padded - M}).contiguous();
   RoundedX rx = round_x(xf, w.group_size, x_block == 0, false);
-  // x's rows 64-byte aligned for the tile loads (a row of 32 codes across two cache lines cost 2x the time)
+  // x's rows 64-byte aligned for the tile loads (rows of 32 codes across two cache lines: 44 against 38 ns a chunk)
   at::Tensor xq = at::empty({static_cast<int64_t>(rx.q.size())}, at::TensorOptions().dtype(at::kChar));
   std::memcpy(xq.data_ptr<int8_t>(), rx.q.data(), rx.q.size());
   rx.view.q = xq.data_ptr<int8_t>();
