@@ -3,9 +3,8 @@
 The default model (Gemma 3 270M's GGUF, `gguf` codes, default dtype) decodes ``--batches`` requests of ``--context``
 tokens; each figure is the median step of ``--steps`` decode steps (``decode_step.time_decode``). ``amx`` is jido
 as shipped on a CPU with AMX-INT8: every quantized layer's prepacked panels (``int8_dot.PackedPanels``) in 16-row
-tiles. ``vector`` repacks the same codes as the vector kernels' 8-row panels (what such a CPU ran before). Steps
-of 16 rows or more multiply the layers' bf16 copies either way (``BF16_COPY_MIN_ROWS``), so there the two differ
-by the LM head. Both modes run in every round, batches interleaved, so drift on a shared machine hits them alike;
+tiles, whose layers multiply their bf16 copies from 40 rows (``BF16_COPY_MIN_ROWS_AMX``). ``vector`` repacks the same
+codes as the vector kernels' 8-row panels, the bf16 copies from 16 rows (what such a CPU ran before). Both modes run in every round, batches interleaved, so drift on a shared machine hits them alike;
 figures are medians over ``--repeats`` rounds.
 
     flock /tmp/jido-bench.lock env PYTHONPATH=. .venv/bin/python benchmarks/amx_panels.py \\
@@ -23,17 +22,19 @@ from decode_step import time_decode
 
 from jido import LLM
 from jido.bench.machine import machine_info, now_iso
-from jido.layers import int8_dot
+from jido.layers import int8_dot, quantized_linear
 
 RESULTS = Path(__file__).parent / "results"
 MODES = ("amx", "vector")
 
 
-def panel_sets(model: torch.nn.Module) -> dict[str, list[tuple[torch.nn.Module, int8_dot.PackedPanels]]]:
-    """Each mode's panels for every module that holds prepacked panels."""
+def panel_sets(model: torch.nn.Module) -> dict[str, list[tuple[torch.nn.Module, int8_dot.PackedPanels, int]]]:
+    """Each mode's panels for every module that holds prepacked panels, with the rows from which a layer's bf16 copy
+    takes over (quantized_linear.BF16_COPY_MIN_ROWS and _AMX)."""
     modules = [m for m in model.modules() if hasattr(m, "qpanels")]
-    return {"amx": [(m, m.qpanels) for m in modules],
-            "vector": [(m, int8_dot.pack_panels(m.qweight, m.qpanels.per_token, amx=False)) for m in modules]}
+    return {"amx": [(m, m.qpanels, quantized_linear.BF16_COPY_MIN_ROWS_AMX) for m in modules],
+            "vector": [(m, int8_dot.pack_panels(m.qweight, m.qpanels.per_token, amx=False),
+                        quantized_linear.BF16_COPY_MIN_ROWS) for m in modules]}
 
 
 def main() -> None:
@@ -51,8 +52,9 @@ def main() -> None:
     runs: dict[tuple[str, int], list[float]] = {(m, b): [] for b in args.batches for m in MODES}
     for r in range(args.repeats):
         for mode, batch in runs:
-            for module, panels in sets[mode]:
-                module.qpanels = panels  # read at each call (quantized_linear's _bind)
+            for module, panels, min_rows in sets[mode]:
+                module.qpanels = panels  # read at each call (quantized_linear's _bind and apply)
+                module.qdense_min_rows = min_rows
             runs[(mode, batch)].append(time_decode(llm, batch, args.context, args.steps)["step_ms"])
             print(f"round {r + 1}: {mode} batch {batch}: {runs[(mode, batch)][-1]:.1f} ms", flush=True)
     rows = [{"batch": b, **{f"{m}_ms": statistics.median(runs[(m, b)]) for m in MODES},

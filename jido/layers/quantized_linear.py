@@ -39,6 +39,10 @@ TABLE_GROUP_SIZE = 32  # int4's embedding table in int8: Q8_0's groups
 # against 37.6; at 8 rows the two were even with the weights in cache, and from memory the copy reads twice
 # the bytes, so the panels keep 2-15 rows.
 BF16_COPY_MIN_ROWS = 16
+# The same where the panels run on AMX tiles (int8_dot.amx_runs): the default model's 72 layer matmuls, weights from
+# memory, took 10.2 ms on the AMX panels against 12.5 on the bf16 copies at 16 rows, 15.4 against 16.3 at 32, 22.4
+# against 19.5 at 48 (benchmarks/results/amx-panels-2026-12-04.md).
+BF16_COPY_MIN_ROWS_AMX = 40
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,7 @@ class QuantizedLinearMethod(LinearMethod):
         if qweight is None:
             return self.dense.apply(layer, x, bias)
         copy = getattr(layer, "qdense", None)
-        if copy is not None and x.shape[0] >= BF16_COPY_MIN_ROWS and x.dtype == torch.bfloat16:
+        if copy is not None and x.shape[0] >= layer.qdense_min_rows and x.dtype == torch.bfloat16:
             return packed_linear(x, copy, bias)
         panels = getattr(layer, "qpanels", None)
         if panels is not None and int8_dot.prefers_panels(x.shape[0]):
@@ -145,6 +149,8 @@ class QuantizedLinearMethod(LinearMethod):
         self._hold(layer, qweight)
         if not self.per_token and keeps_bf16_copy(model_dtype, qweight.data.device):
             layer.qdense = pack_dense(quant_kernels.dequantize(qweight).to(torch.bfloat16))
+            panels = getattr(layer, "qpanels", None)
+            layer.qdense_min_rows = BF16_COPY_MIN_ROWS_AMX if panels is not None and panels.amx else BF16_COPY_MIN_ROWS
         else:
             self._bind(layer)
 
@@ -207,7 +213,7 @@ class QuantizedLinearMethod(LinearMethod):
 
 def keeps_bf16_copy(model_dtype: torch.dtype, device: torch.device) -> bool:
     """Whether a quantized layer also keeps its weight dequantized to bf16 in oneDNN's layout, for steps of
-    :data:`BF16_COPY_MIN_ROWS` rows or more: in a bf16 model on a CPU that multiplies bf16 natively (AMX or AVX-512
+    :data:`BF16_COPY_MIN_ROWS` rows or more (:data:`BF16_COPY_MIN_ROWS_AMX` where its panels run on AMX tiles): in a bf16 model on a CPU that multiplies bf16 natively (AMX or AVX-512
     BF16), where oneDNN's bf16 matmul ran prefill faster than the int8 panels: 5-9x with AMX (2.3 TFLOP/s on 2
     cores); on a Zen 4 EPYC without AMX, the default model's 72 layer matmuls took 19.5 against 27.5 ms at 16 rows,
     85 against 140 at 128, 1.13 against 2.57 s at 2,000 (benchmarks/results/bf16-copy-zen4-2026-12-04.md). Decode

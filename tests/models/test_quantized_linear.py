@@ -297,22 +297,26 @@ def _gguf_layer(dtype: torch.dtype, scheme: str = "gguf"):
 
 
 @pytest.mark.skipif(not quantized_linear.cpu_info().has_onednn_bf16, reason="oneDNN cannot multiply bf16 here")
-def test_with_a_bf16_copy_steps_of_16_rows_or_more_multiply_it_and_fewer_rows_the_codes(monkeypatch):
+def test_with_a_bf16_copy_steps_from_its_row_threshold_multiply_it_and_fewer_rows_the_codes(monkeypatch):
     monkeypatch.setattr(quantized_linear, "keeps_bf16_copy", lambda dtype, device: dtype == torch.bfloat16)
     layer = _gguf_layer(torch.bfloat16)
     assert layer.qdense.is_mkldnn and not hasattr(layer, "weight")
+    # 16 rows where the panels run on vector units, 40 where they run on AMX tiles (faster than the copy below it)
+    amx = hasattr(layer, "qpanels") and layer.qpanels.amx
+    threshold = layer.qdense_min_rows
+    assert threshold == (quantized_linear.BF16_COPY_MIN_ROWS_AMX if amx else quantized_linear.BF16_COPY_MIN_ROWS)
     bf16_weight = quant_kernels.dequantize(layer.qweight).bfloat16().double()
-    for rows in (1, quantized_linear.BF16_COPY_MIN_ROWS - 1, quantized_linear.BF16_COPY_MIN_ROWS, 40):
+    for rows in (1, threshold - 1, threshold, 48):
         x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows)).bfloat16()
         out = layer(x)
         assert out.dtype == torch.bfloat16 and out.shape == (rows, 48)
-        if rows >= quantized_linear.BF16_COPY_MIN_ROWS:  # x as it is, times the weight rounded to bf16
+        if rows >= threshold:  # x as it is, times the weight rounded to bf16
             expected = x.double() @ bf16_weight.t()
         else:  # the int8 dot kernels: x rounded per block of 32
             expected = int8_dot.int8_dot_linear_reference(x, layer.qweight)
         torch.testing.assert_close(out.double(), expected, atol=0.02 * expected.abs().max().item(), rtol=0.01)
     # The copy is what a step of many rows reads: bf16 sums of the same x stay within bf16's rounding of it.
-    many = torch.randn(32, 64, generator=torch.Generator().manual_seed(0)).bfloat16()
+    many = torch.randn(threshold, 64, generator=torch.Generator().manual_seed(0)).bfloat16()
     torch.testing.assert_close(layer(many).double(), many.double() @ bf16_weight.t(), atol=0.05, rtol=2**-7)
 
 

@@ -666,10 +666,18 @@ struct Block {
   int64_t m0, sub;
 };
 
+// How far ahead of a chunk's codes the same bytes are asked into L2 (past a panel's end: the next panel's, which
+// this thread reads next, or beyond its panels, where a prefetch does not fault). Tile loads alone left the stream
+// from memory short of the hardware's: measured against none, 2, 6 and 8 KiB (same process; the LM head at 16 rows,
+// the 72 layer matmuls of Gemma 3 270M's shapes at 16 rows), 4 KiB took 10.8 -> 8.1 and 10.4 -> 9.4 ms.
+constexpr int64_t kPrefetchAhead = 4096;
+
 // Chunk c's tile multiplies into bank Bank's sums.
 template <int Bank>
 JIDO_INLINE void chunk_products(const Block& b, int64_t c) {
   const int64_t k0 = c * b.w.chunk, k1 = std::min(k0 + b.w.chunk, b.w.kpad), ldx = b.x.nb * kBlock;
+  const char* ahead = reinterpret_cast<const char*>(b.codes + k0 * kAmxPanel) + kPrefetchAhead;
+  for (int64_t i = 0; i < (k1 - k0) * kAmxPanel; i += 64) _mm_prefetch(ahead + i, _MM_HINT_T1);
   for (int64_t k = k0; k < k1; k += b.sub) multiply<Bank>(b.xq + k, ldx, b.codes + k * kAmxPanel);
 }
 
