@@ -131,9 +131,9 @@ class PackedPanels:
 def amx_runs() -> bool:
     """Whether prepacked panels run on AMX tiles here: the C++ kernels built, the CPU has AMX-INT8 and Linux gave this
     process its tile state. Measured on a 2-core Xeon with AMX (Gemma 3 270M's shapes, medians, same process): the LM
-    head (262,144 x 640, int8) at 16 rows 11.4 against 17.3 ms on the AVX-512 VNNI panels, at 2 rows 8.8 against 9.1;
-    gate/up at 16 rows in cache 0.11 against 0.27 ms; the default model's 16-row decode step 40.7 against 47.2 ms
-    (benchmarks/results/amx-panels-2026-12-04.md)."""
+    head (262,144 x 640, int8) at 16 rows 11.4 against 17.3 ms on the AVX-512 VNNI panels (8.1 with the codes
+    prefetched), at 2 rows 8.8 against 9.1; gate/up at 16 rows in cache 0.11 against 0.27 ms; the default model's
+    16-row decode step 31.9 against 44.9 ms (benchmarks/results/amx-panels-2026-12-04.md)."""
     ops = load_int8_dot_ops()
     return ops is not None and bool(ops.amx_supported())
 
