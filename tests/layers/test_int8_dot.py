@@ -223,9 +223,11 @@ def test_amx_panels_give_bit_for_bit_what_the_vector_panels_give(bits, per_token
         amx, vector = int8_dot.pack_panels(w, per_token, amx=True), int8_dot.pack_panels(w, per_token, amx=False)
         bias = torch.randn(num_rows, generator=gen) if i % 3 else None
         for rows in (1, 2, 15, 16, 17, 40):
-            x = random_x(rows, num_cols, torch.float32, gen)
-            expected = int8_dot.panel_linear(x, vector, bias)
-            assert torch.equal(int8_dot.panel_linear(x, amx, bias), expected), (num_rows, num_cols, group_size, rows)
+            for dtype in (torch.float32, torch.bfloat16):  # bf16 x is rounded as it is, into bf16 outputs
+                x = random_x(rows, num_cols, dtype, gen)
+                expected = int8_dot.panel_linear(x, vector, bias)
+                out = int8_dot.panel_linear(x, amx, bias)
+                assert out.dtype == dtype and torch.equal(out, expected), (num_rows, num_cols, group_size, rows, dtype)
 
 
 @pytest.mark.skipif(int8_dot.load_int8_dot_ops() is None or int8_dot.amx_runs(),
