@@ -198,6 +198,29 @@ inline float block_amax(const float* src, int64_t len, float* v) {
   return hmax(amax);
 }
 
+// A row's block of 32 floats: in place when whole, else copied into `v` with zeros past `len`; and its max |x|.
+inline const float* block_values(const float* src, int64_t len, float* v, float* amax) {
+  if (len < kBlock) {
+    *amax = block_amax(src, len, v);
+    return v;
+  }
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 m = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(src + 8 * i), abs_mask));
+  *amax = hmax(m);
+  return src;
+}
+
+// The sums of a block's 32 codes over its first and its second 16 (exact: one maddubs of ones, one madd).
+inline void half_sums(const int8_t* block, int32_t* first, int32_t* second) {
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
+  const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+  alignas(32) int32_t lanes[8];  // lanes 0-3: codes 0-15, lanes 4-7: codes 16-31
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
+  *first = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+  *second = lanes[4] + lanes[5] + lanes[6] + lanes[7];
+}
+
 // 32 floats -> 32 codes round(v / d) in column order (d = 0: all zero).
 inline void round_block(const float* v, float d, int8_t* dst) {
   const __m256 id = _mm256_set1_ps(d != 0.f ? 1.f / d : 0.f);
@@ -253,17 +276,20 @@ RoundedX round_x(const at::Tensor& xf, int64_t group_size, bool per_token, bool 
       float* sums = r.sums.data() + m * num_groups;
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t len = std::min(kBlock, K - b * kBlock);
-        const float amax = block_amax(row + b * kBlock, len, v);
+        float amax = 0.f;
+        const float* values = block_values(row + b * kBlock, len, v, &amax);
         const float d = (per_token ? row_max : amax) / 127.f;
         int8_t* block = r.q.data() + (m * nb + b) * kBlock;
-        round_block(v, d, block);
+        round_block(values, d, block);
         r.d[m * nb + b] = d;
-        // a block lies in one group, or (groups of 16) in two
-        for (int64_t half = 0; half < kBlock; half += std::min(group_size, kBlock)) {
-          const int64_t end = std::min(half + std::min(group_size, kBlock), len);
-          int32_t isum = 0;
-          for (int64_t k = half; k < end; ++k) isum += block[k];
-          if (half < len) sums[(b * kBlock + half) / group_size] += d * static_cast<float>(isum);
+        // a block lies in one group, or (groups of 16) in two; its codes past `len` are zero
+        int32_t first = 0, second = 0;
+        half_sums(block, &first, &second);
+        if (group_size != 16 || K <= 16) {
+          sums[b * kBlock / group_size] += d * static_cast<float>(first + second);
+        } else {
+          sums[2 * b] += d * static_cast<float>(first);
+          if (len > 16) sums[2 * b + 1] += d * static_cast<float>(second);
         }
         if (even_odd) split_even_odd(block);
       }
