@@ -3,9 +3,10 @@
 The default model (Gemma 3 270M's GGUF, `gguf` codes, default dtype) decodes ``--batches`` requests of ``--context``
 tokens; each figure is the median step of ``--steps`` decode steps (``decode_step.time_decode``). ``amx`` is jido
 as shipped on a CPU with AMX-INT8: every quantized layer's prepacked panels (``int8_dot.PackedPanels``) in 16-row
-tiles, whose layers multiply their bf16 copies from 40 rows (``BF16_COPY_MIN_ROWS_AMX``). ``vector`` repacks the same
-codes as the vector kernels' 8-row panels, the bf16 copies from 16 rows (what such a CPU ran before). Both modes run in every round, batches interleaved, so drift on a shared machine hits them alike;
-figures are medians over ``--repeats`` rounds.
+tiles, whose layers multiply their bf16 copies from 40 rows (``BF16_COPY_MIN_ROWS_AMX``). ``vector`` repacks the
+same codes as the vector kernels' 8-row panels, the bf16 copies from 16 rows (what such a CPU ran before). Both
+modes run in every round, batches interleaved, so drift on a shared machine hits them alike; figures are medians
+over ``--repeats`` rounds.
 
     flock /tmp/jido-bench.lock env PYTHONPATH=. .venv/bin/python benchmarks/amx_panels.py \\
         [--batches 2 4 8 16 32] [--repeats 3] [--out benchmarks/results/amx-panels-<date>.json]

@@ -213,11 +213,12 @@ class QuantizedLinearMethod(LinearMethod):
 
 def keeps_bf16_copy(model_dtype: torch.dtype, device: torch.device) -> bool:
     """Whether a quantized layer also keeps its weight dequantized to bf16 in oneDNN's layout, for steps of
-    :data:`BF16_COPY_MIN_ROWS` rows or more (:data:`BF16_COPY_MIN_ROWS_AMX` where its panels run on AMX tiles): in a bf16 model on a CPU that multiplies bf16 natively (AMX or AVX-512
-    BF16), where oneDNN's bf16 matmul ran prefill faster than the int8 panels: 5-9x with AMX (2.3 TFLOP/s on 2
-    cores); on a Zen 4 EPYC without AMX, the default model's 72 layer matmuls took 19.5 against 27.5 ms at 16 rows,
-    85 against 140 at 128, 1.13 against 2.57 s at 2,000 (benchmarks/results/bf16-copy-zen4-2026-12-04.md). Decode
-    steps of fewer rows stay on the codes, which they stream at half the bytes. Not under w8a8, whose point is int8
+    :data:`BF16_COPY_MIN_ROWS` rows or more (:data:`BF16_COPY_MIN_ROWS_AMX` where its panels run on AMX tiles): in
+    a bf16 model on a CPU that multiplies bf16 natively (AMX or AVX-512 BF16), where oneDNN's bf16 matmul ran
+    prefill faster than the int8 panels: 5-9x with AMX (2.3 TFLOP/s on 2 cores); on a Zen 4 EPYC without AMX, the
+    default model's 72 layer matmuls took 19.5 against 27.5 ms at 16 rows, 85 against 140 at 128, 1.13 against 2.57 s
+    at 2,000 (benchmarks/results/bf16-copy-zen4-2026-12-04.md). Decode steps of fewer rows stay on the codes, which
+    they stream at half the bytes. Not under w8a8, whose point is int8
     activations; not for the LM head or the tied table (logits stay float32 from the codes).
 
     NOTE: the copy costs 2 bytes a weight beside the codes (Gemma 3 270M: 200 MB of layers).

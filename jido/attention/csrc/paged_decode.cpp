@@ -338,7 +338,8 @@ void attend_split(const Shape& s, const T* cache, const int32_t* table, const in
       const char* vb = reinterpret_cast<const char*>(v);
       for (int64_t b = 0; b < bs * W * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(vb + b);
     }
-    if ((by_column || prefetch_next) && blk + 1 < blk_hi) prefetch_block(s, cache, table[blk + 1], h, plane);  // into L2
+    if ((by_column || prefetch_next) && blk + 1 < blk_hi)  // the next block into L2
+      prefetch_block(s, cache, table[blk + 1], h, plane);
     for (int64_t i0 = 0; i0 < Q; i0 += kPass)
       pass(std::min<int64_t>(kPass, Q - i0), [&](auto n) {
         block_scores<decltype(n)::value>(q + i0 * D, k, t_lo, t_hi, D, W, bs, scores.data() + i0 * bs);

@@ -944,8 +944,8 @@ at::Tensor int8_dot_amx_panel_linear(const at::Tensor& x, const at::Tensor& code
   const int32_t* mp = meta.data_ptr<int32_t>();
   for (int64_t p = 0; !has_mins && p < num_panels; ++p)
     TORCH_CHECK(!mp[p], "panel ", p, " has a mins' term but no mins were given");
-  const amx::Panels panels{codes.data_ptr<int8_t>(), scales.data_ptr<float>(), has_mins ? mins.data_ptr<float>() : nullptr,
-                           mp, N, kpad, chunk, num_chunks, w.num_groups};
+  const amx::Panels panels{codes.data_ptr<int8_t>(), scales.data_ptr<float>(),
+                           has_mins ? mins.data_ptr<float>() : nullptr, mp, N, kpad, chunk, num_chunks, w.num_groups};
   const int64_t M = x.size(0), padded = M > kAmxRows ? (M + kAmxRows - 1) / kAmxRows * kAmxRows : M;
   // bf16 x rounded as it is, into bf16 outputs: a float copy of x and of the outputs cost 3 of a 16-row decode step's
   // 33 ms (73 linears)
@@ -963,7 +963,8 @@ at::Tensor int8_dot_amx_panel_linear(const at::Tensor& x, const at::Tensor& code
   at::Tensor out = at::empty({M, N}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
   const amx::Out o{out.data_ptr(), bf16, b.defined() ? b.data_ptr<float>() : nullptr, N};
   if (M > 0)
-    at::parallel_for(0, num_panels, 16, [&](int64_t p0, int64_t p1) { amx::run_panels(panels, rx.view, M, p0, p1, o); });
+    at::parallel_for(0, num_panels, 16,
+                     [&](int64_t p0, int64_t p1) { amx::run_panels(panels, rx.view, M, p0, p1, o); });
   return bf16 ? out : out.to(x.scalar_type());
 #else
   TORCH_CHECK(false, "the int8 dot kernels need an AVX2 build");
