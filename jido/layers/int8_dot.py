@@ -108,10 +108,10 @@ class PackedPanels:
     rounded per block of 32 or, with ``per_token``, per row: the scales are laid out per chunk of columns that
     share one scale of each. With ``amx``, 16-row panels for the AMX tile kernel (``pack_all_amx_panels``)."""
 
-    codes: torch.Tensor  # uint8 [panels, 8 * padded K] (amx: int8 [panels, 16 * padded K])
-    scales: torch.Tensor  # float32 [panels, chunks * 8] (amx: chunks * 16)
-    mins: torch.Tensor  # float32 [panels, groups * 8] (amx: groups * 16), or empty when no panel has a mins' term
-    meta: torch.Tensor  # int32 [panels, 2]: each panel's span of codes and whether it has a mins' term (amx: [panels])
+    codes: torch.Tensor  # uint8 [panels, rows * padded K], rows 8 (amx: 16) weight rows a panel
+    scales: torch.Tensor  # float32 [panels, chunks * rows]
+    mins: torch.Tensor  # float32 [panels, groups * rows], or empty when no panel has a mins' term
+    meta: torch.Tensor  # int32 [panels, 2]: each panel's span of codes and whether it has a mins' term
     group_size: int
     shape: tuple[int, int]  # (N, K)
     per_token: bool
@@ -124,7 +124,7 @@ class PackedPanels:
     @property
     def with_mins(self) -> list[bool]:
         """Whether each panel has a mins' term."""
-        return [bool(v) for v in (self.meta if self.amx else self.meta[:, 1]).tolist()]
+        return [bool(v) for v in self.meta[:, 1].tolist()]
 
 
 @functools.cache

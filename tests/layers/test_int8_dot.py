@@ -2,6 +2,8 @@
 the same rounding and on x itself."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -194,14 +196,20 @@ def test_groups_the_kernels_do_not_take_are_refused_by_supports_and_by_the_kerne
         int8_dot.int8_dot_linear(torch.randn(1, 72), w)
 
 
+def panel_weights(bits: int, per_token: bool, gen: torch.Generator) -> Iterator[tuple[int, qk.QuantizedWeight]]:
+    """(index, weight) for each of SHAPES that packs for x rounded ``per_token`` or not, with mins on every other."""
+    for i, (num_rows, num_cols, group_size) in enumerate(SHAPES):
+        if group_size == 16 and per_token:
+            continue  # w8a8 weights have groups of 32 or more
+        yield i, random_weight(num_rows, num_cols, group_size, bits, with_mins=i % 2 == 0, gen=gen)
+
+
 @pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("bits", [8, 4])
 def test_prepacked_panels_give_bit_for_bit_what_the_panel_kernel_packing_per_call_gives(bits, per_token) -> None:
     gen = torch.Generator().manual_seed(11)
-    for i, (num_rows, num_cols, group_size) in enumerate(SHAPES):
-        if group_size == 16 and per_token:
-            continue  # w8a8 weights have groups of 32 or more
-        w = random_weight(num_rows, num_cols, group_size, bits, with_mins=i % 2 == 0, gen=gen)
+    for _, w in panel_weights(bits, per_token, gen):
+        (num_rows, num_cols), group_size = w.shape, w.group_size
         packed = int8_dot.pack_panels(w, per_token)
         bias = torch.randn(num_rows, generator=gen)
         for rows in (1, 2, 5, 13):
@@ -216,10 +224,8 @@ def test_prepacked_panels_give_bit_for_bit_what_the_panel_kernel_packing_per_cal
 def test_amx_panels_give_bit_for_bit_what_the_vector_panels_give(bits, per_token) -> None:
     # Steps of 1-16 rows run as one tile block; past 16, in blocks of 16 with the last padded by zero rows.
     gen = torch.Generator().manual_seed(14)
-    for i, (num_rows, num_cols, group_size) in enumerate(SHAPES):
-        if group_size == 16 and per_token:
-            continue  # w8a8 weights have groups of 32 or more
-        w = random_weight(num_rows, num_cols, group_size, bits, with_mins=i % 2 == 0, gen=gen)
+    for i, w in panel_weights(bits, per_token, gen):
+        (num_rows, num_cols), group_size = w.shape, w.group_size
         amx, vector = int8_dot.pack_panels(w, per_token, amx=True), int8_dot.pack_panels(w, per_token, amx=False)
         bias = torch.randn(num_rows, generator=gen) if i % 3 else None
         for rows in (1, 2, 15, 16, 17, 40):

@@ -188,14 +188,19 @@ inline float hmax(__m256 v) {
   return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
 
-// max |x| over a row's block of 32 floats (zeros past `len`), copied into `v`.
-inline float block_amax(const float* src, int64_t len, float* v) {
-  std::memset(v, 0, kBlock * sizeof(float));
-  std::memcpy(v, src, len * sizeof(float));
+// max |x| over 32 floats.
+inline float abs_max32(const float* v) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 amax = _mm256_setzero_ps();
   for (int i = 0; i < 4; ++i) amax = _mm256_max_ps(amax, _mm256_and_ps(_mm256_loadu_ps(v + 8 * i), abs_mask));
   return hmax(amax);
+}
+
+// max |x| over a row's block of 32 floats (zeros past `len`), copied into `v`.
+inline float block_amax(const float* src, int64_t len, float* v) {
+  std::memset(v, 0, kBlock * sizeof(float));
+  std::memcpy(v, src, len * sizeof(float));
+  return abs_max32(v);
 }
 
 // A row's block of 32 floats: in place when whole, else copied into `v` with zeros past `len`; and its max |x|.
@@ -204,10 +209,7 @@ inline const float* block_values(const float* src, int64_t len, float* v, float*
     *amax = block_amax(src, len, v);
     return v;
   }
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 m = _mm256_setzero_ps();
-  for (int i = 0; i < 4; ++i) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(src + 8 * i), abs_mask));
-  *amax = hmax(m);
+  *amax = abs_max32(src);
   return src;
 }
 
@@ -243,9 +245,11 @@ inline void split_even_odd(int8_t* block) {
   std::memcpy(block, tmp, sizeof(tmp));
 }
 
-// x rounded (see the top of this file), with the storage the pointers of QuantizedX point into.
+// x rounded (see the top of this file), with the storage the pointers of QuantizedX point into. The codes are a
+// tensor for the 64-byte alignment of torch's allocator: the AMX tile loads read their rows (rows of 32 codes across
+// two cache lines: 44 against 38 ns a chunk).
 struct RoundedX {
-  std::vector<int8_t> q;
+  at::Tensor q;  // int8 [M * nb * 32]
   std::vector<float> d, sums;
   QuantizedX view;
   std::vector<uint8_t> qu;
@@ -255,8 +259,9 @@ struct RoundedX {
 RoundedX round_x(const at::Tensor& xf, int64_t group_size, bool per_token, bool even_odd, bool offset_copy = false) {
   const int64_t M = xf.size(0), K = xf.size(1), nb = (K + kBlock - 1) / kBlock;
   const int64_t num_groups = (K + group_size - 1) / group_size;
-  RoundedX r{std::vector<int8_t>(M * nb * kBlock), std::vector<float>(M * nb), std::vector<float>(M * num_groups, 0.f),
-             {}, {}};
+  RoundedX r{at::empty({M * nb * kBlock}, at::TensorOptions().dtype(at::kChar)), std::vector<float>(M * nb),
+             std::vector<float>(M * num_groups, 0.f), {}, {}};
+  int8_t* q = r.q.data_ptr<int8_t>();
   const bool bf16 = xf.scalar_type() == at::kBFloat16;
   const float* xp = bf16 ? nullptr : xf.data_ptr<float>();
   const uint16_t* xb = bf16 ? reinterpret_cast<const uint16_t*>(xf.data_ptr<at::BFloat16>()) : nullptr;
@@ -279,7 +284,7 @@ RoundedX round_x(const at::Tensor& xf, int64_t group_size, bool per_token, bool 
         float amax = 0.f;
         const float* values = block_values(row + b * kBlock, len, v, &amax);
         const float d = (per_token ? row_max : amax) / 127.f;
-        int8_t* block = r.q.data() + (m * nb + b) * kBlock;
+        int8_t* block = q + (m * nb + b) * kBlock;
         round_block(values, d, block);
         r.d[m * nb + b] = d;
         // a block lies in one group, or (groups of 16) in two; its codes past `len` are zero
@@ -295,10 +300,10 @@ RoundedX round_x(const at::Tensor& xf, int64_t group_size, bool per_token, bool 
       }
     }
   });
-  r.view = QuantizedX{r.q.data(), r.d.data(), r.sums.data(), M, nb, num_groups};
+  r.view = QuantizedX{q, r.d.data(), r.sums.data(), M, nb, num_groups};
   if (offset_copy) {
-    r.qu.resize(r.q.size());
-    for (size_t i = 0; i < r.q.size(); ++i) r.qu[i] = static_cast<uint8_t>(r.q[i]) ^ 0x80;
+    r.qu.resize(M * nb * kBlock);
+    for (size_t i = 0; i < r.qu.size(); ++i) r.qu[i] = static_cast<uint8_t>(q[i]) ^ 0x80;
     r.view.qu = r.qu.data();
   }
   return r;
@@ -433,6 +438,12 @@ Weight make_weight(const at::Tensor& data, const at::Tensor& scales, const c10::
                 std::min(group_size, K), bits, data.size(1), num_groups, nb, group_size == 16 && K > 16};
 }
 
+// The shape of a weight whose codes come as packed panels (no codes or scales of its own here).
+Weight packed_shape(int64_t N, int64_t K, int64_t group_size) {
+  const int64_t nb = (K + kBlock - 1) / kBlock, gs = std::min(group_size, K);
+  return Weight{nullptr, nullptr, nullptr, N, K, gs, 8, 0, (K + gs - 1) / gs, nb, group_size == 16 && K > 16};
+}
+
 // The columns of x that share one scale of w and one of x (a chunk): an int32 sum, then one float multiply-add.
 int64_t panel_chunk(const Weight& w, int64_t x_block) {
   const int64_t chunk = std::min(w.group_size, x_block == 0 ? w.K : x_block);
@@ -534,29 +545,39 @@ std::vector<at::Tensor> pack_all_panels(const Weight& w, int64_t x_block, int64_
 }
 
 // The panel kernel over panels packed by pack_all_panels.
-void prepacked_panels(const Weight& w, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
-                      const at::Tensor& meta, const QuantizedX& x, int64_t x_block, int64_t isa, float* out) {
+// Checks panels of `rows` weight rows (pack_all_panels: 8, pack_all_amx_panels: 16) packed for w and x_block:
+// codes uint8 [panels, rows * padded K], scales float32 [panels, chunks * rows], mins float32 [panels, groups * rows]
+// or empty, meta int32 [panels, 2] (each panel's span of codes, whether it has a mins' term).
+void check_panels(const Weight& w, int64_t x_block, int64_t rows, const at::Tensor& codes, const at::Tensor& scales,
+                  const at::Tensor& mins, const at::Tensor& meta) {
   const int64_t kpad = w.nb * kBlock, chunk = panel_chunk(w, x_block), num_chunks = (w.K + chunk - 1) / chunk;
-  const int64_t num_panels = (w.N + kPanel - 1) / kPanel;
-  TORCH_CHECK(codes.dim() == 2 && codes.size(0) == num_panels && codes.size(1) == kPanel * kpad &&
+  const int64_t num_panels = (w.N + rows - 1) / rows;
+  TORCH_CHECK(codes.dim() == 2 && codes.size(0) == num_panels && codes.size(1) == rows * kpad &&
                   codes.scalar_type() == at::kByte && codes.is_contiguous(),
-              "panel codes must be contiguous uint8 [", num_panels, ", ", kPanel * kpad, "]");
-  TORCH_CHECK(scales.sizes() == at::IntArrayRef({num_panels, num_chunks * kPanel}) && scales.is_contiguous() &&
+              "panel codes must be contiguous uint8 [", num_panels, ", ", rows * kpad, "]");
+  TORCH_CHECK(scales.sizes() == at::IntArrayRef({num_panels, num_chunks * rows}) && scales.is_contiguous() &&
                   scales.scalar_type() == at::kFloat,
-              "panel scales must be contiguous float32 [", num_panels, ", ", num_chunks * kPanel,
+              "panel scales must be contiguous float32 [", num_panels, ", ", num_chunks * rows,
               "]: packed for another x_block?");
   TORCH_CHECK(meta.sizes() == at::IntArrayRef({num_panels, 2}) && meta.scalar_type() == at::kInt && meta.is_contiguous(),
               "panel meta must be contiguous int32 [", num_panels, ", 2]");
-  const int32_t* mp = meta.data_ptr<int32_t>();
   const bool has_mins = mins.numel() > 0;
-  TORCH_CHECK(!has_mins || (mins.sizes() == at::IntArrayRef({num_panels, w.num_groups * kPanel}) &&
+  TORCH_CHECK(!has_mins || (mins.sizes() == at::IntArrayRef({num_panels, w.num_groups * rows}) &&
                             mins.is_contiguous() && mins.scalar_type() == at::kFloat),
-              "panel mins must be empty or contiguous float32 [", num_panels, ", ", w.num_groups * kPanel, "]");
-  const uint8_t* cp = codes.data_ptr<uint8_t>();
-  const float* sp = scales.data_ptr<float>();
-  const float* mnp = has_mins ? mins.data_ptr<float>() : nullptr;
+              "panel mins must be empty or contiguous float32 [", num_panels, ", ", w.num_groups * rows, "]");
+  const int32_t* mp = meta.data_ptr<int32_t>();
   for (int64_t p = 0; !has_mins && p < num_panels; ++p)
     TORCH_CHECK(!mp[2 * p + 1], "panel ", p, " has a mins' term but no mins were given");
+}
+
+void prepacked_panels(const Weight& w, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                      const at::Tensor& meta, const QuantizedX& x, int64_t x_block, int64_t isa, float* out) {
+  check_panels(w, x_block, kPanel, codes, scales, mins, meta);
+  const int64_t kpad = w.nb * kBlock, chunk = panel_chunk(w, x_block), num_chunks = (w.K + chunk - 1) / chunk;
+  const int32_t* mp = meta.data_ptr<int32_t>();
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  const float* sp = scales.data_ptr<float>();
+  const float* mnp = mins.numel() > 0 ? mins.data_ptr<float>() : nullptr;
   sweep_panels(w.N, x, out, 0, [&](uint8_t*, int64_t p, int64_t, Panel* panel) {
     bool unsigned_codes = false;
     const PanelFn dot = pick_panel(mp[2 * p], isa, &unsigned_codes);
@@ -582,7 +603,7 @@ struct Panels {
   const int8_t* codes;  // [panels][quads][16][4]
   const float* scales;  // [panels][chunks][16]
   const float* mins;    // [panels][groups][16]; nullptr: no panel has a mins' term
-  const int32_t* with_mins;  // [panels]
+  const int32_t* meta;  // [panels][2]: the wider span of codes of its halves, whether it has a mins' term
   int64_t N, kpad, chunk, num_chunks, num_groups;
 };
 }  // namespace amx
@@ -599,23 +620,22 @@ std::vector<at::Tensor> pack_all_amx_panels(const Weight& w, int64_t x_block) {
   const int64_t num_panels = (w.N + kAmxPanel - 1) / kAmxPanel, kpad = w.nb * kBlock, chunk = panel_chunk(w, x_block);
   const int64_t num_chunks = (w.K + chunk - 1) / chunk;
   const auto floats = at::TensorOptions().dtype(at::kFloat);
-  at::Tensor codes = at::empty({num_panels, kAmxPanel * kpad}, at::TensorOptions().dtype(at::kChar));
+  at::Tensor codes = at::empty({num_panels, kAmxPanel * kpad}, at::TensorOptions().dtype(at::kByte));
   at::Tensor scales = at::empty({num_panels, num_chunks * kAmxPanel}, floats);
   at::Tensor mins = at::zeros({num_panels, w.num_groups * kAmxPanel}, floats);
-  at::Tensor meta = at::empty({num_panels}, at::TensorOptions().dtype(at::kInt));
+  at::Tensor meta = at::empty({num_panels, 2}, at::TensorOptions().dtype(at::kInt));
   int32_t* mp = meta.data_ptr<int32_t>();
   at::parallel_for(0, num_panels, 32, [&](int64_t p0, int64_t p1) {
     std::vector<uint8_t> rows(kPanel * kpad), half_codes(2 * kPanel * kpad);
     std::vector<float> half_scales(2 * num_chunks * kPanel), half_mins(2 * w.num_groups * kPanel);
     for (int64_t p = p0; p < p1; ++p) {
       bool with_mins[2] = {false, false};
-      for (int h = 0; h < 2; ++h) {
-        int span = 0;
+      int span[2] = {0, 0};
+      for (int h = 0; h < 2; ++h)
         pack_panel(w, p * kAmxPanel + h * kPanel, chunk, num_chunks, kAvx512Vnni, rows.data(),
                    half_codes.data() + h * kPanel * kpad, half_scales.data() + h * num_chunks * kPanel,
-                   half_mins.data() + h * w.num_groups * kPanel, &with_mins[h], &span);
-      }
-      uint8_t* dst = reinterpret_cast<uint8_t*>(codes.data_ptr<int8_t>()) + p * kAmxPanel * kpad;
+                   half_mins.data() + h * w.num_groups * kPanel, &with_mins[h], &span[h]);
+      uint8_t* dst = codes.data_ptr<uint8_t>() + p * kAmxPanel * kpad;
       for (int64_t j = 0; j < kpad / 4; ++j)
         for (int h = 0; h < 2; ++h)
           std::memcpy(dst + (j * kAmxPanel + h * kPanel) * 4, half_codes.data() + h * kPanel * kpad + j * kPanel * 4,
@@ -628,11 +648,11 @@ std::vector<at::Tensor> pack_all_amx_panels(const Weight& w, int64_t x_block) {
         for (int64_t g = 0; with_mins[h] && g < w.num_groups; ++g)  // a half without a mins' term adds zeros
           std::memcpy(pm + g * kAmxPanel + h * kPanel, half_mins.data() + (h * w.num_groups + g) * kPanel, kPanel * 4);
       }
-      mp[p] = with_mins[0] || with_mins[1];
+      mp[2 * p] = std::max(span[0], span[1]), mp[2 * p + 1] = with_mins[0] || with_mins[1];
     }
   });
   bool any_mins = false;
-  for (int64_t p = 0; p < num_panels; ++p) any_mins = any_mins || mp[p];
+  for (int64_t p = 0; p < num_panels; ++p) any_mins = any_mins || mp[2 * p + 1];
   return {codes, scales, any_mins ? mins : at::empty({0}, floats), meta};
 }
 
@@ -770,7 +790,7 @@ void panel_block(const Panels& w, int64_t p, const QuantizedX& x, int64_t m0, in
     if (c + 6 < n) chunk_products<2>(b, c + 6);
     if (c + 3 < n) scale_chunk<R, 3>(b, scales, c + 3, sums[3], acc);
   }
-  if (w.mins != nullptr && w.with_mins[p]) {
+  if (w.mins != nullptr && w.meta[2 * p + 1]) {
     const float* mins = w.mins + p * w.num_groups * kAmxPanel;
     for (int64_t g = 0; g < w.num_groups; ++g) {
       const __m512 mv = _mm512_loadu_ps(mins + g * kAmxPanel);
@@ -888,8 +908,7 @@ at::Tensor int8_dot_panel_linear(const at::Tensor& x, const at::Tensor& codes, c
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "]");
   TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
   TORCH_CHECK(isa_supported(isa), "this CPU does not run the int8 dot kernel for isa ", isa);
-  const int64_t nb = (K + kBlock - 1) / kBlock, gs = std::min(group_size, K);
-  const Weight w{nullptr, nullptr, nullptr, N, K, gs, 8, 0, (K + gs - 1) / gs, nb, group_size == 16 && K > 16};
+  const Weight w = packed_shape(N, K, group_size);
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const RoundedX rx = round_x(xf, w.group_size, x_block == 0, false, isa == kAvx512Vnni);
   at::Tensor out = at::empty({xf.size(0), N}, xf.options());
@@ -924,28 +943,13 @@ at::Tensor int8_dot_amx_panel_linear(const at::Tensor& x, const at::Tensor& code
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "]");
   TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
   TORCH_CHECK(amx_ready(), "this CPU (or this process) cannot use AMX-INT8 tiles");
-  const int64_t nb = (K + kBlock - 1) / kBlock, kpad = nb * kBlock, gs = std::min(group_size, K);
-  const Weight w{nullptr, nullptr, nullptr, N, K, gs, 8, 0, (K + gs - 1) / gs, nb, group_size == 16 && K > 16};
+  const Weight w = packed_shape(N, K, group_size);
+  check_panels(w, x_block, kAmxPanel, codes, scales, mins, meta);
   const int64_t chunk = panel_chunk(w, x_block), num_chunks = (K + chunk - 1) / chunk;
   const int64_t num_panels = (N + kAmxPanel - 1) / kAmxPanel;
-  TORCH_CHECK(codes.sizes() == at::IntArrayRef({num_panels, kAmxPanel * kpad}) && codes.scalar_type() == at::kChar &&
-                  codes.is_contiguous(),
-              "AMX panel codes must be contiguous int8 [", num_panels, ", ", kAmxPanel * kpad, "]");
-  TORCH_CHECK(scales.sizes() == at::IntArrayRef({num_panels, num_chunks * kAmxPanel}) &&
-                  scales.scalar_type() == at::kFloat && scales.is_contiguous(),
-              "AMX panel scales must be contiguous float32 [", num_panels, ", ", num_chunks * kAmxPanel,
-              "]: packed for another x_block?");
-  TORCH_CHECK(meta.sizes() == at::IntArrayRef({num_panels}) && meta.scalar_type() == at::kInt && meta.is_contiguous(),
-              "AMX panel meta must be contiguous int32 [", num_panels, "]");
-  const bool has_mins = mins.numel() > 0;
-  TORCH_CHECK(!has_mins || (mins.sizes() == at::IntArrayRef({num_panels, w.num_groups * kAmxPanel}) &&
-                            mins.is_contiguous() && mins.scalar_type() == at::kFloat),
-              "AMX panel mins must be empty or contiguous float32 [", num_panels, ", ", w.num_groups * kAmxPanel, "]");
-  const int32_t* mp = meta.data_ptr<int32_t>();
-  for (int64_t p = 0; !has_mins && p < num_panels; ++p)
-    TORCH_CHECK(!mp[p], "panel ", p, " has a mins' term but no mins were given");
-  const amx::Panels panels{codes.data_ptr<int8_t>(), scales.data_ptr<float>(),
-                           has_mins ? mins.data_ptr<float>() : nullptr, mp, N, kpad, chunk, num_chunks, w.num_groups};
+  const amx::Panels panels{reinterpret_cast<const int8_t*>(codes.data_ptr<uint8_t>()), scales.data_ptr<float>(),
+                           mins.numel() > 0 ? mins.data_ptr<float>() : nullptr, meta.data_ptr<int32_t>(), N,
+                           w.nb * kBlock, chunk, num_chunks, w.num_groups};
   const int64_t M = x.size(0), padded = M > kAmxRows ? (M + kAmxRows - 1) / kAmxRows * kAmxRows : M;
   // bf16 x rounded as it is, into bf16 outputs: a float copy of x and of the outputs cost 3 of a 16-row decode step's
   // 33 ms (73 linears)
@@ -953,11 +957,7 @@ at::Tensor int8_dot_amx_panel_linear(const at::Tensor& x, const at::Tensor& code
   at::Tensor xs = bf16 ? x.contiguous() : x.to(at::kFloat).contiguous();
   // past 16 rows, x in whole blocks of 16 (zero rows at the end): every block runs on one tile configuration
   if (padded != M) xs = at::constant_pad_nd(xs, {0, 0, 0, padded - M});
-  RoundedX rx = round_x(xs, w.group_size, x_block == 0, false);
-  // x's rows 64-byte aligned for the tile loads (rows of 32 codes across two cache lines: 44 against 38 ns a chunk)
-  at::Tensor xq = at::empty({static_cast<int64_t>(rx.q.size())}, at::TensorOptions().dtype(at::kChar));
-  std::memcpy(xq.data_ptr<int8_t>(), rx.q.data(), rx.q.size());
-  rx.view.q = xq.data_ptr<int8_t>();
+  const RoundedX rx = round_x(xs, w.group_size, x_block == 0, false);
   const at::Tensor b = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   TORCH_CHECK(!b.defined() || b.numel() == N, "bias must have N elements");
   at::Tensor out = at::empty({M, N}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
@@ -997,7 +997,7 @@ at::Tensor int8_dot_five_bit_linear(const at::Tensor& x, const at::Tensor& data,
   // Each int32 lane's start: -16 times the sum of x's codes over the lane's four columns.
   std::vector<int32_t> lanes(nb * 8);
   for (int64_t i = 0; i < nb * 8; ++i)
-    lanes[i] = -16 * (rx.q[4 * i] + rx.q[4 * i + 1] + rx.q[4 * i + 2] + rx.q[4 * i + 3]);
+    lanes[i] = -16 * (rx.view.q[4 * i] + rx.view.q[4 * i + 1] + rx.view.q[4 * i + 2] + rx.view.q[4 * i + 3]);
   at::Tensor out = at::empty({1, N}, xf.options());
   float* op = out.data_ptr<float>();
   const auto rows = isa == kAvx512Vnni ? &vnni::five_bit_rows : &avx2::five_bit_rows;
