@@ -1147,6 +1147,19 @@ JIDO_INLINE float lane_sum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
+// The mins' term of one weight row, sum_g m[g] * xs[g], summed in 8 lanes: as one scalar chain (a dependent add per
+// group) it took a third of a one-row matmul on Q4_K codes. Measured on a 2-core AMX Xeon, int4 in groups of 32 with
+// mins, weights in cache: 640 x 1,024 42.6 -> 30.1 us on one thread, 27.7 -> 20.7 on two; the default model's
+// batch-1 decode step 16.1 -> 15.6 ms.
+JIDO_INLINE float mins_term(const float* m, const float* xs, int64_t groups) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + 8 <= groups; g += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(m + g), _mm256_loadu_ps(xs + g), acc);
+  float sum = lane_sum(acc);
+  for (; g < groups; ++g) sum += m[g] * xs[g];
+  return sum;
+}
+
 // acc[r] += (block b of row `codes`) . (block b of x row m0 + r), scaled per lane by dx * ws.
 template <int R, int Bits>
 JIDO_INLINE void block_dot(const uint8_t* codes, int64_t b, __m256 ws, const QuantizedX& x, int64_t m0,
@@ -1197,11 +1210,7 @@ JIDO_INLINE void row_dot(const Weight& w, int64_t n, const QuantizedX& x, int64_
   }
   for (int r = 0; r < R; ++r) {
     float sum = lane_sum(acc[r]);
-    if (w.mins) {
-      const float* rm = w.mins + n * w.num_groups;
-      const float* xs = x.sums + (m0 + r) * x.num_groups;
-      for (int64_t g = 0; g < w.num_groups; ++g) sum += rm[g] * xs[g];
-    }
+    if (w.mins) sum += mins_term(w.mins + n * w.num_groups, x.sums + (m0 + r) * x.num_groups, w.num_groups);
     out[r] = sum;
   }
 }
@@ -1219,9 +1228,8 @@ JIDO_INLINE void store_two_rows(const float* mins, int64_t num_groups, int64_t a
                                 __m256 acc_a, __m256 acc_b, float* out) {
   float sum_a = lane_sum(acc_a), sum_b = lane_sum(acc_b);
   if (mins) {
-    const float* ma = mins + a * num_groups;
-    const float* mb = mins + b * num_groups;
-    for (int64_t g = 0; g < num_groups; ++g) sum_a += ma[g] * x.sums[g], sum_b += mb[g] * x.sums[g];
+    sum_a += mins_term(mins + a * num_groups, x.sums, num_groups);
+    sum_b += mins_term(mins + b * num_groups, x.sums, num_groups);
   }
   out[a] = sum_a, out[b] = sum_b;
 }
