@@ -160,3 +160,24 @@ def test_rows_sharing_blocks_at_consecutive_positions_give_each_row_its_own_atte
     values = cache[1][table.long()].reshape(-1, 64)[:42]
     scores = (q.double() @ keys.double().T * 0.125).masked_fill(torch.arange(42) >= lens[:, None, None], float("-inf"))
     torch.testing.assert_close(together, (scores.softmax(-1) @ values.double()).float(), atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [32, 96, 256])
+def test_cpp_decode_on_a_bf16_cache_is_within_the_output_rounding_of_float64(head_dim: int) -> None:
+    # bf16 caches of 32 columns a row and more run the kernels that widen keys and values in split order (even
+    # columns, then odd, per 32): 96 takes both the 64-column and the last-32 loops. A column put back in the wrong
+    # place would be off by whole values; here each output may be off by its bf16 rounding only.
+    kernel = cpu_extension.load_paged_decode()
+    gen = torch.Generator().manual_seed(head_dim)
+    cache = torch.randn(2, 40, 1, 16, head_dim, generator=gen).to(torch.bfloat16)
+    table = torch.randperm(40, generator=gen)[:20].int()
+    lens = torch.tensor([300, 301, 302, 77], dtype=torch.int32)  # a run of three rows, and a row of its own
+    tables = table.repeat(4, 1).contiguous()
+    q = torch.randn(4, 4, head_dim, generator=gen).to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    kernel(out, q, cache, tables, lens, head_dim**-0.5, 0, 0.0, 32)
+    keys = cache[0][table.long()].reshape(-1, head_dim).double()
+    values = cache[1][table.long()].reshape(-1, head_dim).double()
+    scores = (q.double() @ keys.T * head_dim**-0.5).masked_fill(torch.arange(320) >= lens[:, None, None], float("-inf"))
+    expected = scores.softmax(-1) @ values
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=2**-8)

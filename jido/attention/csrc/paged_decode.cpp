@@ -32,6 +32,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 inline float to_float(float x) { return x; }
@@ -111,9 +115,10 @@ inline void visible_range(const Shape& s, int64_t seq_len, int64_t* first, int64
   *end = seq_len;
 }
 
-// Vectors of kLanes floats, one AVX2 register. 16 lanes (AVX-512) measured no faster on a 2-core AMX Xeon (bf16 cache,
-// Gemma 3's heads: 16 decodes at 300 tokens 265 against 245 us, 32 at 1,000 tokens 1.71 against 1.62 ms): the
-// FMAs are not what bounds this kernel.
+// Vectors of kLanes floats, one AVX2 register. 16 lanes (AVX-512) alone measured no faster on a 2-core AMX Xeon (bf16
+// cache, Gemma 3's heads: 16 decodes at 300 tokens 265 against 245 us, 32 at 1,000 tokens 1.71 against 1.62 ms): what
+// bounded it were the widening of bf16 and the accumulators loaded and stored per value row. bf16 caches on AVX-512
+// take the split-order kernels below instead.
 constexpr int kLanes = 8;
 typedef float fvec __attribute__((vector_size(4 * kLanes)));
 typedef uint32_t uvec __attribute__((vector_size(4 * kLanes)));
@@ -282,6 +287,100 @@ inline void block_values_by_column(const float* p, const T* v, int64_t t_lo, int
       for (int i = 0; i < NQ; ++i) acc[i * D + d] += p[i * bs + t] * to_float(v[t * W + d]);
 }
 
+#if defined(__AVX512F__)
+// bf16 caches on AVX-512: each 64-byte load of 32 bf16 keys or values becomes two float vectors with one
+// instruction each, its even elements (x << 16) and its odd ones (x & 0xffff0000), where widening 16 at a time
+// took a load and a convert per 16. The queries and the accumulated outputs are kept in the same order (per 32
+// columns: the 16 even ones, then the 16 odd ones; `split_order`), so each dot product and sum has the same terms, and
+// the output is put back in column order when it is stored. Measured on a 2-core AMX Xeon (Gemma 3's heads, 18
+// layers' caches cycled, in huge pages), against the 8-lane kernels: 16 decodes at 320 tokens 396 -> 259 us a layer,
+// 1 at 2,000 127 -> 81, 4 at 1,000 235 -> 185, 32 at 1,000 2.62 -> 2.17 ms. The values go by column here whatever the
+// rows (64 columns of each accumulator in registers; by row, each FMA loaded and stored its accumulator).
+constexpr bool kSplitBf16 = true;
+constexpr int64_t kSplitCols = 32;
+
+inline void split_bf16(const uint16_t* p, __m512* even, __m512* odd) {
+  const __m512i raw = _mm512_loadu_si512(p);
+  *even = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+  *odd = _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u))));
+}
+
+// s[i * bs + t] = q_i . k_t for NQ queries in split order (q_i at q + i * D) and keys t_lo..t_hi-1 of one block.
+template <int NQ>
+inline void block_scores_split(const float* q, const uint16_t* k, int64_t t_lo, int64_t t_hi, int64_t D, int64_t W,
+                               int64_t bs, float* s) {
+  for (int64_t t = t_lo; t < t_hi; ++t) {
+    const uint16_t* kt = k + t * W;
+    __m512 a[NQ][2];
+    for (int i = 0; i < NQ; ++i) a[i][0] = a[i][1] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += kSplitCols) {
+      __m512 even, odd;
+      split_bf16(kt + d, &even, &odd);
+#pragma GCC unroll 4
+      for (int i = 0; i < NQ; ++i) {
+        a[i][0] = _mm512_fmadd_ps(_mm512_loadu_ps(q + i * D + d), even, a[i][0]);
+        a[i][1] = _mm512_fmadd_ps(_mm512_loadu_ps(q + i * D + d + 16), odd, a[i][1]);
+      }
+    }
+    for (int i = 0; i < NQ; ++i) s[i * bs + t] = _mm512_reduce_add_ps(_mm512_add_ps(a[i][0], a[i][1]));
+  }
+}
+
+// acc_i += sum_t p[i * bs + t] * v_t for NQ queries, acc in split order: 64 columns of every acc_i in registers
+// while the block's value rows pass (the rows are in L1: attend_split asks for them while it scores the block).
+template <int NQ>
+inline void block_values_split(const float* p, const uint16_t* v, int64_t t_lo, int64_t t_hi, int64_t D, int64_t W,
+                               int64_t bs, float* acc) {
+  int64_t d = 0;
+  for (; d + 2 * kSplitCols <= D; d += 2 * kSplitCols) {
+    __m512 a[NQ][4];
+    for (int i = 0; i < NQ; ++i)
+      for (int j = 0; j < 4; ++j) a[i][j] = _mm512_loadu_ps(acc + i * D + d + 16 * j);
+    for (int64_t t = t_lo; t < t_hi; ++t) {
+      __m512 x[4];
+      split_bf16(v + t * W + d, &x[0], &x[1]);
+      split_bf16(v + t * W + d + kSplitCols, &x[2], &x[3]);
+#pragma GCC unroll 4
+      for (int i = 0; i < NQ; ++i) {
+        const __m512 pi = _mm512_set1_ps(p[i * bs + t]);
+        for (int j = 0; j < 4; ++j) a[i][j] = _mm512_fmadd_ps(pi, x[j], a[i][j]);
+      }
+    }
+    for (int i = 0; i < NQ; ++i)
+      for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + i * D + d + 16 * j, a[i][j]);
+  }
+  for (; d < D; d += kSplitCols) {  // a last 32 columns
+    __m512 a[NQ][2];
+    for (int i = 0; i < NQ; ++i) a[i][0] = _mm512_loadu_ps(acc + i * D + d), a[i][1] = _mm512_loadu_ps(acc + i * D + d + 16);
+    for (int64_t t = t_lo; t < t_hi; ++t) {
+      __m512 even, odd;
+      split_bf16(v + t * W + d, &even, &odd);
+      for (int i = 0; i < NQ; ++i) {
+        const __m512 pi = _mm512_set1_ps(p[i * bs + t]);
+        a[i][0] = _mm512_fmadd_ps(pi, even, a[i][0]);
+        a[i][1] = _mm512_fmadd_ps(pi, odd, a[i][1]);
+      }
+    }
+    for (int i = 0; i < NQ; ++i) _mm512_storeu_ps(acc + i * D + d, a[i][0]), _mm512_storeu_ps(acc + i * D + d + 16, a[i][1]);
+  }
+}
+#else
+constexpr bool kSplitBf16 = false;
+constexpr int64_t kSplitCols = 32;
+#endif
+
+// Whether a cache of element type T with rows of D values takes the split-order kernels above.
+template <typename T>
+inline bool takes_split(int64_t D) {
+  return kSplitBf16 && std::is_same_v<T, uint16_t> && D % kSplitCols == 0;
+}
+
+// Column d of a row in split order: where it sits (see split_bf16).
+inline int64_t split_index(int64_t d) {
+  const int64_t c = d % kSplitCols;
+  return d - c + (c % 2) * (kSplitCols / 2) + c / 2;
+}
+
 // Queries [i0, i0 + n) of an item, n <= kPass, through f<NQ> with NQ = n as a constant.
 template <class F>
 inline void pass(int64_t n, F f) {
@@ -327,7 +426,8 @@ void attend_split(const Shape& s, const T* cache, const int32_t* table, const in
   // Measured on the AVX2 EPYC (2 threads, 4 query heads on one KV head of 256, caches flushed): by row, one row a
   // request at 32 x 1,024 tokens took 1.95 ms where by column took 2.28-2.32 (at the memory's bandwidth); a run of
   // 5 rows at 300 tokens, 207 us by row against 131-145 by column (and 175 against 95-101 in cache).
-  const bool by_column = rows > 1;
+  const bool split_order = takes_split<T>(D);
+  const bool by_column = rows > 1 || split_order;
   for (int64_t blk = blk_lo; blk < blk_hi; ++blk) {
     const int64_t base = blk * bs;
     const int64_t t_lo = std::max(first[0], base) - base, t_hi = std::min(end[rows - 1], base + bs) - base;
@@ -338,11 +438,16 @@ void attend_split(const Shape& s, const T* cache, const int32_t* table, const in
       const char* vb = reinterpret_cast<const char*>(v);
       for (int64_t b = 0; b < bs * W * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(vb + b);
     }
-    if ((by_column || prefetch_next) && blk + 1 < blk_hi)  // the next block into L2
+    if ((rows > 1 || prefetch_next) && blk + 1 < blk_hi)  // the next block into L2
       prefetch_block(s, cache, table[blk + 1], h, plane);
     for (int64_t i0 = 0; i0 < Q; i0 += kPass)
       pass(std::min<int64_t>(kPass, Q - i0), [&](auto n) {
-        block_scores<decltype(n)::value>(q + i0 * D, k, t_lo, t_hi, D, W, bs, scores.data() + i0 * bs);
+        constexpr int NQ = decltype(n)::value;
+#if defined(__AVX512F__)
+        if constexpr (std::is_same_v<T, uint16_t>)
+          if (split_order) return block_scores_split<NQ>(q + i0 * D, k, t_lo, t_hi, D, W, bs, scores.data() + i0 * bs);
+#endif
+        block_scores<NQ>(q + i0 * D, k, t_lo, t_hi, D, W, bs, scores.data() + i0 * bs);
       });
     for (int64_t i = 0; i < Q; ++i) {
       const int64_t r = i / G;
@@ -370,6 +475,10 @@ void attend_split(const Shape& s, const T* cache, const int32_t* table, const in
       pass(std::min<int64_t>(kPass, Q - i0), [&](auto n) {
         constexpr int NQ = decltype(n)::value;
         float* out = acc + i0 * D;
+#if defined(__AVX512F__)
+        if constexpr (std::is_same_v<T, uint16_t>)
+          if (split_order) return block_values_split<NQ>(scores.data() + i0 * bs, v, t_lo, t_hi, D, W, bs, out);
+#endif
         if (by_column) block_values_by_column<NQ>(scores.data() + i0 * bs, v, t_lo, t_hi, D, W, bs, out);
         else block_values_by_row<NQ>(scores.data() + i0 * bs, v, t_lo, t_hi, D, W, bs, out);
       });
@@ -423,6 +532,7 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
   }
   const int64_t num_items = static_cast<int64_t>(item_run.size());
   std::vector<float> ms(num_q), ls(num_q), accs(num_q * D);
+  const bool split_order = takes_split<C>(D);  // queries and outputs in split order (see split_bf16)
   // One-row runs ask for their next block too once the step's keys and values outgrow what the threads' L2 caches
   // hold. Measured on a 2-core AMX Xeon (bf16 cache, Gemma 3's heads, 18 layers' caches cycled, medians): 16 decodes
   // at 320 tokens (5.2 MB a layer) 526 -> 449 us, 4 at 1,000 347 -> 274, 32 at 1,000 2.99 -> 2.86 ms; below it no
@@ -440,7 +550,12 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
       q.resize(run.rows * G * D);
       for (int64_t r = 0; r < run.rows; ++r) {
         const T* qh = q_in + ((run.row0 + r) * H + h) * G * D;  // query heads h*G .. h*G+G-1 of the row
-        for (int64_t x = 0; x < G * D; ++x) q[r * G * D + x] = to_float(qh[x]) * s.scale;
+        float* qr = q.data() + r * G * D;
+        if (split_order)
+          for (int64_t g = 0; g < G; ++g)
+            for (int64_t d = 0; d < D; ++d) qr[g * D + split_index(d)] = to_float(qh[g * D + d]) * s.scale;
+        else
+          for (int64_t x = 0; x < G * D; ++x) qr[x] = to_float(qh[x]) * s.scale;
       }
       const int64_t last = run.row0 + run.rows - 1;
       const int64_t blk_lo = run.first_blk + split * run.split_blocks;
@@ -474,7 +589,10 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
           axpy(w, &accs[qi * D], o.data(), D);
         }
         T* dst = out + ((b * H + h) * G + g) * D;
-        for (int64_t d = 0; d < D; ++d) store(o[d] / l, dst + d);
+        if (split_order)
+          for (int64_t d = 0; d < D; ++d) store(o[split_index(d)] / l, dst + d);
+        else
+          for (int64_t d = 0; d < D; ++d) store(o[d] / l, dst + d);
       }
     }
   });
