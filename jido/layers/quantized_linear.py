@@ -151,8 +151,7 @@ class QuantizedLinearMethod(LinearMethod):
             layer.qdense = pack_dense(quant_kernels.dequantize(qweight).to(torch.bfloat16))
             panels = getattr(layer, "qpanels", None)
             layer.qdense_min_rows = BF16_COPY_MIN_ROWS_AMX if panels is not None and panels.amx else BF16_COPY_MIN_ROWS
-        else:
-            self._bind(layer)
+        self._bind(layer)
 
     def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
         # A tied head is the embedding: its gathers read the same qweight, so no dense table is kept.
@@ -179,18 +178,22 @@ class QuantizedLinearMethod(LinearMethod):
                 layer.qfive = int8_dot.pack_five_bits(qweight)
 
     def _bind(self, layer: nn.Module) -> None:
-        """Settle once which int8 kernel a step of each size runs on ``layer`` (as :meth:`apply` would choose; under
-        ``w8a8``, steps of ``int8_dot.INT_MM_MIN_ROWS`` rows or more as one int8 GEMM, ``int_mm_linear``), as
-        ``layer.qlinear(x, bias)``. A one-row decode of Gemma 3 270M runs 73 linears a step, and choosing per call
-        (attribute probes that miss, the kernels' checks) cost ~4 us of Python each on the AVX2 EPYC. The weights
-        are read from the layer at each call: moving them into huge pages replaces them after load."""
+        """Settle once which kernel a step of each size runs on ``layer`` (as :meth:`apply` would choose: the bf16
+        copy where the layer keeps one; under ``w8a8``, steps of ``int8_dot.INT_MM_MIN_ROWS`` rows or more as one
+        int8 GEMM, ``int_mm_linear``), as ``layer.qlinear(x, bias)``. A one-row decode of Gemma 3 270M runs 73
+        linears a step, and choosing per call (attribute probes that miss, the kernels' checks) cost ~4 us of Python
+        each on the AVX2 EPYC. The weights are read from the layer at each call: moving them into huge pages
+        replaces them after load."""
         if not hasattr(layer, "qpanels"):
             return  # the int8 kernels do not run here: apply's other routes
         five, per_token = hasattr(layer, "qfive"), self.per_token
         int_mm = per_token and int8_dot.takes_int_mm(layer.qweight)
+        copy_min_rows = getattr(layer, "qdense_min_rows", None) if hasattr(layer, "qdense") else None
 
         def linear(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
             rows = x.shape[0]
+            if copy_min_rows is not None and rows >= copy_min_rows and x.dtype == torch.bfloat16:
+                return packed_linear(x, layer.qdense, bias)
             if int_mm and rows >= int8_dot.INT_MM_MIN_ROWS:
                 return int8_dot.int_mm_linear(x, layer.qweight, bias)
             if rows >= int8_dot.PREPACKED_MIN_ROWS:
