@@ -44,6 +44,11 @@ class LinearMethod(ABC):
         """
         return self.apply(layer, hidden)
 
+    def greedy_token_ids(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Each row's argmax of :meth:`apply_logits` ([N] int64, the first of equals) where a kernel gives it without
+        making the logits; None (the default) where the caller must make them."""
+        return None
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Turn the loaded checkpoint tensors into the form :meth:`apply` runs fastest on (vLLM's hook).
 

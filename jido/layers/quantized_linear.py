@@ -140,6 +140,13 @@ class QuantizedLinearMethod(LinearMethod):
         # rounding to bf16 and the two [rows, vocab] copies there and back (1.4 ms of a 25 ms decode step).
         return self.apply(layer, hidden.float())
 
+    def greedy_token_ids(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
+        # Where the head's panels run on AMX tiles and the step takes its panels (apply_logits' route from 2 rows).
+        panels = getattr(layer, "qpanels", None)
+        if panels is None or not panels.amx or not int8_dot.prefers_panels(hidden.shape[0]):
+            return None
+        return int8_dot.amx_panel_argmax(hidden, panels)
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         qweight = self._quantized(layer)
         if qweight is None:

@@ -30,6 +30,7 @@ from jido.runner.cuda_graphs import DecodeGraphs
 from jido.runner.input_batch import InputBatch, ModelInputs
 from jido.runner.prompt_logprobs import PromptLogprobsCollector
 from jido.runner.spec_decode import ProposerContext, SpecDecoder, make_proposer
+from jido.sampling.metadata import SamplingMetadata
 from jido.sampling.rejection_sampler import VerifiedTokens
 from jido.sampling.sampler import Sampler
 from jido.utils.cpu import CpuInfo, cpu_info
@@ -314,9 +315,13 @@ class ModelRunner:
         verified = VerifiedTokens([], [])
         model_done = time.perf_counter()
         if inputs.sampled_req_ids:  # else only prefill chunks that have not reached their prompts' ends
-            logits = self.model.compute_logits(hidden[inputs.logits_indices])
-            model_done = time.perf_counter()
-            verified = self._sample(logits, inputs)
+            rows = hidden[inputs.logits_indices]
+            metadata = None if self.spec_decoder is not None else batch.sampling.metadata(inputs.sampled_rows.tolist())
+            verified = None if metadata is None else self._greedy_tokens(rows, metadata)
+            if verified is None:
+                logits = self.model.compute_logits(rows)
+                model_done = time.perf_counter()
+                verified = self._sample(logits, inputs, metadata)
             batch.append_sampled(inputs.sampled_rows, verified.token_ids)
         sample_done = time.perf_counter()
         spec_token_ids = {}
@@ -377,11 +382,18 @@ class ModelRunner:
             prepare_time_s=start - begin, model_time_s=model_done - start,
             sample_time_s=time.perf_counter() - model_done)
 
-    def _sample(self, logits: torch.Tensor, inputs: ModelInputs) -> VerifiedTokens:
-        """Each sampled request's new tokens: one drawn by the sampler, or its verified proposals and one more."""
+    def _greedy_tokens(self, hidden: torch.Tensor, metadata: SamplingMetadata) -> VerifiedTokens | None:
+        """Each sampled row's argmax straight from the LM head's kernel (the rows' final hidden states), where every
+        row needs only that (``argmax_only``) and the model gives it; else None."""
+        token_ids = self.model.greedy_token_ids(hidden) if metadata.argmax_only else None
+        return None if token_ids is None else VerifiedTokens([[t] for t in token_ids.tolist()], [[] for _ in token_ids])
+
+    def _sample(self, logits: torch.Tensor, inputs: ModelInputs, metadata: SamplingMetadata | None) -> VerifiedTokens:
+        """Each sampled request's new tokens: one drawn by the sampler (with the rows' ``metadata``), or its verified
+        proposals and one more."""
         if self.spec_decoder is not None:
             return self.spec_decoder.verify(logits, inputs, self.input_batch)
-        token_ids, logprobs = self.sampler.sample(logits, self.input_batch.sampling.metadata(inputs.sampled_rows.tolist()))
+        token_ids, logprobs = self.sampler.sample(logits, metadata)
         return VerifiedTokens([[t] for t in token_ids], [[] if lp is None else [lp] for lp in logprobs])
 
 

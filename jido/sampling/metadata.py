@@ -86,6 +86,12 @@ class SamplingMetadata:
     def no_penalties(self) -> bool:
         return self.penalty_rows is None
 
+    @property
+    def argmax_only(self) -> bool:
+        """Whether each row's token is its logits' argmax and nothing else reads them: greedy rows, no penalties, no
+        bans, no logprobs (the sampler then needs no logits: see ``Model.greedy_token_ids``)."""
+        return self.all_greedy and self.penalty_rows is None and not self.banned_rows and self.max_num_logprobs is None
+
 
 # The per-row tensors of SamplingMetadata, which a shifted copy gathers row by row.
 _ROW_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",

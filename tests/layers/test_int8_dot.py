@@ -236,6 +236,33 @@ def test_amx_panels_give_bit_for_bit_what_the_vector_panels_give(bits, per_token
                 assert out.dtype == dtype and torch.equal(out, expected), (num_rows, num_cols, group_size, rows, dtype)
 
 
+@pytest.mark.skipif(not int8_dot.amx_runs(), reason="needs AMX-INT8 tiles (and the kernels built)")
+def test_amx_panel_argmax_is_torch_argmax_of_the_panels_float32_outputs() -> None:
+    # Over many panels (both threads' ranges, a last partial panel), ties (duplicated weight rows: the first column
+    # must win, wherever the copies fall), columns tied by the bias, and NaN outputs (the first NaN wins).
+    gen = torch.Generator().manual_seed(21)
+    for num_rows, per_token in [(4099, False), (1000, True), (40, False)]:
+        w = random_weight(num_rows, 96, 32, 8, with_mins=False, gen=gen)
+        w.data[num_rows - 1] = w.data[7]  # row 7 and the last: equal outputs in every row of x
+        w.scales[num_rows - 1] = w.scales[7]
+        packed = int8_dot.pack_panels(w, per_token, amx=True)
+        bias = torch.randn(num_rows, generator=gen)
+        bias[num_rows - 1] = bias[7]
+        for rows in (2, 16, 17, 39):
+            for dtype in (torch.float32, torch.bfloat16):
+                x = random_x(rows, 96, dtype, gen)
+                expected = int8_dot.panel_linear(x.float(), packed, bias).argmax(dim=-1)
+                assert torch.equal(int8_dot.amx_panel_argmax(x, packed, bias), expected), (num_rows, rows, dtype)
+        tied = bias.clone()
+        tied[10:20] = bias.max() + 1e6  # outputs dominated by the bias: the first of the tied columns
+        x = torch.zeros(3, 96)
+        assert int8_dot.amx_panel_argmax(x, packed, tied).tolist() == [10] * 3
+        tied[[25, 35]] = float("nan")  # NaN outputs: argmax takes the first of them
+        assert int8_dot.amx_panel_argmax(x, packed, tied).tolist() == [25] * 3
+        with pytest.raises(ValueError, match="AMX panels"):
+            int8_dot.amx_panel_argmax(x, int8_dot.pack_panels(w, per_token, amx=False))
+
+
 @pytest.mark.skipif(int8_dot.load_int8_dot_ops() is None or int8_dot.amx_runs(),
                     reason="needs the kernels built on a CPU (or process) without AMX-INT8 tiles")
 def test_amx_panels_are_refused_with_a_clear_error_where_the_cpu_has_no_tiles() -> None:

@@ -39,6 +39,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 #if defined(__AVX2__)
@@ -750,13 +752,44 @@ JIDO_INLINE void scale_chunk(const Block& b, const float* scales, int64_t c, int
   }
 }
 
+// One row's largest output so far over the panels a thread ran (greedy tokens, see panel_argmax): per lane of the
+// 16 a panel's outputs fill, the largest value and its column (the first of equals: columns come in order), and the
+// first NaN's column (-1: none yet).
+struct RowBest {
+  float value[kAmxPanel];
+  int32_t column[kAmxPanel];
+  int64_t first_nan;
+};
+
+inline void reset(RowBest* best) {
+  std::fill(best->value, best->value + kAmxPanel, -std::numeric_limits<float>::infinity());
+  std::fill(best->column, best->column + kAmxPanel, -1);
+  best->first_nan = -1;
+}
+
+// best's lanes take the outputs v of columns n0.. (the first `mask` lanes) that exceed them.
+inline void update(RowBest* best, __m512 v, __mmask16 mask, int64_t n0) {
+  const __m512 value = _mm512_loadu_ps(best->value);
+  const __mmask16 larger = _mm512_mask_cmp_ps_mask(mask, v, value, _CMP_GT_OQ);
+  if (larger) {
+    const __m512i columns = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(n0)),
+                                             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    _mm512_storeu_ps(best->value, _mm512_mask_mov_ps(value, larger, v));
+    _mm512_storeu_si512(best->column, _mm512_mask_mov_epi32(_mm512_loadu_si512(best->column), larger, columns));
+  }
+  const __mmask16 nan = _mm512_mask_cmp_ps_mask(mask, v, v, _CMP_UNORD_Q);
+  if (nan && best->first_nan < 0) best->first_nan = n0 + __builtin_ctz(nan);
+}
+
 // Where the outputs go: float32, or bf16 (rounded to nearest even, as torch's .to(torch.bfloat16)), with the bias
-// (float32 [N], or nullptr) added first, as the vector kernels' callers add it to their float32 outputs.
+// (float32 [N], or nullptr) added first, as the vector kernels' callers add it to their float32 outputs; or, with
+// `best` (a RowBest per row of x), nowhere: each row's running maximum instead.
 struct Out {
   void* data;
   bool bf16;
   const float* bias;
   int64_t ld;
+  RowBest* best = nullptr;
 };
 
 // Rows [m0, m0 + R) of x against panel p: out rows m0.. at columns n0 = 16 p.. (the first `width`). The tiles may hold
@@ -806,7 +839,10 @@ void panel_block(const Panels& w, int64_t p, const QuantizedX& x, int64_t m0, in
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) acc[r] = _mm512_add_ps(acc[r], bias);
   }
-  if (out.bf16) {
+  if (out.best != nullptr) {
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) update(out.best + m0 + r, acc[r], mask, n0);
+  } else if (out.bf16) {
     uint16_t* o = static_cast<uint16_t*>(out.data) + m0 * out.ld + n0;
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
@@ -834,6 +870,23 @@ void run_panels(const Panels& w, const QuantizedX& x, int64_t M, int64_t p0, int
       kBlocks[std::min(kAmxRows, M - m0)](w, p, x, m0, sub, out, width);
   }
   _tile_release();
+}
+
+// Row m's column of the largest output over every part's lanes: the first NaN's if any, else the first of the largest
+// values (0 where every output is -inf).
+inline int64_t best_column(const std::vector<std::vector<RowBest>>& parts, int64_t m) {
+  int64_t nan = -1, column = -1;
+  float value = -std::numeric_limits<float>::infinity();
+  for (const std::vector<RowBest>& part : parts) {
+    const RowBest& row = part[m];
+    if (row.first_nan >= 0 && (nan < 0 || row.first_nan < nan)) nan = row.first_nan;
+    for (int64_t i = 0; i < kAmxPanel; ++i) {
+      if (row.column[i] < 0) continue;
+      if (row.value[i] > value || (row.value[i] == value && row.column[i] < column))
+        value = row.value[i], column = row.column[i];
+    }
+  }
+  return nan >= 0 ? nan : std::max<int64_t>(column, 0);
 }
 }  // namespace amx
 #pragma GCC pop_options
@@ -934,38 +987,83 @@ std::vector<at::Tensor> int8_dot_pack_amx_panels(const at::Tensor& data, const a
 #endif
 }
 
-// y = x w^T (+ bias) on w's AMX panels (int8_dot_pack_amx_panels), x rounded as in int8_dot_linear: the bits the
-// vector panel kernel gives (see amx::Panels).
-at::Tensor int8_dot_amx_panel_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
-                                     const at::Tensor& mins, const at::Tensor& meta, int64_t N, int64_t K,
-                                     int64_t group_size, const c10::optional<at::Tensor>& bias, int64_t x_block) {
 #if defined(__AVX2__)
+// x rounded for w's AMX panels (int8_dot_pack_amx_panels) and `run(panels, rounded x, M, bias)` over them: the part
+// amx_panel_linear and amx_panel_argmax share.
+template <class Run>
+void with_amx_panels(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                     const at::Tensor& meta, int64_t N, int64_t K, int64_t group_size,
+                     const c10::optional<at::Tensor>& bias, int64_t x_block, Run run) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "]");
   TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
   TORCH_CHECK(amx_ready(), "this CPU (or this process) cannot use AMX-INT8 tiles");
   const Weight w = packed_shape(N, K, group_size);
   check_panels(w, x_block, kAmxPanel, codes, scales, mins, meta);
   const int64_t chunk = panel_chunk(w, x_block), num_chunks = (K + chunk - 1) / chunk;
-  const int64_t num_panels = (N + kAmxPanel - 1) / kAmxPanel;
   const amx::Panels panels{reinterpret_cast<const int8_t*>(codes.data_ptr<uint8_t>()), scales.data_ptr<float>(),
                            mins.numel() > 0 ? mins.data_ptr<float>() : nullptr, meta.data_ptr<int32_t>(), N,
                            w.nb * kBlock, chunk, num_chunks, w.num_groups};
   const int64_t M = x.size(0), padded = M > kAmxRows ? (M + kAmxRows - 1) / kAmxRows * kAmxRows : M;
-  // bf16 x rounded as it is, into bf16 outputs: a float copy of x and of the outputs cost 3 of a 16-row decode step's
-  // 33 ms (73 linears)
-  const bool bf16 = x.scalar_type() == at::kBFloat16;
-  at::Tensor xs = bf16 ? x.contiguous() : x.to(at::kFloat).contiguous();
+  // bf16 x rounded as it is: a float copy of x cost (with one of the outputs) 3 of a 16-row decode step's 33 ms
+  at::Tensor xs = x.scalar_type() == at::kBFloat16 ? x.contiguous() : x.to(at::kFloat).contiguous();
   // past 16 rows, x in whole blocks of 16 (zero rows at the end): every block runs on one tile configuration
   if (padded != M) xs = at::constant_pad_nd(xs, {0, 0, 0, padded - M});
   const RoundedX rx = round_x(xs, w.group_size, x_block == 0, false);
   const at::Tensor b = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   TORCH_CHECK(!b.defined() || b.numel() == N, "bias must have N elements");
-  at::Tensor out = at::empty({M, N}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
-  const amx::Out o{out.data_ptr(), bf16, b.defined() ? b.data_ptr<float>() : nullptr, N};
-  if (M > 0)
-    at::parallel_for(0, num_panels, 16,
-                     [&](int64_t p0, int64_t p1) { amx::run_panels(panels, rx.view, M, p0, p1, o); });
+  run(panels, rx.view, M, b.defined() ? b.data_ptr<float>() : nullptr);
+}
+#endif
+
+// y = x w^T (+ bias) on w's AMX panels (int8_dot_pack_amx_panels), x rounded as in int8_dot_linear: the bits the
+// vector panel kernel gives (see amx::Panels).
+at::Tensor int8_dot_amx_panel_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                                     const at::Tensor& mins, const at::Tensor& meta, int64_t N, int64_t K,
+                                     int64_t group_size, const c10::optional<at::Tensor>& bias, int64_t x_block) {
+#if defined(__AVX2__)
+  // bf16 x gives bf16 outputs, written by the kernel
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  at::Tensor out = at::empty({x.size(0), N}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  with_amx_panels(x, codes, scales, mins, meta, N, K, group_size, bias, x_block,
+                  [&](const amx::Panels& panels, const QuantizedX& rx, int64_t M, const float* b) {
+                    const amx::Out o{out.data_ptr(), bf16, b, N};
+                    const int64_t num_panels = (N + kAmxPanel - 1) / kAmxPanel;
+                    if (M > 0)
+                      at::parallel_for(0, num_panels, 16,
+                                       [&](int64_t p0, int64_t p1) { amx::run_panels(panels, rx, M, p0, p1, o); });
+                  });
   return bf16 ? out : out.to(x.scalar_type());
+#else
+  TORCH_CHECK(false, "the int8 dot kernels need an AVX2 build");
+#endif
+}
+
+// argmax over n of (x w^T (+ bias))[m, n] per row of x ([M] int64), on w's AMX panels, as torch.argmax takes it from
+// amx_panel_linear's float32 outputs: the first column of the largest value, or of the first NaN. The outputs are
+// never written: a greedy step over a 262,144-token vocabulary spent ~1.5 of a 16-row decode step's 29 ms writing the
+// logits and reading them back for the argmax.
+at::Tensor int8_dot_amx_panel_argmax(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                                     const at::Tensor& mins, const at::Tensor& meta, int64_t N, int64_t K,
+                                     int64_t group_size, const c10::optional<at::Tensor>& bias, int64_t x_block) {
+#if defined(__AVX2__)
+  at::Tensor tokens = at::zeros({x.size(0)}, x.options().dtype(at::kLong));
+  with_amx_panels(x, codes, scales, mins, meta, N, K, group_size, bias, x_block,
+                  [&](const amx::Panels& panels, const QuantizedX& rx, int64_t M, const float* b) {
+                    if (M == 0) return;
+                    std::mutex lock;
+                    std::vector<std::vector<amx::RowBest>> parts;  // one per range of panels run
+                    const int64_t num_panels = (N + kAmxPanel - 1) / kAmxPanel;
+                    at::parallel_for(0, num_panels, 16, [&](int64_t p0, int64_t p1) {
+                      std::vector<amx::RowBest> best(M);
+                      for (amx::RowBest& row : best) amx::reset(&row);
+                      amx::run_panels(panels, rx, M, p0, p1, amx::Out{nullptr, false, b, N, best.data()});
+                      const std::lock_guard<std::mutex> hold(lock);
+                      parts.push_back(std::move(best));
+                    });
+                    int64_t* t = tokens.data_ptr<int64_t>();
+                    for (int64_t m = 0; m < M; ++m) t[m] = amx::best_column(parts, m);
+                  });
+  return tokens;
 #else
   TORCH_CHECK(false, "the int8 dot kernels need an AVX2 build");
 #endif
@@ -1106,6 +1204,8 @@ TORCH_LIBRARY(jido_int8_dot, m) {
         "-> Tensor[]");
   m.def("amx_panel_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, Tensor meta, int N, int K, "
         "int group_size, Tensor? bias, int x_block) -> Tensor");
+  m.def("amx_panel_argmax(Tensor x, Tensor codes, Tensor scales, Tensor mins, Tensor meta, int N, int K, "
+        "int group_size, Tensor? bias, int x_block) -> Tensor");
   m.def("supported(int isa) -> bool", &jido_int8_dot::int8_dot_supported);
   m.def("amx_supported() -> bool", &jido_int8_dot::amx_ready);
 }
@@ -1116,6 +1216,7 @@ TORCH_LIBRARY_IMPL(jido_int8_dot, CPU, m) {
   m.impl("panel_linear", &jido_int8_dot::int8_dot_panel_linear);
   m.impl("pack_amx_panels", &jido_int8_dot::int8_dot_pack_amx_panels);
   m.impl("amx_panel_linear", &jido_int8_dot::int8_dot_amx_panel_linear);
+  m.impl("amx_panel_argmax", &jido_int8_dot::int8_dot_amx_panel_argmax);
   m.impl("five_bit_linear", &jido_int8_dot::int8_dot_five_bit_linear);
   m.impl("quantize_per_token", &jido_int8_dot::int8_dot_quantize_per_token);
   m.impl("scale_sums", &jido_int8_dot::int8_dot_scale_sums);

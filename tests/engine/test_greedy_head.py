@@ -1,0 +1,54 @@
+"""Greedy steps whose rows need nothing but each row's argmax take it from the LM head's kernel, without logits, where
+the kernel can (AMX panels, steps of two rows or more): the very tokens of the logits path."""
+from __future__ import annotations
+
+import pytest
+from tiny_model_folder import BOS_ID, write_tiny_model_folder
+
+from jido import LLM, SamplingParams
+from jido.layers import int8_dot
+
+pytestmark = pytest.mark.skipif(not int8_dot.amx_runs(), reason="the head's argmax kernel runs on AMX panels")
+
+PROMPTS = [[BOS_ID, 5 + i, 9, 17 + 2 * i, 40 - i] for i in range(5)]
+
+
+@pytest.fixture(scope="module")
+def quantized_llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
+    folder = write_tiny_model_folder(tmp_path_factory.mktemp("greedy-head"), weight_scale=0.2,
+                                     final_logit_softcapping=None)
+    return LLM(model=str(folder), quantization="int8", dtype="float32", kv_cache_memory="16MiB")
+
+
+def _generate(llm: LLM, params: SamplingParams, fused: bool) -> tuple[list[list[int]], list[int]]:
+    """Each prompt's tokens, and the row counts of the steps the head's kernel chose tokens for."""
+    model = llm.llm_engine.core.executor.worker.runner.model
+    kernel, calls = model.greedy_token_ids, []
+
+    def counted(hidden):
+        tokens = kernel(hidden) if fused else None
+        if tokens is not None:
+            calls.append(hidden.shape[0])
+        return tokens
+
+    model.greedy_token_ids = counted
+    try:
+        outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    finally:
+        model.greedy_token_ids = kernel
+    return [o.outputs[0].token_ids for o in outputs], calls
+
+
+def test_batched_greedy_tokens_from_the_head_kernel_equal_the_logits_argmax(quantized_llm: LLM) -> None:
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    ours, calls = _generate(quantized_llm, params, fused=True)
+    expected, _ = _generate(quantized_llm, params, fused=False)
+    assert ours == expected
+    assert calls and max(calls) == len(PROMPTS)  # the batched decode steps took the kernel's tokens
+
+
+def test_steps_with_logprobs_or_penalties_make_the_logits(quantized_llm: LLM) -> None:
+    for params in (SamplingParams(temperature=0, max_tokens=4, logprobs=2),
+                   SamplingParams(temperature=0, max_tokens=4, repetition_penalty=1.3)):
+        _, calls = _generate(quantized_llm, params, fused=True)
+        assert calls == []
