@@ -176,7 +176,7 @@ def amx_panel_argmax(x: torch.Tensor, panels: PackedPanels, bias: torch.Tensor |
     if not panels.amx:
         raise ValueError("amx_panel_argmax needs AMX panels (pack_panels with amx)")
     n, k = panels.shape
-    return load_int8_dot_ops().amx_panel_argmax(x.float(), panels.codes, panels.scales, panels.mins, panels.meta, n, k,
+    return load_int8_dot_ops().amx_panel_argmax(x, panels.codes, panels.scales, panels.mins, panels.meta, n, k,
                                                 panels.group_size, bias, 0 if panels.per_token else BLOCK)
 
 

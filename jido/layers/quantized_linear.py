@@ -195,7 +195,7 @@ class QuantizedLinearMethod(LinearMethod):
             return  # the int8 kernels do not run here: apply's other routes
         five, per_token = hasattr(layer, "qfive"), self.per_token
         int_mm = per_token and int8_dot.takes_int_mm(layer.qweight)
-        copy_min_rows = getattr(layer, "qdense_min_rows", None) if hasattr(layer, "qdense") else None
+        copy_min_rows = getattr(layer, "qdense_min_rows", None)  # set with the bf16 copy
 
         def linear(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
             rows = x.shape[0]

@@ -386,7 +386,10 @@ class ModelRunner:
         """Each sampled row's argmax straight from the LM head's kernel (the rows' final hidden states), where every
         row needs only that (``argmax_only``) and the model gives it; else None."""
         token_ids = self.model.greedy_token_ids(hidden) if metadata.argmax_only else None
-        return None if token_ids is None else VerifiedTokens([[t] for t in token_ids.tolist()], [[] for _ in token_ids])
+        if token_ids is None:
+            return None
+        ids = token_ids.tolist()
+        return VerifiedTokens([[t] for t in ids], [[] for _ in ids])
 
     def _sample(self, logits: torch.Tensor, inputs: ModelInputs, metadata: SamplingMetadata | None) -> VerifiedTokens:
         """Each sampled request's new tokens: one drawn by the sampler (with the rows' ``metadata``), or its verified

@@ -90,7 +90,7 @@ class SamplingMetadata:
     def argmax_only(self) -> bool:
         """Whether each row's token is its logits' argmax and nothing else reads them: greedy rows, no penalties, no
         bans, no logprobs (the sampler then needs no logits: see ``Model.greedy_token_ids``)."""
-        return self.all_greedy and self.penalty_rows is None and not self.banned_rows and self.max_num_logprobs is None
+        return self.all_greedy and self.no_penalties and not self.banned_rows and self.max_num_logprobs is None
 
 
 # The per-row tensors of SamplingMetadata, which a shifted copy gathers row by row.

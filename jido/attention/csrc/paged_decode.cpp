@@ -335,43 +335,36 @@ inline void block_scores_split(const float* q, const uint16_t* k, int64_t t_lo, 
   }
 }
 
-// acc_i += sum_t p[i * bs + t] * v_t for NQ queries, acc in split order: 64 columns of every acc_i in registers
-// while the block's value rows pass (the rows are in L1: attend_split asks for them while it scores the block).
+// acc_i[d, d + 32 * Chunks) += sum_t p[i * bs + t] * v_t[same columns] for NQ queries, acc in split order, with
+// those columns of every acc_i in registers while the block's value rows pass.
+template <int NQ, int Chunks>
+inline void values_split_columns(const float* p, const uint16_t* v, int64_t t_lo, int64_t t_hi, int64_t D, int64_t W,
+                                 int64_t bs, int64_t d, float* acc) {
+  constexpr int kVecs = 2 * Chunks;
+  __m512 a[NQ][kVecs];
+  for (int i = 0; i < NQ; ++i)
+    for (int j = 0; j < kVecs; ++j) a[i][j] = _mm512_loadu_ps(acc + i * D + d + 16 * j);
+  for (int64_t t = t_lo; t < t_hi; ++t) {
+    __m512 x[kVecs];
+    for (int c = 0; c < Chunks; ++c) split_bf16(v + t * W + d + c * kSplitCols, &x[2 * c], &x[2 * c + 1]);
+#pragma GCC unroll 4
+    for (int i = 0; i < NQ; ++i) {
+      const __m512 pi = _mm512_set1_ps(p[i * bs + t]);
+      for (int j = 0; j < kVecs; ++j) a[i][j] = _mm512_fmadd_ps(pi, x[j], a[i][j]);
+    }
+  }
+  for (int i = 0; i < NQ; ++i)
+    for (int j = 0; j < kVecs; ++j) _mm512_storeu_ps(acc + i * D + d + 16 * j, a[i][j]);
+}
+
+// acc_i += sum_t p[i * bs + t] * v_t for NQ queries, acc in split order: 64 columns at a time (a last 32 alone), the
+// rows in L1 (attend_split asks for them while it scores the block).
 template <int NQ>
 inline void block_values_split(const float* p, const uint16_t* v, int64_t t_lo, int64_t t_hi, int64_t D, int64_t W,
                                int64_t bs, float* acc) {
   int64_t d = 0;
-  for (; d + 2 * kSplitCols <= D; d += 2 * kSplitCols) {
-    __m512 a[NQ][4];
-    for (int i = 0; i < NQ; ++i)
-      for (int j = 0; j < 4; ++j) a[i][j] = _mm512_loadu_ps(acc + i * D + d + 16 * j);
-    for (int64_t t = t_lo; t < t_hi; ++t) {
-      __m512 x[4];
-      split_bf16(v + t * W + d, &x[0], &x[1]);
-      split_bf16(v + t * W + d + kSplitCols, &x[2], &x[3]);
-#pragma GCC unroll 4
-      for (int i = 0; i < NQ; ++i) {
-        const __m512 pi = _mm512_set1_ps(p[i * bs + t]);
-        for (int j = 0; j < 4; ++j) a[i][j] = _mm512_fmadd_ps(pi, x[j], a[i][j]);
-      }
-    }
-    for (int i = 0; i < NQ; ++i)
-      for (int j = 0; j < 4; ++j) _mm512_storeu_ps(acc + i * D + d + 16 * j, a[i][j]);
-  }
-  for (; d < D; d += kSplitCols) {  // a last 32 columns
-    __m512 a[NQ][2];
-    for (int i = 0; i < NQ; ++i) a[i][0] = _mm512_loadu_ps(acc + i * D + d), a[i][1] = _mm512_loadu_ps(acc + i * D + d + 16);
-    for (int64_t t = t_lo; t < t_hi; ++t) {
-      __m512 even, odd;
-      split_bf16(v + t * W + d, &even, &odd);
-      for (int i = 0; i < NQ; ++i) {
-        const __m512 pi = _mm512_set1_ps(p[i * bs + t]);
-        a[i][0] = _mm512_fmadd_ps(pi, even, a[i][0]);
-        a[i][1] = _mm512_fmadd_ps(pi, odd, a[i][1]);
-      }
-    }
-    for (int i = 0; i < NQ; ++i) _mm512_storeu_ps(acc + i * D + d, a[i][0]), _mm512_storeu_ps(acc + i * D + d + 16, a[i][1]);
-  }
+  for (; d + 2 * kSplitCols <= D; d += 2 * kSplitCols) values_split_columns<NQ, 2>(p, v, t_lo, t_hi, D, W, bs, d, acc);
+  if (d < D) values_split_columns<NQ, 1>(p, v, t_lo, t_hi, D, W, bs, d, acc);
 }
 #else
 constexpr bool kSplitBf16 = false;
@@ -409,11 +402,17 @@ struct Run {
   int64_t first_blk, num_splits, split_blocks, item0;
 };
 
+// The keys of cache block `block` for kv head h ([block_size, width]; its values lie `plane` elements further).
+template <typename T>
+inline const T* block_keys(const Shape& s, const T* cache, int64_t block, int64_t h) {
+  return cache + (block * s.num_kv_heads + h) * s.block_size * s.width;
+}
+
 // Asks for a block's keys and values into L2: blocks lie anywhere in the cache, where the hardware prefetcher
 // does not follow a request's table.
 template <typename T>
 inline void prefetch_block(const Shape& s, const T* cache, int64_t block, int64_t h, int64_t plane) {
-  const char* k = reinterpret_cast<const char*>(cache + (block * s.num_kv_heads + h) * s.block_size * s.width);
+  const char* k = reinterpret_cast<const char*>(block_keys(s, cache, block, h));
   const int64_t bytes = s.block_size * s.width * static_cast<int64_t>(sizeof(T)), v = plane * sizeof(T);
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(k + b, 0, 2), __builtin_prefetch(k + v + b, 0, 2);
 }
@@ -441,7 +440,7 @@ void attend_split(const Shape& s, const T* cache, const int32_t* table, const in
     const int64_t base = blk * bs;
     const int64_t t_lo = std::max(first[0], base) - base, t_hi = std::min(end[rows - 1], base + bs) - base;
     if (t_lo >= t_hi) continue;
-    const T* k = cache + (static_cast<int64_t>(table[blk]) * s.num_kv_heads + h) * bs * W;
+    const T* k = block_keys(s, cache, table[blk], h);
     const T* v = k + plane;
     if (by_column) {  // this block's values into L1 while its scores are computed
       const char* vb = reinterpret_cast<const char*>(v);
@@ -449,8 +448,7 @@ void attend_split(const Shape& s, const T* cache, const int32_t* table, const in
     }
     // the next block into L2: the split-order kernels ask for it row by row while they score this one
     const bool has_next = blk + 1 < blk_hi;
-    const T* next_k = split_order && has_next ? cache + (static_cast<int64_t>(table[blk + 1]) * s.num_kv_heads + h) * bs * W
-                                              : nullptr;
+    const T* next_k = split_order && has_next ? block_keys(s, cache, table[blk + 1], h) : nullptr;
     if (!split_order && (rows > 1 || prefetch_next) && has_next) prefetch_block(s, cache, table[blk + 1], h, plane);
     for (int64_t i0 = 0; i0 < Q; i0 += kPass)
       pass(std::min<int64_t>(kPass, Q - i0), [&](auto n) {
@@ -548,9 +546,10 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
   std::vector<float> ms(num_q), ls(num_q), accs(num_q * D);
   const bool split_order = takes_split<C>(D);  // queries and outputs in split order (see split_bf16)
   // One-row runs of the 8-lane kernels ask for their next block too once the step's keys and values outgrow what the
-  // threads' L2 caches hold (the split-order kernels always do, row by row). Measured on a 2-core AMX Xeon (bf16 cache, Gemma 3's heads, 18 layers' caches cycled, medians): 16 decodes
-  // at 320 tokens (5.2 MB a layer) 526 -> 449 us, 4 at 1,000 347 -> 274, 32 at 1,000 2.99 -> 2.86 ms; below it no
-  // gain or a loss (8 at 320: 185 -> 191 us, 1 at 2,000: 134 -> 136).
+  // threads' L2 caches hold (the split-order kernels always do, row by row). Measured on a 2-core AMX Xeon (bf16
+  // cache, Gemma 3's heads, 18 layers' caches cycled, medians): 16 decodes at 320 tokens (5.2 MB a layer) 526 -> 449
+  // us, 4 at 1,000 347 -> 274, 32 at 1,000 2.99 -> 2.86 ms; below it no gain or a loss (8 at 320: 185 -> 191 us, 1 at
+  // 2,000: 134 -> 136).
   int64_t step_bytes = 0;
   for (const Run& run : runs) step_bytes += run.num_splits * run.split_blocks * bs * s.width * 2 * H;
   step_bytes *= static_cast<int64_t>(sizeof(C));

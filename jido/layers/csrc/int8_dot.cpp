@@ -988,10 +988,11 @@ std::vector<at::Tensor> int8_dot_pack_amx_panels(const at::Tensor& data, const a
 }
 
 #if defined(__AVX2__)
-// x rounded for w's AMX panels (int8_dot_pack_amx_panels) and `run(panels, rounded x, M, bias)` over them: the part
-// amx_panel_linear and amx_panel_argmax share.
+// x rounded for w's AMX panels (int8_dot_pack_amx_panels) and the panels split over the threads, each range run as
+// `run(panels, rounded x, M, bias, first panel, end panel)` (nothing for no rows): the part amx_panel_linear and
+// amx_panel_argmax share.
 template <class Run>
-void with_amx_panels(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+void over_amx_panels(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
                      const at::Tensor& meta, int64_t N, int64_t K, int64_t group_size,
                      const c10::optional<at::Tensor>& bias, int64_t x_block, Run run) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "]");
@@ -1011,7 +1012,10 @@ void with_amx_panels(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   const RoundedX rx = round_x(xs, w.group_size, x_block == 0, false);
   const at::Tensor b = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   TORCH_CHECK(!b.defined() || b.numel() == N, "bias must have N elements");
-  run(panels, rx.view, M, b.defined() ? b.data_ptr<float>() : nullptr);
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  if (M > 0)
+    at::parallel_for(0, (N + kAmxPanel - 1) / kAmxPanel, 16,
+                     [&](int64_t p0, int64_t p1) { run(panels, rx.view, M, bp, p0, p1); });
 }
 #endif
 
@@ -1024,14 +1028,9 @@ at::Tensor int8_dot_amx_panel_linear(const at::Tensor& x, const at::Tensor& code
   // bf16 x gives bf16 outputs, written by the kernel
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   at::Tensor out = at::empty({x.size(0), N}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
-  with_amx_panels(x, codes, scales, mins, meta, N, K, group_size, bias, x_block,
-                  [&](const amx::Panels& panels, const QuantizedX& rx, int64_t M, const float* b) {
-                    const amx::Out o{out.data_ptr(), bf16, b, N};
-                    const int64_t num_panels = (N + kAmxPanel - 1) / kAmxPanel;
-                    if (M > 0)
-                      at::parallel_for(0, num_panels, 16,
-                                       [&](int64_t p0, int64_t p1) { amx::run_panels(panels, rx, M, p0, p1, o); });
-                  });
+  over_amx_panels(x, codes, scales, mins, meta, N, K, group_size, bias, x_block,
+                  [&](const amx::Panels& panels, const QuantizedX& rx, int64_t M, const float* b, int64_t p0,
+                      int64_t p1) { amx::run_panels(panels, rx, M, p0, p1, amx::Out{out.data_ptr(), bf16, b, N}); });
   return bf16 ? out : out.to(x.scalar_type());
 #else
   TORCH_CHECK(false, "the int8 dot kernels need an AVX2 build");
@@ -1046,23 +1045,21 @@ at::Tensor int8_dot_amx_panel_argmax(const at::Tensor& x, const at::Tensor& code
                                      const at::Tensor& mins, const at::Tensor& meta, int64_t N, int64_t K,
                                      int64_t group_size, const c10::optional<at::Tensor>& bias, int64_t x_block) {
 #if defined(__AVX2__)
-  at::Tensor tokens = at::zeros({x.size(0)}, x.options().dtype(at::kLong));
-  with_amx_panels(x, codes, scales, mins, meta, N, K, group_size, bias, x_block,
-                  [&](const amx::Panels& panels, const QuantizedX& rx, int64_t M, const float* b) {
-                    if (M == 0) return;
-                    std::mutex lock;
-                    std::vector<std::vector<amx::RowBest>> parts;  // one per range of panels run
-                    const int64_t num_panels = (N + kAmxPanel - 1) / kAmxPanel;
-                    at::parallel_for(0, num_panels, 16, [&](int64_t p0, int64_t p1) {
-                      std::vector<amx::RowBest> best(M);
-                      for (amx::RowBest& row : best) amx::reset(&row);
-                      amx::run_panels(panels, rx, M, p0, p1, amx::Out{nullptr, false, b, N, best.data()});
-                      const std::lock_guard<std::mutex> hold(lock);
-                      parts.push_back(std::move(best));
-                    });
-                    int64_t* t = tokens.data_ptr<int64_t>();
-                    for (int64_t m = 0; m < M; ++m) t[m] = amx::best_column(parts, m);
+  const int64_t M = x.size(0);
+  std::mutex lock;
+  std::vector<std::vector<amx::RowBest>> parts;  // one per range of panels run
+  over_amx_panels(x, codes, scales, mins, meta, N, K, group_size, bias, x_block,
+                  [&](const amx::Panels& panels, const QuantizedX& rx, int64_t rows, const float* b, int64_t p0,
+                      int64_t p1) {
+                    std::vector<amx::RowBest> best(rows);
+                    for (amx::RowBest& row : best) amx::reset(&row);
+                    amx::run_panels(panels, rx, rows, p0, p1, amx::Out{nullptr, false, b, N, best.data()});
+                    const std::lock_guard<std::mutex> hold(lock);
+                    parts.push_back(std::move(best));
                   });
+  at::Tensor tokens = at::empty({M}, x.options().dtype(at::kLong));
+  int64_t* t = tokens.data_ptr<int64_t>();
+  for (int64_t m = 0; m < M; ++m) t[m] = amx::best_column(parts, m);
   return tokens;
 #else
   TORCH_CHECK(false, "the int8 dot kernels need an AVX2 build");
