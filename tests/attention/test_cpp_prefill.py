@@ -1,7 +1,8 @@
-"""The C++ bf16 prefill kernel (``csrc/flash_prefill.cpp``) against float64 attention over random shapes, GQA
-ratios, windows, soft-caps, block sizes and cached prefixes: with oneDNN's AMX packing where this CPU has AMX, and
-with jido's own VNNI packing on oneDNN's AVX-512 BF16 kernels (as on a Zen 4), in-process on such a CPU and, on an
-AMX machine, in a process whose oneDNN is held to that ISA."""
+"""The C++ bf16 prefill kernels (``csrc/flash_prefill.cpp``) against float64 attention over random shapes, GQA
+ratios, windows, soft-caps, block sizes and cached prefixes. The oneDNN one: with oneDNN's AMX packing where this
+CPU has AMX, and with jido's own VNNI packing on oneDNN's AVX-512 BF16 kernels (as on a Zen 4), in-process on such
+a CPU and, on an AMX machine, in a process whose oneDNN is held to that ISA. The AMX tile one where this CPU has
+AMX-BF16."""
 from __future__ import annotations
 
 import logging
@@ -22,19 +23,20 @@ from jido.utils import cpp_build
 from jido.utils.cpu import cpu_info
 
 needs_bf16 = pytest.mark.skipif(not cpu_info().has_native_bf16, reason="the kernel runs where bf16 is native")
+needs_amx = pytest.mark.skipif("amx_bf16" not in cpu_info().flags, reason="the tile kernel runs where AMX-BF16 is")
 TOLERANCE = {"atol": 3e-2, "rtol": 2e-2}  # bf16 inputs and output
 
 
-def check_random_prefills(draws: int) -> None:
-    """``draws`` random steps of prefills (no decode rows: queries of 17+ tokens) through the kernel, each against
-    the float64 reference; the seed is in a failure's message."""
-    kernel = cpu_extension.load_flash_prefill(on_amx=True)
+def check_random_prefills(draws: int, tiles: bool = False) -> None:
+    """``draws`` random steps of prefills (no decode rows: queries of 17+ tokens) through the oneDNN kernel (or with
+    ``tiles`` the AMX tile one), each against the float64 reference; the seed is in a failure's message."""
+    kernel = cpu_extension.load_tile_prefill() if tiles else cpu_extension.load_flash_prefill(on_amx=True)
     assert kernel is not None
     for _ in range(draws):
         seed = random.SystemRandom().randrange(2**32)
         rng = random.Random(seed)
-        backend = TiledAttentionBackend(prefill_query_tile=rng.choice([16, 64]))
-        backend._cpp_prefill_kernel = lambda spec, q, kv_cache: kernel
+        backend = TiledAttentionBackend(prefill_query_tile=rng.choice([1, 7, 16, 64] if tiles else [16, 64]))
+        backend._cpp_prefill_kernel = lambda spec, q, kv_cache: (kernel, backend.prefill_query_tile)
         num_kv_heads, group, head_dim = rng.choice([1, 2]), rng.choice([1, 2, 4]), rng.choice([64, 128, 256])
         window = rng.choice([None, rng.randint(1, 150)])
         softcap = rng.choice([None, rng.uniform(5.0, 30.0)])
@@ -51,6 +53,52 @@ def check_random_prefills(draws: int) -> None:
 @needs_bf16
 def test_cpp_prefill_matches_float64_reference() -> None:
     check_random_prefills(6)
+
+
+@needs_amx
+def test_tile_prefill_matches_float64_reference() -> None:
+    check_random_prefills(6, tiles=True)
+
+
+@needs_amx
+def test_tile_prefill_runs_where_amx_runs_and_is_the_backends_choice() -> None:
+    assert cpu_extension.load_tile_prefill() is not None
+    spec = AttentionLayerSpec(8, 2, 128, 128**-0.5)
+    q = torch.zeros(3, 8, 128, dtype=torch.bfloat16)
+    kernel, query_tile = TiledAttentionBackend()._cpp_prefill_kernel(spec, q, q)
+    assert kernel is cpu_extension.load_tile_prefill() and query_tile == tiled_backend.TILE_PREFILL_ROWS // 4
+
+
+@needs_amx
+def test_tile_prefill_of_a_long_context_merges_its_key_segments() -> None:
+    # 2,600 keys are three segments of the kernel's 1,024: each row's softmax is merged across them.
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(40, 4, 64, generator=gen).bfloat16()
+    keys, values = (torch.randn(1, 2600, 64, generator=gen).bfloat16() for _ in range(2))
+    out = torch.full_like(q, float("nan"))
+    cpu_extension.load_tile_prefill()(out, q, keys, values, 0.125, 2560, 0, 0, 0.0, 16)
+    scores = torch.einsum("qhd,kd->hqk", q.double(), keys[0].double()) * 0.125
+    scores = scores.masked_fill(torch.arange(2600)[None, None] > torch.arange(2560, 2600)[None, :, None], -torch.inf)
+    expected = torch.einsum("hqk,kd->qhd", scores.softmax(-1), values[0].double())
+    torch.testing.assert_close(out.double(), expected, **TOLERANCE)
+
+
+@needs_bf16
+@pytest.mark.parametrize("tiles", [False, True])
+def test_prefill_kernels_read_q_keys_and_values_as_views_of_a_fused_projection(tiles: bool) -> None:
+    if tiles and "amx_bf16" not in cpu_info().flags:
+        pytest.skip("the tile kernel runs where AMX-BF16 is")
+    kernel = cpu_extension.load_tile_prefill() if tiles else cpu_extension.load_flash_prefill(on_amx=True)
+    # One token's row of a fused projection: 4 query heads, then 2 KV heads of keys, then of values.
+    qkv = torch.randn(90, (4 + 2 + 2) * 64, generator=torch.Generator().manual_seed(1)).bfloat16()
+    q = qkv[:, : 4 * 64].view(90, 4, 64)
+    keys = qkv[:, 4 * 64 : 6 * 64].view(90, 2, 64).transpose(0, 1)
+    values = qkv[:, 6 * 64 :].view(90, 2, 64).transpose(0, 1)
+    assert not (q.is_contiguous() or keys.is_contiguous() or values.is_contiguous())
+    strided, dense = (torch.empty(90, 4, 64, dtype=torch.bfloat16) for _ in range(2))
+    kernel(strided, q, keys, values, 0.125, 0, 0, 30, 0.0, 16)
+    kernel(dense, q.contiguous(), keys.contiguous(), values.contiguous(), 0.125, 0, 0, 30, 0.0, 16)
+    assert torch.equal(strided, dense)
 
 
 @pytest.mark.skipif("amx_bf16" not in cpu_info().flags, reason="tests the AVX-512 BF16 path on an AMX machine")
@@ -83,12 +131,13 @@ def test_cpp_prefill_build_failure_falls_back_to_sdpa_with_a_warning(tmp_path, m
     broken.write_text("#error this source does not compile\n")
     monkeypatch.setattr(cpp_build, "CACHE_ROOT", tmp_path / "build")
     monkeypatch.setattr(tiled_backend, "load_flash_prefill", lambda: cpu_extension.load_flash_prefill(broken))
+    monkeypatch.setattr(tiled_backend, "load_tile_prefill", lambda: cpu_extension.load_tile_prefill(broken))
     with caplog.at_level(logging.WARNING, logger=cpp_build.__name__):
         spec = AttentionLayerSpec(4, 1, 64, 0.125, sliding_window=40)
         case = make_case([(30, 50), (0, 90)], 4, 1, block_size=16, backend="tiled", dtype=torch.bfloat16,
                          head_dim=64)
         torch.testing.assert_close(run(spec, case).float(), reference(spec, case), **TOLERANCE)
-    assert cpu_extension.load_flash_prefill(broken) is None
+    assert cpu_extension.load_flash_prefill(broken) is None and cpu_extension.load_tile_prefill(broken) is None
     assert "C++ prefill attention unavailable" in caplog.text and "using PyTorch's SDPA for prefill" in caplog.text
 
 

@@ -31,6 +31,10 @@
 #include <limits>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 using bf16 = at::BFloat16;
@@ -75,7 +79,17 @@ struct Problem {
   int64_t first_query, first_key, window;  // window 0: none
   float scale, softcap;  // softcap 0: none
   int64_t num_blocks;  // key blocks of kKeyBlock
+  // Element strides: between queries and between heads of q, between KV heads and between keys of keys and values
+  // (each row's head_dim elements are contiguous). The caller's q and keys are views of its fused QKV projection.
+  int64_t q_row, q_head, k_head, k_row, v_head, v_row;
 };
+
+// Query i's G heads of the group of KV head h into rows (i - q0) * G .. of a contiguous tile.
+inline void copy_query_rows(const Problem& p, const bf16* q, int64_t h, int64_t i, int64_t q0, bf16* tile) {
+  for (int64_t g = 0; g < p.group; ++g)
+    std::memcpy(tile + ((i - q0) * p.group + g) * p.head_dim, q + i * p.q_row + (h * p.group + g) * p.q_head,
+                p.head_dim * sizeof(bf16));
+}
 
 // B [K, N] (row stride ld_in) into the brgemm's bf16 VNNI layout: pairs of rows interleaved, [K / 2][ld_out][2].
 // With AMX oneDNN's own packing does this (and may pick another layout); without, oneDNN refuses to pack, but its
@@ -101,18 +115,18 @@ void pack_keys_values(const Problem& p, const bf16* keys, const bf16* values, bf
     for (int64_t item = begin; item < end; ++item) {
       const int64_t h = item / p.num_blocks, b = item % p.num_blocks;
       const int64_t k0 = b * kKeyBlock, n = std::min(kKeyBlock, p.num_keys - k0);
-      const bf16* k = keys + (h * p.num_keys + k0) * D;
-      const bf16* v = values + (h * p.num_keys + k0) * D;
+      const bf16* k = keys + h * p.k_head + k0 * p.k_row;
+      const bf16* v = values + h * p.v_head + k0 * p.v_row;
       bf16* kp = k_packed + item * block_elems;
       bf16* vp = v_packed + item * block_elems;
       // K^T: [D, kKeyBlock], keys past the end zero.
       std::fill(scratch.begin(), scratch.end(), bf16(0.f));
       for (int64_t j = 0; j < n; ++j)
-        for (int64_t d = 0; d < D; ++d) scratch[d * kKeyBlock + j] = k[j * D + d];
+        for (int64_t d = 0; d < D; ++d) scratch[d * kKeyBlock + j] = k[j * p.k_row + d];
       pack_vnni(D, kKeyBlock, kKeyBlock, kKeyBlock, scratch.data(), kp);
       // V: [kKeyBlock, D] in panels of kPanel columns (the widest B the packing takes), each packed on its own.
       std::fill(scratch.begin(), scratch.end(), bf16(0.f));
-      std::memcpy(scratch.data(), v, n * D * sizeof(bf16));
+      for (int64_t j = 0; j < n; ++j) std::memcpy(scratch.data() + j * D, v + j * p.v_row, D * sizeof(bf16));
       for (int64_t c = 0; c < D; c += kPanel)
         pack_vnni(kKeyBlock, kPanel, D, kPanel, scratch.data() + c, vp + c * kKeyBlock);
     }
@@ -181,7 +195,7 @@ void attend_tile(const Problem& p, int64_t h, int64_t q0, int64_t q1, const bf16
   const int64_t D = p.head_dim, G = p.group, rows = (q1 - q0) * G, block_elems = kKeyBlock * D;
   // Rows are (query, head of the group), query-major: row r is query q0 + r / G.
   for (int64_t i = q0; i < q1; ++i)
-    std::memcpy(q_tile.data() + (i - q0) * G * D, q + (i * p.num_heads + h * G) * D, G * D * sizeof(bf16));
+    copy_query_rows(p, q, h, i, q0, q_tile.data());
   std::fill(acc.begin(), acc.begin() + rows * D, 0.f);
   std::fill(m.begin(), m.begin() + rows, -std::numeric_limits<float>::infinity());
   std::fill(l.begin(), l.begin() + rows, 0.f);
@@ -223,15 +237,15 @@ void attend_tile(const Problem& p, int64_t h, int64_t q0, int64_t q1, const bf16
   }
 }
 
-void flash_prefill(at::Tensor out, const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                   double scale, int64_t first_query, int64_t first_key, int64_t window, double softcap,
-                   int64_t query_tile) {
-
+// The problem the op's arguments describe, checked.
+Problem checked_problem(const at::Tensor& out, const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                        double scale, int64_t first_query, int64_t first_key, int64_t window, double softcap,
+                        int64_t query_tile) {
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && keys.scalar_type() == at::kBFloat16 &&
                   values.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16,
               "flash_prefill: bfloat16 tensors");
-  TORCH_CHECK(q.is_contiguous() && keys.is_contiguous() && values.is_contiguous() && out.is_contiguous(),
-              "flash_prefill: contiguous tensors");
+  TORCH_CHECK(q.stride(-1) == 1 && keys.stride(-1) == 1 && values.stride(-1) == 1 && out.is_contiguous(),
+              "flash_prefill: contiguous head rows (and a contiguous out)");
   TORCH_CHECK(q.dim() == 3 && keys.dim() == 3 && values.sizes() == keys.sizes() && out.sizes() == q.sizes(),
               "flash_prefill: q [query_len, num_heads, head_dim], keys and values [num_kv_heads, num_keys, head_dim]");
   const int64_t D = q.size(2), H = keys.size(0);
@@ -239,9 +253,17 @@ void flash_prefill(at::Tensor out, const at::Tensor& q, const at::Tensor& keys, 
   TORCH_CHECK(first_key <= first_query && first_query + q.size(0) <= first_key + keys.size(1),
               "flash_prefill: the keys must cover every query's position");
   TORCH_CHECK(query_tile > 0, "flash_prefill: query_tile > 0");
-  Problem p{q.size(0), q.size(1), H, D, keys.size(1), q.size(1) / H, first_query, first_key, window,
-            static_cast<float>(scale), static_cast<float>(softcap), (keys.size(1) + kKeyBlock - 1) / kKeyBlock};
+  return Problem{q.size(0), q.size(1), H, D, keys.size(1), q.size(1) / H, first_query, first_key, window,
+                 static_cast<float>(scale), static_cast<float>(softcap), (keys.size(1) + kKeyBlock - 1) / kKeyBlock,
+                 q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1)};
+}
+
+void flash_prefill(at::Tensor out, const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                   double scale, int64_t first_query, int64_t first_key, int64_t window, double softcap,
+                   int64_t query_tile) {
+  const Problem p = checked_problem(out, q, keys, values, scale, first_query, first_key, window, softcap, query_tile);
   if (p.query_len == 0) return;
+  const int64_t D = p.head_dim, H = p.num_kv_heads;
   const int64_t block_elems = kKeyBlock * D;
   std::vector<bf16> k_packed(H * p.num_blocks * block_elems), v_packed(H * p.num_blocks * block_elems);
   pack_keys_values(p, keys.data_ptr<bf16>(), values.data_ptr<bf16>(), k_packed.data(), v_packed.data());
@@ -263,6 +285,307 @@ void flash_prefill(at::Tensor out, const at::Tensor& q, const at::Tensor& keys, 
   });
 }
 
+#if defined(__AVX512F__)
+// The same attention on AMX tiles (tdpbf16ps), jido's own: oneDNN's brgemm above ran Gemma 3's 2,000-token layers at
+// 390-600 GFLOP/s on a 2-core AMX Xeon and PyTorch's SDPA at 390 (sliding-window tiles) to 1,070 (global), where the
+// tile units multiply bf16 at ~2,400 GFLOP/s in oneDNN's own GEMMs. Per work item (KV head, query tile of `rows`
+// query x head rows), per segment of up to kSegment keys:
+//   S = Q K^T for every key block the tile sees, all held (rows x segment, float32, in L2);
+//   the rows' softmax over the segment in 16-lane vectors: max, P = exp(S - max) rounded to bf16, sum;
+//   acc = acc * exp(old max - new max) + P V (P V in tiles, acc in float32; one segment: no rescale).
+// Holding a segment's scores replaces FlashAttention's per-block rescale of the output (rows x head_dim floats per
+// key block) by one rescale per segment; a 2,000-token global layer is two segments.
+//
+// Layouts (every tile 16 rows of 64 bytes, so one configuration serves all eight):
+//   Q tile: rows (query, head of the group), query-major, zero rows past the last: A tiles of 32 dims.
+//   K: blocks of 32 keys, each [2 halves of 16 keys][head_dim / 2][16][2]: a B tile (16 keys, 32 dims) is 1 KiB.
+//   V: blocks of 32 keys, each [head_dim / 16][16 key pairs][16 dims][2]: a B tile (32 keys, 16 dims) is 1 KiB.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")
+namespace amx_tiles {
+
+constexpr int64_t kKeys = 32;        // keys per block: a P x V multiply's K (pairs of keys in a B tile's rows)
+constexpr int64_t kSegment = 1024;   // keys whose scores are held at once
+constexpr int64_t kLdS = kSegment + 16;  // row strides of the scores (floats) and weights (bf16): off 4 KiB multiples
+constexpr int64_t kLdP = kSegment + 32;
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-3 sum (C), 4-5 hold rows of the left operand (A), 6-7 the packed right operand (B).
+inline void configure() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+}
+
+// Keys and values of KV head h into the tile layouts, zero past the last key.
+void pack(const Problem& p, int64_t num_blocks, const bf16* keys, const bf16* values, bf16* k_packed,
+          bf16* v_packed) {
+  const int64_t D = p.head_dim, block_elems = kKeys * D;
+  const __m512i pairs_lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                            37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i pairs_hi = _mm512_add_epi16(pairs_lo, _mm512_set1_epi16(16));
+  at::parallel_for(0, p.num_kv_heads * num_blocks, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t h = item / num_blocks, b = item % num_blocks, k0 = b * kKeys;
+      const int64_t n = std::min(kKeys, p.num_keys - k0);
+      const bf16* k = keys + h * p.k_head + k0 * p.k_row;
+      const bf16* v = values + h * p.v_head + k0 * p.v_row;
+      uint32_t* kp = reinterpret_cast<uint32_t*>(k_packed + item * block_elems);
+      bf16* vp = v_packed + item * block_elems;
+      // K: element pairs (2 dims) of key j go to [j / 16][pair][j % 16].
+      for (int64_t j = 0; j < kKeys; ++j) {
+        uint32_t* dst = kp + (j / 16) * (D / 2) * 16 + j % 16;
+        if (j >= n) {
+          for (int64_t pr = 0; pr < D / 2; ++pr) dst[pr * 16] = 0;
+          continue;
+        }
+        const uint32_t* src = reinterpret_cast<const uint32_t*>(k + j * p.k_row);
+        for (int64_t pr = 0; pr < D / 2; ++pr) dst[pr * 16] = src[pr];
+      }
+      // V: keys 2i and 2i + 1 interleaved, 32 dims (two 16-dim chunks) at a time.
+      const __m512i zero = _mm512_setzero_si512();
+      for (int64_t i = 0; i < kKeys / 2; ++i) {
+        for (int64_t c = 0; c < D; c += 32) {
+          const __m512i a = 2 * i < n ? _mm512_loadu_si512(v + 2 * i * p.v_row + c) : zero;
+          const __m512i e = 2 * i + 1 < n ? _mm512_loadu_si512(v + (2 * i + 1) * p.v_row + c) : zero;
+          _mm512_storeu_si512(vp + ((c / 16) * 16 + i) * 32, _mm512_permutex2var_epi16(a, pairs_lo, e));
+          _mm512_storeu_si512(vp + ((c / 16 + 1) * 16 + i) * 32, _mm512_permutex2var_epi16(a, pairs_hi, e));
+        }
+      }
+    }
+  });
+}
+
+struct Scratch {
+  std::vector<bf16> q, probs;
+  std::vector<float> scores, acc, m, l;
+  explicit Scratch(int64_t rows, int64_t D)
+      : q(rows * D), probs(rows * kLdP), scores(rows * kLdS), acc(rows * D), m(rows), l(rows) {}
+};
+
+// S for `rows` rows (a multiple of 32) against key blocks [b0, b1): scores[r][(b - b0) * 32 + j].
+void scores_tiles(const bf16* q, int64_t rows, int64_t D, const bf16* k_packed, int64_t b0, int64_t b1,
+                  float* scores) {
+  const int64_t block_elems = kKeys * D, half = (D / 2) * 32;
+  for (int64_t b = b0; b < b1; ++b) {
+    const bf16* kb = k_packed + b * block_elems;
+    float* s = scores + (b - b0) * kKeys;
+    for (int64_t r = 0; r < rows; r += 32) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t c = 0; c < D; c += 32) {
+        _tile_loadd(4, q + r * D + c, D * 2);
+        _tile_loadd(5, q + (r + 16) * D + c, D * 2);
+        _tile_loadd(6, kb + c * 16, 64);
+        _tile_loadd(7, kb + half + c * 16, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, s + r * kLdS, kLdS * 4);
+      _tile_stored(1, s + r * kLdS + 16, kLdS * 4);
+      _tile_stored(2, s + (r + 16) * kLdS, kLdS * 4);
+      _tile_stored(3, s + (r + 16) * kLdS + 16, kLdS * 4);
+    }
+  }
+}
+
+// acc (+)= P V for `rows` rows against key blocks [b0, b1); `add` keeps what acc holds.
+void values_tiles(const bf16* probs, int64_t rows, int64_t D, const bf16* v_packed, int64_t b0, int64_t b1,
+                  float* acc, bool add) {
+  const int64_t block_elems = kKeys * D;
+  for (int64_t r = 0; r < rows; r += 32) {
+    for (int64_t c = 0; c < D; c += 32) {
+      float* a = acc + r * D + c;
+      if (add) {
+        _tile_loadd(0, a, D * 4);
+        _tile_loadd(1, a + 16, D * 4);
+        _tile_loadd(2, a + 16 * D, D * 4);
+        _tile_loadd(3, a + 16 * D + 16, D * 4);
+      } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+      }
+      for (int64_t b = b0; b < b1; ++b) {
+        const bf16* pb = probs + r * kLdP + (b - b0) * kKeys;
+        const bf16* vb = v_packed + b * block_elems + c * 32;
+        _tile_loadd(4, pb, kLdP * 2);
+        _tile_loadd(5, pb + 16 * kLdP, kLdP * 2);
+        _tile_loadd(6, vb, 64);
+        _tile_loadd(7, vb + 16 * 32, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, a, D * 4);
+      _tile_stored(1, a + 16, D * 4);
+      _tile_stored(2, a + 16 * D, D * 4);
+      _tile_stored(3, a + 16 * D + 16, D * 4);
+    }
+  }
+}
+
+// exp(x) in 16 lanes for x <= 0 (and -inf): x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-5 polynomial
+// (relative error ~2e-6: the weights are rounded to bf16, 4e-3), 2^n applied by scalef (0 below the float range).
+inline __m512 exp_ps(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 y = _mm512_set1_ps(1.f / 120.f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.f / 24.f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.f / 6.f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(0.5f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(y, n);
+}
+
+// Lanes j .. j + 15 that fall in [lo, hi].
+inline __mmask16 lanes_in(int64_t j, int64_t lo, int64_t hi) {
+  if (j >= lo && j + 15 <= hi) return 0xffff;
+  const __m512i idx = _mm512_add_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                       _mm512_set1_epi32(static_cast<int>(j)));
+  return _mm512_cmpge_epi32_mask(idx, _mm512_set1_epi32(static_cast<int>(lo))) &
+         _mm512_cmple_epi32_mask(idx, _mm512_set1_epi32(static_cast<int>(hi)));
+}
+
+// One row's softmax over its segment of n keys (a multiple of 32), keys [lo, hi] visible (lo > hi: none): folds the
+// scaled (and soft-capped) scores into the running max m and sum l, writes the weights (bf16, 0 where hidden) and
+// returns the factor that rescales the row's accumulated output. Without a soft-cap the scale is applied inside the
+// exponent (scale > 0, so the raw scores' max is the scaled ones' max over the scale).
+float softmax_row(const Problem& p, float* s, bf16* prob, int64_t n, int64_t lo, int64_t hi, float* m, float* l) {
+  if (lo > hi) {
+    std::memset(prob, 0, n * sizeof(bf16));
+    return 1.f;
+  }
+  const int64_t j0 = lo & ~int64_t{15}, j1 = (hi + 16) & ~int64_t{15};  // the 16-lane chunks holding [lo, hi]
+  float scale = p.scale;
+  if (p.softcap > 0.f) {
+    for (int64_t j = lo; j <= hi; ++j) s[j] = std::tanh(s[j] * p.scale / p.softcap) * p.softcap;
+    scale = 1.f;
+  }
+  __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = j0; j < j1; j += 16) mx = _mm512_mask_max_ps(mx, lanes_in(j, lo, hi), mx, _mm512_loadu_ps(s + j));
+  const float m_new = std::max(*m, _mm512_reduce_max_ps(mx) * scale);
+  const float alpha = std::isinf(*m) ? 0.f : std::exp(*m - m_new);
+  const __m512 sc = _mm512_set1_ps(scale), shift = _mm512_set1_ps(-m_new);
+  __m512 sum = _mm512_setzero_ps();
+  std::memset(prob, 0, j0 * sizeof(bf16));
+  for (int64_t j = j0; j < j1; j += 16) {
+    const __m512 e = _mm512_maskz_mov_ps(lanes_in(j, lo, hi),
+                                         exp_ps(_mm512_fmadd_ps(_mm512_loadu_ps(s + j), sc, shift)));
+    sum = _mm512_add_ps(sum, e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(prob + j), (__m256i)_mm512_cvtneps_pbh(e));
+  }
+  std::memset(prob + j1, 0, (n - j1) * sizeof(bf16));
+  *l = *l * alpha + _mm512_reduce_add_ps(sum);
+  *m = m_new;
+  return alpha;
+}
+
+void attend_tile(const Problem& p, int64_t h, int64_t q0, int64_t q1, const bf16* q, const bf16* k_packed,
+                 const bf16* v_packed, bf16* out, Scratch& w) {
+  const int64_t D = p.head_dim, G = p.group, rows = (q1 - q0) * G, padded = (rows + 31) & ~int64_t{31};
+  for (int64_t i = q0; i < q1; ++i)
+    copy_query_rows(p, q, h, i, q0, w.q.data());
+  std::fill(w.q.begin() + rows * D, w.q.begin() + padded * D, bf16(0.f));
+  std::fill(w.m.begin(), w.m.begin() + rows, -std::numeric_limits<float>::infinity());
+  std::fill(w.l.begin(), w.l.begin() + rows, 0.f);
+  const int64_t pos0 = p.first_query + q0, pos1 = p.first_query + q1 - 1;  // the tile's first and last query
+  const int64_t key_lo = p.window > 0 ? std::max(p.first_key, pos0 - p.window + 1) : p.first_key;
+  const int64_t b_first = (key_lo - p.first_key) / kKeys, b_end = (pos1 - p.first_key) / kKeys + 1;
+  const int64_t num_blocks = (p.num_keys + kKeys - 1) / kKeys, per_segment = kSegment / kKeys;
+  const bf16* kh = k_packed + h * num_blocks * kKeys * D;
+  const bf16* vh = v_packed + h * num_blocks * kKeys * D;
+  for (int64_t b0 = b_first; b0 < b_end; b0 += per_segment) {
+    const int64_t b1 = std::min(b_end, b0 + per_segment), n = (b1 - b0) * kKeys;
+    const int64_t kpos0 = p.first_key + b0 * kKeys;  // position of the segment's first key
+    scores_tiles(w.q.data(), padded, D, kh, b0, b1, w.scores.data());
+    for (int64_t r = 0; r < padded; ++r) {
+      bf16* prob = w.probs.data() + r * kLdP;
+      if (r >= rows) {
+        std::memset(prob, 0, n * sizeof(bf16));
+        continue;
+      }
+      const int64_t pos = pos0 + r / G;
+      const int64_t lo = std::max<int64_t>(0, p.window > 0 ? pos - p.window + 1 - kpos0 : 0);
+      const int64_t hi = std::min<int64_t>(n - 1, pos - kpos0);
+      const float alpha = softmax_row(p, w.scores.data() + r * kLdS, prob, n, lo, hi, &w.m[r], &w.l[r]);
+      if (b0 != b_first && alpha != 1.f) {
+        float* a = w.acc.data() + r * D;
+        const __m512 al = _mm512_set1_ps(alpha);
+        for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(a + d, _mm512_mul_ps(_mm512_loadu_ps(a + d), al));
+      }
+    }
+    values_tiles(w.probs.data(), padded, D, vh, b0, b1, w.acc.data(), b0 != b_first);
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = q0 + r / G, head = h * G + r % G;
+    const __m512 inv = _mm512_set1_ps(1.f / w.l[r]);
+    bf16* o = out + (i * p.num_heads + head) * D;
+    for (int64_t d = 0; d < D; d += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + d),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(w.acc.data() + r * D + d), inv)));
+  }
+}
+
+void prefill(const Problem& p, const bf16* q, const bf16* keys, const bf16* values, bf16* out, int64_t query_tile) {
+  const int64_t D = p.head_dim, num_blocks = (p.num_keys + kKeys - 1) / kKeys;
+  std::vector<bf16> k_packed(p.num_kv_heads * num_blocks * kKeys * D), v_packed(k_packed.size());
+  pack(p, num_blocks, keys, values, k_packed.data(), v_packed.data());
+  const int64_t num_tiles = (p.query_len + query_tile - 1) / query_tile, items = p.num_kv_heads * num_tiles;
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch((query_tile * p.group + 31) & ~int64_t{31}, D);
+    configure();
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t h = item % p.num_kv_heads, k = item / p.num_kv_heads;
+      const int64_t tile = k % 2 == 0 ? k / 2 : num_tiles - 1 - k / 2;  // both ends, as flash_prefill's items
+      const int64_t q0 = tile * query_tile, q1 = std::min(p.query_len, q0 + query_tile);
+      attend_tile(p, h, q0, q1, q, k_packed.data(), v_packed.data(), out, scratch);
+    }
+    _tile_release();
+  });
+}
+
+}  // namespace amx_tiles
+#pragma GCC pop_options
+
+// Whether this process multiplies bf16 tiles: the CPU has AMX-BF16 and oneDNN runs AMX here (its check is what asks
+// Linux for the tile state, process-wide, which the kernel's tiles need too).
+bool tiles() {
+  return __builtin_cpu_supports("amx-bf16") && __builtin_cpu_supports("avx512bf16") &&
+         at::native::cpublas::could_pack(at::kBFloat16);
+}
+#else
+bool tiles() { return false; }
+#endif  // __AVX512F__
+
+// flash_prefill's attention on AMX tiles (amx_tiles::prefill), where tiles() holds.
+void tile_prefill(at::Tensor out, const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                  double scale, int64_t first_query, int64_t first_key, int64_t window, double softcap,
+                  int64_t query_tile) {
+  TORCH_CHECK(tiles(), "tile_prefill: this CPU (or this process) cannot multiply AMX-BF16 tiles");
+  const Problem p = checked_problem(out, q, keys, values, scale, first_query, first_key, window, softcap, query_tile);
+  if (p.query_len == 0) return;
+#if defined(__AVX512F__)
+  amx_tiles::prefill(p, q.data_ptr<bf16>(), keys.data_ptr<bf16>(), values.data_ptr<bf16>(), out.data_ptr<bf16>(),
+               query_tile);
+#endif
+}
+
 // Whether oneDNN's bf16 packing runs here (AMX): the caller keeps PyTorch's SDPA there, which measured faster.
 bool amx() { return at::native::cpublas::could_pack(at::kBFloat16); }
 
@@ -271,7 +594,13 @@ bool amx() { return at::native::cpublas::could_pack(at::kBFloat16); }
 TORCH_LIBRARY(jido_cpu_prefill, m) {
   m.def("flash_prefill(Tensor(a!) out, Tensor q, Tensor keys, Tensor values, float scale, int first_query, "
         "int first_key, int window, float softcap, int query_tile) -> ()");
+  m.def("tile_prefill(Tensor(a!) out, Tensor q, Tensor keys, Tensor values, float scale, int first_query, "
+        "int first_key, int window, float softcap, int query_tile) -> ()");
   m.def("amx() -> bool", &amx);
+  m.def("tiles() -> bool", &tiles);
 }
 
-TORCH_LIBRARY_IMPL(jido_cpu_prefill, CPU, m) { m.impl("flash_prefill", &flash_prefill); }
+TORCH_LIBRARY_IMPL(jido_cpu_prefill, CPU, m) {
+  m.impl("flash_prefill", &flash_prefill);
+  m.impl("tile_prefill", &tile_prefill);
+}
