@@ -39,6 +39,12 @@ def load_activation_ops(source: Path = SOURCE) -> object | None:
     return torch.ops.jido_act
 
 
+def fused_activation_code(name: str) -> int | None:
+    """The C++ kernels' number for activation ``name`` (``act_and_mul``'s, and the AMX int8 GEMM's fused gate/up
+    epilogue's), or None where they do not apply it."""
+    return _FUSED.get(name)
+
+
 def get_gated_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """Return ``f(gate_up) -> act(gate) * up`` for a fused ``[num_tokens, 2 * intermediate]`` input.
 

@@ -50,6 +50,10 @@ PREPACKED_MIN_ROWS = 2
 # took 0.64 against 0.86 ms on the panels, o_proj 0.24 against 0.29, down 0.55 against 0.54; at 2,000 rows 17.6
 # against 21.6, 5.4 against 8.8, 10.5 against 18.3; below 64 the panels won or tied on every shape but qkv.
 INT_MM_MIN_ROWS = 64
+# w8a8 steps of at least this many rows run on jido's AMX int8 GEMM (amx_gemm_linear) where it runs; fewer stay on
+# the AMX panels. The default model's 4 layer linears, w8a8 weights, same process: 16 rows 0.19 (panels) against
+# 0.22 ms (GEMM), 32 rows 0.25 against 0.19, 64 rows 0.43 against 0.28.
+AMX_GEMM_MIN_ROWS = 32
 
 
 def dot_isa(cpu: CpuInfo) -> str | None:
@@ -184,6 +188,56 @@ def takes_int_mm(w: QuantizedWeight) -> bool:
     """Whether ``w`` can run as one int8 GEMM (:func:`int_mm_linear`): int8 codes scaled per output row only (no mins),
     as ``w8a8`` makes them."""
     return w.bits == 8 and w.mins is None and w.group_size >= w.shape[1]
+
+
+@dataclass(frozen=True)
+class AmxGemmWeight:
+    """A :func:`takes_int_mm` weight's codes packed once for the AMX int8 GEMM (``csrc/int8_dot.cpp``, ``amx::gemm``):
+    blocks of 32 output columns, one tile multiply's codes 1 KiB in a row. ``gated``: a merged gate/up weight whose
+    blocks pair 16 gate columns with their 16 up columns, for the activation fused into the products' store."""
+
+    packed: torch.Tensor  # int8 [blocks, K / 64 * 2048]
+    scales: torch.Tensor  # float32 [N]
+    shape: tuple[int, int]  # (N, K)
+    gated: bool = False
+
+
+def takes_amx_gemm(w: QuantizedWeight) -> bool:
+    """Whether ``w`` runs as :func:`amx_gemm_linear` here: a :func:`takes_int_mm` weight whose K is a multiple of 64
+    (a tile multiply's), where the panels run on AMX tiles."""
+    return takes_int_mm(w) and w.shape[1] % 64 == 0 and amx_runs()
+
+
+def pack_amx_gemm(w: QuantizedWeight, gated: bool = False) -> AmxGemmWeight:
+    """``w``'s codes packed for :func:`amx_gemm_linear` (it must :func:`takes_amx_gemm`); ``gated`` for
+    :func:`amx_gemm_gated` on a merged gate/up weight (gate rows first)."""
+    packed = load_int8_dot_ops().pack_amx_gemm(w.data, gated)
+    return AmxGemmWeight(packed, w.scales.reshape(-1).float().contiguous(), tuple(w.shape), gated)
+
+
+def amx_gemm_linear(x: torch.Tensor, w: AmxGemmWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What :func:`int_mm_linear` gives (the same codes, exact int32 sums, the same two scale products in the same
+    order; with a bias, up to its fused add), by jido's int8 GEMM on AMX tiles. oneDNN's int8 GEMM ran slower than
+    its bf16 one on a 2-core AMX Xeon (5.9 against 4.35 ms at 2,000 x 640 x 4,096), where tile multiplies of int8
+    carry twice bf16's products per byte loaded (benchmarks/results/w8a8-amx-gemm-2026-12-05.md)."""
+    if w.gated:
+        raise ValueError("a gated packing runs through amx_gemm_gated")
+    ops = load_int8_dot_ops()
+    codes, x_scales = ops.quantize_per_token(x)
+    out = ops.amx_gemm(codes, x_scales, w.packed, w.scales, bias, w.shape[0], x.dtype == torch.bfloat16, -1)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+def amx_gemm_gated(x: torch.Tensor, w: AmxGemmWeight, act: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``act(gate) * up`` of a bf16 ``x`` through a gated packing (``act`` 0 SiLU, 1 GELU's tanh form, as
+    ``act_and_mul`` numbers them): bit for bit what :func:`int_mm_linear` and then ``act_and_mul`` give without a
+    bias (the products rounded to bf16, then the same float32 arithmetic), with neither the [N, 2 x I] products
+    written and read back nor a second kernel."""
+    if not w.gated or x.dtype != torch.bfloat16:
+        raise ValueError("amx_gemm_gated takes a gated packing and bf16 x")
+    ops = load_int8_dot_ops()
+    codes, x_scales = ops.quantize_per_token(x)
+    return ops.amx_gemm(codes, x_scales, w.packed, w.scales, bias, w.shape[0], True, act)
 
 
 def int_mm_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

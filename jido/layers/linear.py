@@ -36,6 +36,11 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_method.apply(self, x, self.bias)
 
+    def gated(self, x: torch.Tensor, activation: str) -> torch.Tensor | None:
+        """``act(gate) * up`` of this merged gate/up layer's output, fused into the product where the method can
+        (:meth:`~jido.layers.quantization.LinearMethod.apply_gated`), else None."""
+        return self.linear_method.apply_gated(self, x, activation, self.bias)
+
 
 class MergedLinear(Linear):
     """Several projections of the same input stacked along the output dim, run as one matmul.

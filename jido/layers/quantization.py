@@ -44,6 +44,13 @@ class LinearMethod(ABC):
         """
         return self.apply(layer, hidden)
 
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor, activation: str,
+                    bias: torch.Tensor | None = None) -> torch.Tensor | None:
+        """``act(gate) * up`` of a merged gate/up layer's product (``[N, out_features / 2]``, ``activation`` an HF
+        ``hidden_act`` name) where a kernel applies the activation as it stores the products; None (the default)
+        where the caller runs :meth:`apply` and then the activation."""
+        return None
+
     def greedy_token_ids(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
         """Each row's argmax of :meth:`apply_logits` ([N] int64, the first of equals) where a kernel gives it without
         making the logits; None (the default) where the caller must make them."""

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from jido.layers import int8_dot, quant_kernels
+from jido.layers.activation import fused_activation_code
 from jido.layers.parameter import WeightLoader
 from jido.layers.quantization import (LinearMethod, QuantizationConfig, UnquantizedLinearMethod, pack_dense,
                                      packed_linear)
@@ -140,6 +141,16 @@ class QuantizedLinearMethod(LinearMethod):
         # rounding to bf16 and the two [rows, vocab] copies there and back (1.4 ms of a 25 ms decode step).
         return self.apply(layer, hidden.float())
 
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor, activation: str,
+                    bias: torch.Tensor | None = None) -> torch.Tensor | None:
+        # w8a8 steps of many rows on AMX tiles, where the layer was packed gated (it told us its activation).
+        gemm = getattr(layer, "qgemm", None)
+        act = fused_activation_code(activation)
+        if (gemm is None or not gemm.gated or act is None or x.dtype != torch.bfloat16
+                or x.shape[0] < int8_dot.AMX_GEMM_MIN_ROWS):
+            return None
+        return int8_dot.amx_gemm_gated(x, gemm, act, bias)
+
     def greedy_token_ids(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
         # Where the head's panels run on AMX tiles and the step takes its panels (apply_logits' route from 2 rows).
         panels = getattr(layer, "qpanels", None)
@@ -177,17 +188,24 @@ class QuantizedLinearMethod(LinearMethod):
         rows then skip repacking the whole weight per call, which dominated the LM head. Codes that fit five bits
         (Q5_0's) are kept in five bits too, for one-row decode (int8_dot.FiveBitRows): same outputs, 0.625 of the
         bytes (Gemma 3 270M's GGUF: 21 MB less read a token, of 298)."""
+        model_dtype = layer.weight.dtype
         del layer.weight
         layer.qweight = qweight
         if int8_dot.runs(qweight):
             layer.qpanels = int8_dot.pack_panels(qweight, self.per_token)
             if int8_dot.fits_five_bits(qweight):
                 layer.qfive = int8_dot.pack_five_bits(qweight)
+            if self.per_token and int8_dot.takes_amx_gemm(qweight):
+                # A bf16 merged gate/up layer whose activation the GEMM applies is packed for that alone (apply_gated).
+                act = fused_activation_code(getattr(layer, "gated_activation", None) or "")
+                gated = act is not None and model_dtype == torch.bfloat16
+                layer.qgemm = int8_dot.pack_amx_gemm(qweight, gated=gated)
 
     def _bind(self, layer: nn.Module) -> None:
         """Settle once which kernel a step of each size runs on ``layer`` (as :meth:`apply` would choose: the bf16
-        copy where the layer keeps one; under ``w8a8``, steps of ``int8_dot.INT_MM_MIN_ROWS`` rows or more as one
-        int8 GEMM, ``int_mm_linear``), as ``layer.qlinear(x, bias)``. A one-row decode of Gemma 3 270M runs 73
+        copy where the layer keeps one; under ``w8a8``, steps of many rows as one int8 GEMM: on AMX tiles from
+        ``int8_dot.AMX_GEMM_MIN_ROWS`` rows, ``amx_gemm_linear``, where the layer keeps ``qgemm``, else from
+        ``int8_dot.INT_MM_MIN_ROWS``, ``int_mm_linear``), as ``layer.qlinear(x, bias)``. A one-row decode of Gemma 3 270M runs 73
         linears a step, and choosing per call (attribute probes that miss, the kernels' checks) cost ~4 us of Python
         each on the AVX2 EPYC. The weights are read from the layer at each call: moving them into huge pages
         replaces them after load."""
@@ -195,12 +213,15 @@ class QuantizedLinearMethod(LinearMethod):
             return  # the int8 kernels do not run here: apply's other routes
         five, per_token = hasattr(layer, "qfive"), self.per_token
         int_mm = per_token and int8_dot.takes_int_mm(layer.qweight)
+        plain_gemm = hasattr(layer, "qgemm") and not layer.qgemm.gated
         copy_min_rows = getattr(layer, "qdense_min_rows", None)  # set with the bf16 copy
 
         def linear(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
             rows = x.shape[0]
             if copy_min_rows is not None and rows >= copy_min_rows and x.dtype == torch.bfloat16:
                 return packed_linear(x, layer.qdense, bias)
+            if plain_gemm and rows >= int8_dot.AMX_GEMM_MIN_ROWS:
+                return int8_dot.amx_gemm_linear(x, layer.qgemm, bias)
             if int_mm and rows >= int8_dot.INT_MM_MIN_ROWS:
                 return int8_dot.int_mm_linear(x, layer.qweight, bias)
             if rows >= int8_dot.PREPACKED_MIN_ROWS:

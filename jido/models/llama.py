@@ -77,11 +77,15 @@ class LlamaMLP(nn.Module):
         super().__init__()
         sizes = {"gate_proj": config.intermediate_size, "up_proj": config.intermediate_size}
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, sizes, quant_config=quant_config)
+        # Read by the linear method when it packs the loaded weight: it may fuse the activation into the product.
+        self.gate_up_proj.gated_activation = config.hidden_act
         self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, quant_config=quant_config)
+        self.hidden_act = config.hidden_act
         self.act = get_gated_activation(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+        fused = self.gate_up_proj.gated(x, self.hidden_act)
+        return self.down_proj(fused if fused is not None else self.act(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):

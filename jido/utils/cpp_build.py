@@ -46,10 +46,11 @@ LINK_FLAGS = ["-fopenmp"]
 
 
 def build_key(prefix: str, source: Path, isa: str) -> str:
-    """The cache folder name: the hash of the source and its flags, the torch version and the ISA the code is
-    compiled for."""
+    """The cache folder name: the hash of the source, the headers beside it (which it may include) and its flags, the
+    torch version and the ISA the code is compiled for."""
     flags = " ".join([*COMMON_FLAGS, *ISA_FLAGS[isa], *LINK_FLAGS]).encode()
-    digest = hashlib.sha256(source.read_bytes() + b"\0" + flags).hexdigest()[:16]
+    headers = b"".join(h.name.encode() + b"\0" + h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    digest = hashlib.sha256(source.read_bytes() + b"\0" + headers + b"\0" + flags).hexdigest()[:16]
     return f"{prefix}_{digest}_torch{torch.__version__.replace('+', '_').replace('.', '_')}_{isa}"
 
 

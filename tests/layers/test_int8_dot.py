@@ -379,6 +379,56 @@ def test_int_mm_linear_equals_float64_math_on_the_rounded_activations(dtype, num
     assert torch.all((y.double() - ref).abs() <= rounding * magnitude + 1e-6)
 
 
+@pytest.mark.skipif(not int8_dot.amx_runs(), reason="needs AMX-INT8 tiles (and the kernels built)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("num_rows,num_cols,rows_x", [(70, 64, 1), (32, 128, 31), (100, 640, 33), (640, 2048, 130),
+                                                      (17, 192, 257)])
+def test_amx_gemm_gives_the_bits_of_the_int_mm_route(dtype, num_rows, num_cols, rows_x) -> None:
+    # The same codes, exact int32 sums and the same two scale products: bit for bit torch._int_mm's route without a
+    # bias; with one, up to the last bit of its add (which scale_sums may fuse). Rows and columns not filling a
+    # 32 x 32 block of tiles (1, 31, 33, 257; 17, 70, 100) check the padded rows and the masked columns.
+    gen = torch.Generator().manual_seed(num_rows * 3 + rows_x)
+    w = qk.quantize(torch.randn(num_rows, num_cols, generator=gen) * 0.05, 8, None)
+    assert int8_dot.takes_amx_gemm(w)
+    gemm = int8_dot.pack_amx_gemm(w)
+    x = random_x(rows_x, num_cols, dtype, gen)
+    y = int8_dot.amx_gemm_linear(x, gemm, None)
+    assert y.dtype == dtype and y.shape == (rows_x, num_rows)
+    assert torch.equal(y, int8_dot.int_mm_linear(x, w, None))
+    bias = torch.randn(num_rows, generator=gen)
+    expected = int8_dot.int_mm_linear(x, w, bias)
+    # a fused add rounds once where the unfused rounds the product too: an ulp of the terms, then the dtype's rounding
+    terms = int8_dot.int_mm_linear(x.float(), w, None).abs() + bias.abs()
+    bound = terms * 2**-23 + (0 if dtype == torch.float32 else expected.float().abs() * 2**-7)
+    assert torch.all((int8_dot.amx_gemm_linear(x, gemm, bias).float() - expected.float()).abs() <= bound)
+
+
+@pytest.mark.skipif(not int8_dot.amx_runs(), reason="needs AMX-INT8 tiles (and the kernels built)")
+@pytest.mark.parametrize("act,name", [(0, "silu"), (1, "gelu_pytorch_tanh")])
+@pytest.mark.parametrize("intermediate,rows_x", [(2048, 70), (40, 33), (16, 1)])
+def test_amx_gemm_gated_gives_the_bits_of_the_int_mm_route_then_act_and_mul(act, name, intermediate, rows_x) -> None:
+    # gate rows, then up rows: each output is act(gate) * up of the bf16 products, bit for bit; 40 wide, the last
+    # block of 16 half full.
+    from jido.layers.activation import get_gated_activation
+
+    gen = torch.Generator().manual_seed(intermediate + rows_x + act)
+    w = qk.quantize(torch.randn(2 * intermediate, 128, generator=gen) * 0.05, 8, None)
+    x = random_x(rows_x, 128, torch.bfloat16, gen) * 4
+    gated = int8_dot.amx_gemm_gated(x, int8_dot.pack_amx_gemm(w, gated=True), act)
+    expected = get_gated_activation(name)(int8_dot.int_mm_linear(x, w, None))
+    assert gated.shape == (rows_x, intermediate) and torch.equal(gated, expected)
+    with pytest.raises(ValueError, match="gated packing"):
+        int8_dot.amx_gemm_linear(x, int8_dot.pack_amx_gemm(w, gated=True))
+
+
+def test_amx_gemm_takes_only_int_mm_weights_whose_k_fills_tile_multiplies() -> None:
+    gen = torch.Generator().manual_seed(23)
+    assert not int8_dot.takes_amx_gemm(qk.quantize(torch.randn(16, 96, generator=gen), 8, None))  # K 96: not 64s
+    assert not int8_dot.takes_amx_gemm(qk.quantize(torch.randn(16, 128, generator=gen), 8, 32))
+    with pytest.raises(RuntimeError, match="multiple of 64"):
+        int8_dot.load_int8_dot_ops().pack_amx_gemm(torch.zeros(16, 96, dtype=torch.int8), False)
+
+
 def test_int_mm_takes_only_int8_codes_scaled_per_row() -> None:
     gen = torch.Generator().manual_seed(22)
     weight = torch.randn(16, 64, generator=gen)

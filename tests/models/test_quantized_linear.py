@@ -107,6 +107,8 @@ def test_quantized_steps_run_the_int8_dot_kernels_and_stay_near_the_dense_model(
 def test_w8a8_steps_of_many_rows_run_one_int8_gemm_a_layer_and_stay_near_the_dense_model(arch, monkeypatch):
     # A prefill of int8_dot.INT_MM_MIN_ROWS tokens or more runs each projection as torch._int_mm on x rounded per
     # token; each call must equal the kernels' float64 reference on its input, and the logits stay near dense.
+    # (Where AMX runs, jido's own int8 GEMM takes these steps instead: the next test.)
+    monkeypatch.setattr(int8_dot, "takes_amx_gemm", lambda w: False)
     quantized, dense = _quantized_and_reference(arch, "w8a8", None)
     weights, calls = [m.qweight for m in quantized.modules() if hasattr(m, "qpanels")], []
     int_mm = int8_dot.int_mm_linear
@@ -125,6 +127,36 @@ def test_w8a8_steps_of_many_rows_run_one_int8_gemm_a_layer_and_stay_near_the_den
     assert [rows for rows, *_ in calls] == [int8_dot.INT_MM_MIN_ROWS + 6] * (quantized.config.num_layers * 4 + 1)
     assert all(known for _, known, _ in calls) and max(error for *_, error in calls) < 1e-4, calls
     assert (ours["a"] - expected["a"]).abs().max() <= 0.06 * expected["a"].abs().max()
+
+
+@pytest.mark.skipif(not int8_dot.amx_runs(), reason="needs AMX-INT8 tiles (and the kernels built)")
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w8a8_on_amx_tiles_gives_the_logits_of_the_int_mm_route(arch, dtype, monkeypatch):
+    # The AMX GEMM takes the projections whose K fills tile multiplies (all but the tiny models' down_proj, K 96),
+    # in bf16 the gate/up projection with its activation fused: the same codes, sums and roundings as torch._int_mm
+    # and act_and_mul, so the logits are the same bits.
+    takes_amx_gemm = int8_dot.takes_amx_gemm
+
+    def build(amx: bool) -> torch.nn.Module:
+        monkeypatch.setattr(int8_dot, "takes_amx_gemm", takes_amx_gemm if amx else lambda w: False)
+        hf, dense = tiny_models(arch)
+        torch.set_default_dtype(dtype)  # as the engine builds a model: its parameters made in the model's dtype
+        try:
+            model = type(dense)(dense.config, dense.model.layers[0].self_attn.backend,
+                                quant_config=get_quantization_config("w8a8", None)).eval()
+        finally:
+            torch.set_default_dtype(torch.float32)
+        model.load_weights(hf.state_dict().items())
+        process_weights_after_loading(model)
+        return model
+
+    on_tiles, on_int_mm = build(True), build(False)
+    gemms = [m.qgemm for m in on_tiles.modules() if hasattr(m, "qgemm")]
+    assert any(g.gated for g in gemms) == (dtype == torch.bfloat16) and any(not g.gated for g in gemms)
+    gen = torch.Generator().manual_seed(6)
+    prompt = {"a": torch.randint(3, 128, (int8_dot.INT_MM_MIN_ROWS + 6,), generator=gen).tolist()}
+    assert torch.equal(_run_steps(on_tiles, (prompt,))["a"], _run_steps(on_int_mm, (prompt,))["a"])
 
 
 def _run_steps(model, steps: tuple[dict[str, list[int]], ...]) -> dict[str, torch.Tensor]:

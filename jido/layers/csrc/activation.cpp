@@ -1,13 +1,8 @@
 // Gated MLP activations in one pass: out[t, j] = act(x[t, j]) * x[t, I + j] for x [tokens, 2 * I] float32 or
-// bfloat16, act SiLU or GELU's tanh form. ATen runs them as two ops over a strided half of x, and its GELU evaluates tanh by
-// Sleef (a 2,000-token prefill of Gemma 3 270M: 18 calls of 7.6 ms on the AVX2 EPYC, plus 1 ms for each product).
-//
-// Both are x times a logistic: silu(g) = g / (1 + e^-g), and since 1 + tanh(y) = 2 / (1 + e^-2y),
-// gelu_tanh(g) = 0.5 g (1 + tanh(y)) = g / (1 + e^(-2y)), y = sqrt(2 / pi) (g + 0.044715 g^3). So each needs one
-// exp, computed here as Cephes' expf does (a degree-6 polynomial on x - n ln 2, n = round(x / ln 2), times 2^n;
-// within 2 ulp): the same operations in the AVX2 loop and the scalar tail, so a value does not depend on its
-// column. Arguments are clamped to [-87.3, 88.7]: past them the logistic is 0 or 1 to float32's precision
-// (e^88.7 is 3.3e38, so g / (1 + e) is g * 3e-39 where the exact value underflows further).
+// bfloat16, act SiLU or GELU's tanh form (their arithmetic: gated_activation.h). ATen runs them as two ops over a
+// strided half of x, and its GELU evaluates tanh by Sleef (a 2,000-token prefill of Gemma 3 270M: 18 calls of 7.6 ms
+// on the AVX2 EPYC, plus 1 ms for each product). The AVX-512 loop, the AVX2 loop and the scalar tail run the same
+// operations, so a value does not depend on its column.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -17,21 +12,11 @@
 #include <cstdint>
 #include <cstring>
 
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
+#include "gated_activation.h"
 
 namespace {
 
-constexpr float kLog2e = 1.44269504088896341f;
-constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;  // ln 2 in two parts (Cody-Waite)
-constexpr float kExpMin = -87.3f, kExpMax = 88.7f;
-constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
-                         4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
-constexpr float kGeluA = -1.5957691216057308f;  // -2 sqrt(2 / pi)
-constexpr float kGeluB = 0.044715f;
-
-enum class Act : int64_t { kSilu = 0, kGeluTanh = 1 };
+using namespace jido_gated;
 
 // The logistic's exponent: act(g) = g / (1 + e^exponent(g)).
 inline float exponent(float g, Act act) {
@@ -107,7 +92,6 @@ inline void store_bf16(uint16_t* p, __m256 x) {
 // One bf16 row: act(gate) rounded to bf16, times up, rounded (as ATen's two bf16 ops round, each computing in
 // float32): a bf16 2,000-token prefill of Gemma 3 270M spent 5.9 ms a layer in ATen's GELU alone (2-core Zen 4).
 #if defined(__AVX2__) && defined(__GNUC__)
-#define JIDO_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
 
 // The AVX2 loop's operations, 16 lanes at a time; bf16 rounding by the CPU's own conversion (to nearest even, as
 // bf16_bits does for every number). Where the CPU has AVX-512 BF16: a 2,000-token row block of Gemma 3 270M's
@@ -117,34 +101,12 @@ JIDO_AVX512_BF16 inline __m512 load_bf16x16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
 }
 
-JIDO_AVX512_BF16 inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpMin)), _mm512_set1_ps(kExpMax));
-  const __m512 n = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), _mm512_set1_ps(0.5f)),
-                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Lo), _mm512_fmadd_ps(n, _mm512_set1_ps(-kLn2Hi), x));
-  __m512 p = _mm512_set1_ps(kP[0]);
-  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP[i]));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-}
-
-JIDO_AVX512_BF16 inline __m512 exponent16(__m512 g, Act act) {
-  if (act == Act::kSilu) return _mm512_sub_ps(_mm512_setzero_ps(), g);
-  const __m512 inner = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(kGeluB), g), g, _mm512_set1_ps(1.f));
-  return _mm512_mul_ps(inner, _mm512_mul_ps(_mm512_set1_ps(kGeluA), g));
-}
-
 // Columns [0, width / 16 * 16) of one bf16 row; returns where it stopped.
 JIDO_AVX512_BF16 int64_t act_and_mul_row_bf16_avx512(const uint16_t* gate, const uint16_t* up, uint16_t* out,
                                                       int64_t width, Act act) {
-  const __m512 one = _mm512_set1_ps(1.f);
   int64_t j = 0;
   for (; j + 16 <= width; j += 16) {
-    const __m512 g = load_bf16x16(gate + j);
-    const __m256bh a16 = _mm512_cvtneps_pbh(_mm512_div_ps(g, _mm512_add_ps(one, exp16(exponent16(g, act)))));
-    const __m512 a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)a16), 16));
-    const __m256bh y = _mm512_cvtneps_pbh(_mm512_mul_ps(a, load_bf16x16(up + j)));
+    const __m256bh y = act_and_mul16_bf16(load_bf16x16(gate + j), load_bf16x16(up + j), act);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), (__m256i)y);
   }
   return j;
