@@ -2,7 +2,8 @@
 projection with its GELU fused, ``amx_gemm_gated``) against torch._int_mm's route (``int_mm_linear``) and oneDNN's bf16
 GEMM on the same weights (plus jido's ``act_and_mul`` for gate/up), same process.
 
-Each variant of a shape runs interleaved with the others, ``--repeats`` rounds; figures are medians in ms. AMX CPUs only.
+Each variant of a shape runs interleaved with the others, ``--repeats`` rounds; figures are medians in ms. AMX CPUs
+only.
 
     .venv/bin/python benchmarks/int8_gemm.py [--rows 2000 32] [--repeats 21] [--out FILE.json]
 """

@@ -205,9 +205,9 @@ class QuantizedLinearMethod(LinearMethod):
         """Settle once which kernel a step of each size runs on ``layer`` (as :meth:`apply` would choose: the bf16
         copy where the layer keeps one; under ``w8a8``, steps of many rows as one int8 GEMM: on AMX tiles from
         ``int8_dot.AMX_GEMM_MIN_ROWS`` rows, ``amx_gemm_linear``, where the layer keeps ``qgemm``, else from
-        ``int8_dot.INT_MM_MIN_ROWS``, ``int_mm_linear``), as ``layer.qlinear(x, bias)``. A one-row decode of Gemma 3 270M runs 73
-        linears a step, and choosing per call (attribute probes that miss, the kernels' checks) cost ~4 us of Python
-        each on the AVX2 EPYC. The weights are read from the layer at each call: moving them into huge pages
+        ``int8_dot.INT_MM_MIN_ROWS``, ``int_mm_linear``), as ``layer.qlinear(x, bias)``. A one-row decode of Gemma 3
+        270M runs 73 linears a step, and choosing per call (attribute probes that miss, the kernels' checks) cost ~4 us
+        of Python each on the AVX2 EPYC. The weights are read from the layer at each call: moving them into huge pages
         replaces them after load."""
         if not hasattr(layer, "qpanels"):
             return  # the int8 kernels do not run here: apply's other routes
