@@ -404,7 +404,8 @@ def weight_bytes(model: torch.nn.Module, prepacked: bool = True) -> int:
     """Bytes of the model's weights as held: parameters, buffers, quantized codes and the packed copies beside them.
 
     Without ``prepacked``, what a one-row decode step reads: the codes (or their five-bit rows, ``qfive``, where a
-    layer has them), without the panels and bf16 copies packed beside them (``qpanels``, ``qdense``).
+    layer has them), without the panels, AMX GEMM packing and bf16 copies beside them (``qpanels``, ``qgemm``,
+    ``qdense``).
     """
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     for module in model.modules():
@@ -424,6 +425,9 @@ def _held_beside(module: torch.nn.Module, prepacked: bool) -> list[torch.Tensor]
     panels = getattr(module, "qpanels", None)
     if panels is not None and prepacked:
         held += [panels.codes, panels.scales, panels.mins, panels.meta]
+    gemm = getattr(module, "qgemm", None)
+    if gemm is not None and prepacked:
+        held += [gemm.packed, gemm.scales]
     if prepacked:
         held.append(getattr(module, "qdense", None))
     return [t for t in held if isinstance(t, torch.Tensor)]

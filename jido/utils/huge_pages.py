@@ -33,9 +33,9 @@ THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 ARENA_BYTES = 256 << 20
 ALIGN = 64
 MIN_BYTES = 4096  # below a page a tensor gains nothing from moving
-# Module attributes holding weights outside parameters: quantized codes, their prepacked panels and five-bit rows
-# (jido/layers/quantized_linear.py). Dataclasses of tensors: each tensor field is moved.
-HELD_WEIGHTS = ("qweight", "qpanels", "qfive")
+# Module attributes holding weights outside parameters: quantized codes, their prepacked panels, five-bit rows and
+# AMX GEMM packing (jido/layers/quantized_linear.py). Dataclasses of tensors: each tensor field is moved.
+HELD_WEIGHTS = ("qweight", "qpanels", "qfive", "qgemm")
 
 
 def _thp_on() -> bool:
