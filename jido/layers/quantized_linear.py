@@ -44,6 +44,8 @@ BF16_COPY_MIN_ROWS = 16
 # memory, took 10.2 ms on the AMX panels against 12.5 on the bf16 copies at 16 rows, 15.4 against 16.3 at 32, 22.4
 # against 19.5 at 48 (benchmarks/results/amx-panels-2026-12-04.md).
 BF16_COPY_MIN_ROWS_AMX = 40
+# The rows the AMX case's copy is packed for: a full step of the default max_num_batched_tokens.
+BF16_COPY_ROWS_HINT_AMX = 2048
 
 
 @dataclass(frozen=True)
@@ -166,9 +168,12 @@ class QuantizedLinearMethod(LinearMethod):
         model_dtype = layer.weight.dtype
         self._hold(layer, qweight)
         if not self.per_token and keeps_bf16_copy(model_dtype, qweight.data.device):
-            layer.qdense = pack_dense(quant_kernels.dequantize(qweight).to(torch.bfloat16))
             panels = getattr(layer, "qpanels", None)
-            layer.qdense_min_rows = BF16_COPY_MIN_ROWS_AMX if panels is not None and panels.amx else BF16_COPY_MIN_ROWS
+            on_amx = panels is not None and panels.amx
+            # The copy serves prefill-sized steps only where the AMX panels take the rest (see pack_dense).
+            layer.qdense = pack_dense(quant_kernels.dequantize(qweight).to(torch.bfloat16),
+                                      BF16_COPY_ROWS_HINT_AMX if on_amx else 1)
+            layer.qdense_min_rows = BF16_COPY_MIN_ROWS_AMX if on_amx else BF16_COPY_MIN_ROWS
         self._bind(layer)
 
     def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
