@@ -42,11 +42,10 @@ def load_flash_prefill(source: Path = PREFILL_SOURCE, on_amx: bool = False) -> o
     """``torch.ops.jido_cpu_prefill.flash_prefill`` (bf16 causal prefill on oneDNN's AVX-512 BF16 micro-kernels), or
     None: where oneDNN runs AMX, unless ``on_amx`` (PyTorch's SDPA measured faster there), or where the library
     cannot be built (with a warning)."""
-    if not load_ops_library("jido_cpu_prefill", source, "C++ prefill attention", "PyTorch's SDPA for prefill"):
+    ops = _prefill_ops(source)
+    if ops is None or (ops.amx() and not on_amx):
         return None
-    if torch.ops.jido_cpu_prefill.amx() and not on_amx:
-        return None
-    return _checked_prefill(torch.ops.jido_cpu_prefill.flash_prefill)
+    return _checked_prefill(ops.flash_prefill)
 
 
 @functools.cache
@@ -55,11 +54,17 @@ def load_tile_prefill(source: Path = PREFILL_SOURCE) -> object | None:
     cannot multiply AMX-BF16 tiles or the library cannot be built (with a warning). Where it runs it beats PyTorch's
     SDPA (Gemma 3 270M's 2,000-token layers: sliding 7.6 -> 3.6 ms, global 8.7 -> 6.4 ms;
     benchmarks/results/prefill-attention-2026-12-05-amx.md)."""
+    ops = _prefill_ops(source)
+    if ops is None or not ops.tiles():
+        return None
+    return _checked_prefill(ops.tile_prefill)
+
+
+def _prefill_ops(source: Path) -> object | None:
+    """``torch.ops.jido_cpu_prefill`` built from ``source``, or None (with a warning) if it cannot be built."""
     if not load_ops_library("jido_cpu_prefill", source, "C++ prefill attention", "PyTorch's SDPA for prefill"):
         return None
-    if not torch.ops.jido_cpu_prefill.tiles():
-        return None
-    return _checked_prefill(torch.ops.jido_cpu_prefill.tile_prefill)
+    return torch.ops.jido_cpu_prefill
 
 
 def _checked_prefill(kernel: Callable) -> Callable | None:

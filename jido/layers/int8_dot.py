@@ -222,9 +222,7 @@ def amx_gemm_linear(x: torch.Tensor, w: AmxGemmWeight, bias: torch.Tensor | None
     carry twice bf16's products per byte loaded (benchmarks/results/w8a8-amx-gemm-2026-12-05.md)."""
     if w.gated:
         raise ValueError("a gated packing runs through amx_gemm_gated")
-    ops = load_int8_dot_ops()
-    codes, x_scales = ops.quantize_per_token(x)
-    out = ops.amx_gemm(codes, x_scales, w.packed, w.scales, bias, w.shape[0], x.dtype == torch.bfloat16, -1)
+    out = _amx_gemm(x, w, bias, -1)
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
@@ -235,9 +233,14 @@ def amx_gemm_gated(x: torch.Tensor, w: AmxGemmWeight, act: int, bias: torch.Tens
     written and read back nor a second kernel."""
     if not w.gated or x.dtype != torch.bfloat16:
         raise ValueError("amx_gemm_gated takes a gated packing and bf16 x")
+    return _amx_gemm(x, w, bias, act)
+
+
+def _amx_gemm(x: torch.Tensor, w: AmxGemmWeight, bias: torch.Tensor | None, act: int) -> torch.Tensor:
+    """x rounded per token, times ``w`` on the tiles (``act`` -1: none), out in bf16 for bf16 x, else float32."""
     ops = load_int8_dot_ops()
     codes, x_scales = ops.quantize_per_token(x)
-    return ops.amx_gemm(codes, x_scales, w.packed, w.scales, bias, w.shape[0], True, act)
+    return ops.amx_gemm(codes, x_scales, w.packed, w.scales, bias, w.shape[0], x.dtype == torch.bfloat16, act)
 
 
 def int_mm_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

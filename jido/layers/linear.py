@@ -36,10 +36,11 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_method.apply(self, x, self.bias)
 
-    def gated(self, x: torch.Tensor, activation: str) -> torch.Tensor | None:
-        """``act(gate) * up`` of this merged gate/up layer's output, fused into the product where the method can
+    def gated(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``act(gate) * up`` of this merged gate/up layer's output (``gated_activation``, set by the model that
+        builds it), fused into the product where the method can
         (:meth:`~jido.layers.quantization.LinearMethod.apply_gated`), else None."""
-        return self.linear_method.apply_gated(self, x, activation, self.bias)
+        return self.linear_method.apply_gated(self, x, self.gated_activation, self.bias)
 
 
 class MergedLinear(Linear):

@@ -145,11 +145,13 @@ class QuantizedLinearMethod(LinearMethod):
 
     def apply_gated(self, layer: nn.Module, x: torch.Tensor, activation: str,
                     bias: torch.Tensor | None = None) -> torch.Tensor | None:
-        # w8a8 steps of many rows on AMX tiles, where the layer was packed gated (it told us its activation).
+        # w8a8 steps of many rows on AMX tiles, where the layer was packed gated (it told us its activation). The
+        # row count first: every decode step of every MLP asks, and leaves here.
+        if x.shape[0] < int8_dot.AMX_GEMM_MIN_ROWS or x.dtype != torch.bfloat16:
+            return None
         gemm = getattr(layer, "qgemm", None)
         act = fused_activation_code(activation)
-        if (gemm is None or not gemm.gated or act is None or x.dtype != torch.bfloat16
-                or x.shape[0] < int8_dot.AMX_GEMM_MIN_ROWS):
+        if gemm is None or not gemm.gated or act is None:
             return None
         return int8_dot.amx_gemm_gated(x, gemm, act, bias)
 

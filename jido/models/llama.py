@@ -80,11 +80,10 @@ class LlamaMLP(nn.Module):
         # Read by the linear method when it packs the loaded weight: it may fuse the activation into the product.
         self.gate_up_proj.gated_activation = config.hidden_act
         self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, quant_config=quant_config)
-        self.hidden_act = config.hidden_act
         self.act = get_gated_activation(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fused = self.gate_up_proj.gated(x, self.hidden_act)
+        fused = self.gate_up_proj.gated(x)
         return self.down_proj(fused if fused is not None else self.act(self.gate_up_proj(x)))
 
 
