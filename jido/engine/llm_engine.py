@@ -323,9 +323,9 @@ class LLMEngine:
         wait_s = self.core.get_scheduler_stats().admission_wait_s
         if wait_s > 0:
             time.sleep(wait_s)
-        now = time.monotonic()
         touched: dict[str, _Parent] = {}
         core_outputs = self.core.step()
+        now = time.monotonic()  # the tokens exist once the step has run: their time, and the first token's
         self.last_iteration_stats = core_outputs.iteration_stats
         for out in core_outputs.outputs:
             if self._warmups.is_warmup(out.req_id):

@@ -7,6 +7,7 @@ stop strings) must land on the same token whatever ``k`` is.
 """
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -112,3 +113,27 @@ def test_one_two_or_five_tokens_per_step_give_the_same_outputs(engines):
             expected = got
             assert [r[2] for r in got] == ["length", "stop", "stop", "stop", "stop", "length", "length"]
         assert got == expected, f"{k} tokens per step"
+
+
+class SlowExecutor(ScriptedExecutor):
+    """A scripted executor whose every step takes ``STEP_S`` seconds, like a model forward."""
+
+    STEP_S = 0.05
+
+    def execute_model(self, sched: SchedulerOutput, non_block: bool = False) -> ModelRunnerOutput | Future:
+        time.sleep(self.STEP_S)
+        return super().execute_model(sched, non_block)
+
+
+def test_first_token_time_is_stamped_after_the_step_that_made_the_token():
+    SlowExecutor.script = [5, 6, 7]
+    engine = LLMEngine(EngineConfig.from_kwargs(max_num_batched_tokens=64, dtype="float32"), executor_class=SlowExecutor)
+    engine.add_request("r", TEXT, SamplingParams(max_tokens=1, ignore_eos=True))
+    before = time.monotonic()
+    (output,) = engine.step()
+    after = time.monotonic()
+    scheduled, first = output.metrics["first_scheduled_time"], output.metrics["first_token_time"]
+    assert before <= scheduled <= first <= after
+    # The prefill step's model time lies between scheduling and the first token (what /metrics reports as
+    # vllm:request_prefill_time_seconds); it was once stamped before the step ran and came out negative.
+    assert first - scheduled >= SlowExecutor.STEP_S
