@@ -94,10 +94,3 @@ def load_draft_weights(module: nn.Module, folder: Path, device: torch.device, dt
             layer.prepare(int8 and device.type == "cpu")
     return module
 
-
-def full_vocab_logits(draft_logits: torch.Tensor, draft_vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Float32 logits over the whole vocabulary ``[rows, vocab_size]``: the draft's at its vocabulary's ids, -inf
-    elsewhere, so the sampler's filters and penalties see the ids the target's do."""
-    logits = torch.full((draft_logits.shape[0], vocab_size), float("-inf"), device=draft_logits.device)
-    logits[:, draft_vocab] = draft_logits.float()
-    return logits

@@ -9,10 +9,10 @@ import torch
 from jido.attention.backend import AttentionLayerSpec, StepAttentionMetadata
 from jido.config.speculative import SpeculativeConfig
 from jido.core.kv_cache_spec import KVCacheConfig, KVCacheSpec
-from jido.models.draft_layers import full_vocab_logits
 from jido.models.eagle import EagleDraft, load_eagle_draft
 from jido.runner.draft_kv import DraftKV
 from jido.runner.spec_decode import ProposalStep, ProposerContext, load_trained_draft
+from jido.sampling.draft_vocab import DraftVocab
 from jido.sampling.rejection_sampler import Drafts, sample_draft_chain
 
 
@@ -37,6 +37,7 @@ class EagleProposer:
         draft_arch = replace(arch, num_layers=1, sliding_windows=(None,), num_heads=c.num_heads,
                              num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, intermediate_size=c.intermediate_size)
         self.kv = DraftKV(context, draft_arch, 1)
+        self.vocab = DraftVocab(self.draft.draft_vocab, arch.vocab_size)
         self.spec = AttentionLayerSpec(num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
                                        scale=self.draft.scale, sliding_window=None, logit_softcap=None)
 
@@ -58,10 +59,6 @@ class EagleProposer:
             return Drafts.deterministic([[] for _ in sampled])
         md = step.batch.sampling.metadata(step.inputs.sampled_rows.tolist())
 
-        def logits_of(state: tuple[torch.Tensor, list[int]]) -> torch.Tensor:
-            return full_vocab_logits(self.draft.logits(state[0]), self.draft.draft_vocab,
-                                     self.context.model_arch.vocab_size)
-
         def advance(state: tuple[torch.Tensor, list[int]], ids: list[int]) -> tuple[torch.Tensor, list[int]]:
             # The next entry, at slot seq_len: the predicted hidden state with the token just proposed.
             features, seq_lens = state
@@ -69,7 +66,8 @@ class EagleProposer:
             return self._forward(torch.tensor(ids, device=features.device), features, seq_lens, [1] * len(ids),
                                  after, step.inputs.sampled_rows, step.batch.block_tables), after
 
-        return sample_draft_chain(self.context.sampler, md, k, first, logits_of, advance)
+        return sample_draft_chain(self.context.sampler, md, k, first, lambda state: self.draft.logits(state[0]),
+                                  advance, self.vocab)
 
     def _first_pass(self, step: ProposalStep) -> tuple[torch.Tensor, list[int]]:
         """Entries for the positions the target computed and kept this step; the features of each sampled

@@ -6,9 +6,9 @@ import torch
 
 from jido.config.speculative import SpeculativeConfig
 from jido.core.kv_cache_spec import KVCacheConfig, KVCacheSpec
-from jido.models.draft_layers import full_vocab_logits
 from jido.models.medusa import MedusaHeads, load_medusa_heads
 from jido.runner.spec_decode import ProposalStep, ProposerContext, load_trained_draft
+from jido.sampling.draft_vocab import DraftVocab
 from jido.sampling.rejection_sampler import Drafts, sample_draft_chain
 
 
@@ -28,6 +28,7 @@ class MedusaProposer:
         if not config.is_auto and config.max_num_speculative_tokens > c.num_heads:
             raise ValueError(f"num_speculative_tokens ({config.max_num_speculative_tokens}) exceeds the {c.num_heads} "
                              f"Medusa heads in {config.model}: each proposal needs a head of its own")
+        self.vocab = DraftVocab(self.heads.draft_vocab, context.model_arch.vocab_size)
 
     def kv_cache_spec(self, first_layer_id: int) -> dict[int, KVCacheSpec]:
         return {}  # heads on hidden states: no KV
@@ -47,13 +48,11 @@ class MedusaProposer:
             return Drafts.deterministic([[] for _ in inputs.sampled_req_ids])
         hidden = step.hidden[self._newest_rows(step)]
         md = step.batch.sampling.metadata(inputs.sampled_rows.tolist())
-        vocab_size = self.context.model_arch.vocab_size
 
         def logits_of(head: int) -> torch.Tensor:
-            return full_vocab_logits(self.heads.logits(self.heads.features(hidden, head)), self.heads.draft_vocab,
-                                     vocab_size)
+            return self.heads.logits(self.heads.features(hidden, head))
 
-        return sample_draft_chain(self.context.sampler, md, k, 0, logits_of, lambda head, ids: head + 1)
+        return sample_draft_chain(self.context.sampler, md, k, 0, logits_of, lambda head, ids: head + 1, self.vocab)
 
     @staticmethod
     def _newest_rows(step: ProposalStep) -> torch.Tensor:

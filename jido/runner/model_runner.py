@@ -316,8 +316,9 @@ class ModelRunner:
         model_done = time.perf_counter()
         if inputs.sampled_req_ids:  # else only prefill chunks that have not reached their prompts' ends
             rows = hidden[inputs.logits_indices]
-            metadata = None if self.spec_decoder is not None else batch.sampling.metadata(inputs.sampled_rows.tolist())
-            verified = None if metadata is None else self._greedy_tokens(rows, metadata)
+            metadata = self._row_metadata(inputs)
+            verified = self._greedy_tokens(rows, inputs, metadata)  # the LM head's time is the model's
+            model_done = time.perf_counter()
             if verified is None:
                 logits = self.model.compute_logits(rows)
                 model_done = time.perf_counter()
@@ -382,20 +383,32 @@ class ModelRunner:
             prepare_time_s=start - begin, model_time_s=model_done - start,
             sample_time_s=time.perf_counter() - model_done)
 
-    def _greedy_tokens(self, hidden: torch.Tensor, metadata: SamplingMetadata) -> VerifiedTokens | None:
-        """Each sampled row's argmax straight from the LM head's kernel (the rows' final hidden states), where every
-        row needs only that (``argmax_only``) and the model gives it; else None."""
+    def _row_metadata(self, inputs: ModelInputs) -> SamplingMetadata:
+        """The sampling settings of the rows at ``inputs.logits_indices`` (with speculation, one row per proposal
+        verified and one more per request)."""
+        if self.spec_decoder is not None:
+            return self.spec_decoder.metadata(inputs, self.input_batch)
+        return self.input_batch.sampling.metadata(inputs.sampled_rows.tolist())
+
+    def _greedy_tokens(self, hidden: torch.Tensor, inputs: ModelInputs,
+                       metadata: SamplingMetadata) -> VerifiedTokens | None:
+        """Each sampled request's new tokens from the rows' argmax straight from the LM head's kernel (the rows'
+        final hidden states), where every row needs only that (``argmax_only``) and the model gives it; else None.
+        With speculation, a step verifying K proposals then reads the head once for its K + 1 rows, as a plain step
+        does for its one, and makes no [K + 1, vocab] logits."""
         token_ids = self.model.greedy_token_ids(hidden) if metadata.argmax_only else None
         if token_ids is None:
             return None
+        if self.spec_decoder is not None:
+            return self.spec_decoder.verify_argmax(token_ids, inputs)
         ids = token_ids.tolist()
         return VerifiedTokens([[t] for t in ids], [[] for _ in ids])
 
-    def _sample(self, logits: torch.Tensor, inputs: ModelInputs, metadata: SamplingMetadata | None) -> VerifiedTokens:
+    def _sample(self, logits: torch.Tensor, inputs: ModelInputs, metadata: SamplingMetadata) -> VerifiedTokens:
         """Each sampled request's new tokens: one drawn by the sampler (with the rows' ``metadata``), or its verified
         proposals and one more."""
         if self.spec_decoder is not None:
-            return self.spec_decoder.verify(logits, inputs, self.input_batch)
+            return self.spec_decoder.verify(logits, inputs, metadata)
         token_ids, logprobs = self.sampler.sample(logits, metadata)
         return VerifiedTokens([[t] for t in token_ids], [[] if lp is None else [lp] for lp in logprobs])
 

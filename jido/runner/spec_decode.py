@@ -17,7 +17,7 @@ from jido.core.outputs import SchedulerOutput
 from jido.models.config import ModelArchConfig
 from jido.runner.input_batch import InputBatch, ModelInputs
 from jido.sampling.auto_k import AutoK
-from jido.sampling.metadata import shift_metadata
+from jido.sampling.metadata import SamplingMetadata, shift_metadata
 from jido.sampling.ngram_proposer import NgramProposer
 from jido.sampling.rejection_sampler import Drafts, RejectionSampler, VerifiedTokens
 from jido.sampling.sampler import Sampler
@@ -176,19 +176,33 @@ class SpecDecoder:
             self._draft_probs.pop(req_id, None)
             self._asked.pop(req_id, None)
 
-    def verify(self, logits: torch.Tensor, inputs: ModelInputs, batch: InputBatch) -> VerifiedTokens:
-        """The sampled requests' new tokens from ``logits`` at ``inputs.logits_indices`` (used up)."""
+    @staticmethod
+    def metadata(inputs: ModelInputs, batch: InputBatch) -> SamplingMetadata:
+        """The sampling settings of the rows at ``inputs.logits_indices``: row j of request i samples the position
+        after its first j proposals."""
         drafts = inputs.draft_token_ids
         md = batch.sampling.metadata(inputs.sampled_rows.tolist())
-        if any(drafts):
-            # Row j of request i samples the position after its first j proposals.
-            sources = np.repeat(np.arange(len(drafts)), [len(d) + 1 for d in drafts]).tolist()
-            md = shift_metadata(md, sources, [d[:j] for d in drafts for j in range(len(d) + 1)])
+        if not any(drafts):
+            return md
+        sources = np.repeat(np.arange(len(drafts)), [len(d) + 1 for d in drafts]).tolist()
+        return shift_metadata(md, sources, [d[:j] for d in drafts for j in range(len(d) + 1)])
+
+    def verify(self, logits: torch.Tensor, inputs: ModelInputs, md: SamplingMetadata) -> VerifiedTokens:
+        """The sampled requests' new tokens from ``logits`` at ``inputs.logits_indices`` (used up), whose rows'
+        settings are ``md`` (:meth:`metadata`)."""
+        return self.rejection.verify(logits, md, self._drafts(inputs))
+
+    def verify_argmax(self, token_ids: torch.Tensor, inputs: ModelInputs) -> VerifiedTokens:
+        """:meth:`verify` for rows that need only the target's argmax (``md.argmax_only``), given as ``token_ids``."""
+        return self.rejection.verify_argmax(token_ids, self._drafts(inputs))
+
+    def _drafts(self, inputs: ModelInputs) -> Drafts:
+        """The proposals the step verifies, with the distributions they were drawn from (kept since they were)."""
         probs = []
-        for req_id, ids in zip(inputs.sampled_req_ids, drafts):
+        for req_id, ids in zip(inputs.sampled_req_ids, inputs.draft_token_ids):
             q = self._draft_probs.pop(req_id, None)
             probs.append(None if q is None or not ids else q[:len(ids)])
-        return self.rejection.verify(logits, md, Drafts(drafts, probs))
+        return Drafts(inputs.draft_token_ids, probs)
 
     def propose(self, sched: SchedulerOutput, inputs: ModelInputs, batch: InputBatch, hidden: torch.Tensor,
                 verified: VerifiedTokens, model_s: float) -> dict[str, list[int]]:

@@ -8,6 +8,7 @@ from typing import NamedTuple, TypeVar
 import torch
 
 from jido.core.outputs import Logprobs
+from jido.sampling.draft_vocab import DraftVocab
 from jido.sampling.filters import filtered_probs
 from jido.sampling.metadata import SamplingMetadata, shift_metadata
 from jido.sampling.sampler import (Sampler, apply_constraints, argmax, exponential_noise, logprobs_of, raw_logprobs,
@@ -71,8 +72,7 @@ class RejectionSampler:
         stochastic = self._stochastic_rows(drafts, md, starts)
         p = _normalized_probs(logits[stochastic.rows], md, stochastic.rows) if stochastic else None
         emitted = self.sampler.choose(logits, md)
-        proposed = torch.tensor([t for ids in drafts.token_ids for t in ids + [-1]], dtype=torch.long)
-        accepted = emitted.cpu() == proposed
+        accepted = emitted.cpu() == _proposed(drafts)
         if stochastic:
             held, replacement = self._accept_or_replace(p, stochastic, md, emitted[stochastic.rows].cpu())
             accepted[stochastic.rows] = held
@@ -81,6 +81,13 @@ class RejectionSampler:
         emitted_list = emitted.tolist()
         logprobs = logprobs_of(raw, emitted, emitted_list, md)
         return _assemble(drafts.token_ids, starts, accepted.tolist(), emitted_list, logprobs)
+
+    def verify_argmax(self, token_ids: torch.Tensor, drafts: Drafts) -> VerifiedTokens:
+        """:meth:`verify` where every row needs only the target's argmax (greedy, no penalties, bans or logprobs:
+        ``md.argmax_only``), given as ``token_ids`` ([R]): each proposal holds while it is the target's token."""
+        emitted = token_ids.cpu()
+        return _assemble(drafts.token_ids, _row_starts(drafts.token_ids), (emitted == _proposed(drafts)).tolist(),
+                         emitted.tolist(), [None] * emitted.numel())
 
     def _stochastic_rows(self, drafts: Drafts, md: SamplingMetadata, starts: list[int]) -> _StochasticRows | None:
         """The rows whose proposal came with a distribution q and that sample randomly (greedy rows compare)."""
@@ -141,13 +148,19 @@ class _StochasticRows:
     q: torch.Tensor  # [Q, vocab] their proposers' distributions
 
 
-def sample_draft(sampler: Sampler, logits: torch.Tensor, md: SamplingMetadata) -> tuple[list[int], torch.Tensor | None]:
-    """A proposer's tokens drawn from its own logits ([B, vocab], used up), and q for the random rows.
+def sample_draft(sampler: Sampler, logits: torch.Tensor, md: SamplingMetadata,
+                 vocab: DraftVocab | None = None) -> tuple[list[int], torch.Tensor | None]:
+    """A proposer's tokens drawn from its own logits ([B, vocab], used up; over ``vocab``'s ids where given), and
+    q for the random rows.
 
     Greedy rows take the argmax (a point mass: their q rows are meaningless and the caller keeps none);
     a seeded row draws from its own ``DRAFT_STREAM``, so the proposal is reproducible and independent of
     the target's draws.
     """
+    if vocab is not None:
+        if md.all_greedy and md.no_penalties and not md.banned_rows:
+            return vocab.greedy_ids(logits).tolist(), None  # nothing else reads the logits: no full rows
+        logits = vocab.full_logits(logits)
     apply_constraints(logits, md)
     greedy_ids = argmax(logits)
     if md.all_greedy:
@@ -170,15 +183,15 @@ def sample_draft(sampler: Sampler, logits: torch.Tensor, md: SamplingMetadata) -
 
 def sample_draft_chain(sampler: Sampler, md: SamplingMetadata, k: int, state: State,
                        logits_of: Callable[[State], torch.Tensor],
-                       advance: Callable[[State, list[int]], State]) -> Drafts:
+                       advance: Callable[[State, list[int]], State], vocab: DraftVocab | None = None) -> Drafts:
     """``k`` proposals per row of ``md``, each drawn (:func:`sample_draft`) after the ones before it: a proposer's
-    ``state`` gives the logits of the next position (``logits_of``) and moves on past each row's new token
-    (``advance``). Greedy rows keep no q."""
+    ``state`` gives the logits of the next position (``logits_of``; over ``vocab``'s ids where given) and moves on
+    past each row's new token (``advance``). Greedy rows keep no q."""
     rows = list(range(md.num_rows))
     tokens: list[list[int]] = [[] for _ in rows]
     probs: list[list[torch.Tensor]] = [[] for _ in rows]
     for j in range(k):
-        ids, q = sample_draft(sampler, logits_of(state), shift_metadata(md, rows, tokens))
+        ids, q = sample_draft(sampler, logits_of(state), shift_metadata(md, rows, tokens), vocab)
         for i, token_id in enumerate(ids):
             tokens[i].append(token_id)
             if q is not None:
@@ -223,6 +236,11 @@ def _row_starts(draft_token_ids: list[list[int]]) -> list[int]:
         starts.append(start)
         start += len(ids) + 1
     return starts
+
+
+def _proposed(drafts: Drafts) -> torch.Tensor:
+    """Per verified row, the proposal it checks (-1 on each request's last row, which only samples)."""
+    return torch.tensor([t for ids in drafts.token_ids for t in ids + [-1]], dtype=torch.long)
 
 
 def _assemble(draft_token_ids: list[list[int]], starts: list[int], accepted: list[bool], emitted: list[int],

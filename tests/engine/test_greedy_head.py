@@ -13,11 +13,18 @@ pytestmark = pytest.mark.skipif(not int8_dot.amx_runs(), reason="the head's argm
 PROMPTS = [[BOS_ID, 5 + i, 9, 17 + 2 * i, 40 - i] for i in range(5)]
 
 
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+
+
 @pytest.fixture(scope="module")
-def quantized_llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
-    folder = write_tiny_model_folder(tmp_path_factory.mktemp("greedy-head"), weight_scale=0.2,
-                                     final_logit_softcapping=None)
-    return LLM(model=str(folder), quantization="int8", dtype="float32", kv_cache_memory="16MiB")
+def quantized_folder(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(write_tiny_model_folder(tmp_path_factory.mktemp("greedy-head"), weight_scale=0.2,
+                                       final_logit_softcapping=None))
+
+
+@pytest.fixture(scope="module")
+def quantized_llm(quantized_folder: str) -> LLM:
+    return LLM(model=quantized_folder, quantization="int8", dtype="float32", kv_cache_memory="16MiB")
 
 
 def _generate(llm: LLM, params: SamplingParams, fused: bool) -> tuple[list[list[int]], list[int]]:
@@ -52,3 +59,15 @@ def test_steps_with_logprobs_or_penalties_make_the_logits(quantized_llm: LLM) ->
                    SamplingParams(temperature=0, max_tokens=4, repetition_penalty=1.3)):
         _, calls = _generate(quantized_llm, params, fused=True)
         assert calls == []
+
+
+def test_speculative_steps_verify_on_the_head_kernels_argmax_with_the_plain_tokens(quantized_llm: LLM,
+                                                                                   quantized_folder: str) -> None:
+    spec_llm = LLM(model=quantized_folder, quantization="int8", dtype="float32", kv_cache_memory="16MiB",
+                   speculative_config=NGRAM)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    ours, calls = _generate(spec_llm, params, fused=True)
+    expected, _ = _generate(quantized_llm, params, fused=False)
+    assert ours == expected
+    # Steps that verified proposals (more rows than requests) took their tokens from the kernel.
+    assert calls and max(calls) > len(PROMPTS)
