@@ -317,11 +317,10 @@ class ModelRunner:
         if inputs.sampled_req_ids:  # else only prefill chunks that have not reached their prompts' ends
             rows = hidden[inputs.logits_indices]
             metadata = self._row_metadata(inputs)
-            verified = self._greedy_tokens(rows, inputs, metadata)  # the LM head's time is the model's
-            model_done = time.perf_counter()
-            if verified is None:
-                logits = self.model.compute_logits(rows)
-                model_done = time.perf_counter()
+            verified = self._greedy_tokens(rows, inputs, metadata)
+            logits = None if verified is not None else self.model.compute_logits(rows)
+            model_done = time.perf_counter()  # the LM head, kernel or logits, is the model's time
+            if logits is not None:
                 verified = self._sample(logits, inputs, metadata)
             batch.append_sampled(inputs.sampled_rows, verified.token_ids)
         sample_done = time.perf_counter()

@@ -87,10 +87,15 @@ class SamplingMetadata:
         return self.penalty_rows is None
 
     @property
+    def plain_greedy(self) -> bool:
+        """Whether each row's token is the argmax of its logits as they come: greedy rows, no penalties, no bans."""
+        return self.all_greedy and self.no_penalties and not self.banned_rows
+
+    @property
     def argmax_only(self) -> bool:
-        """Whether each row's token is its logits' argmax and nothing else reads them: greedy rows, no penalties, no
-        bans, no logprobs (the sampler then needs no logits: see ``Model.greedy_token_ids``)."""
-        return self.all_greedy and self.no_penalties and not self.banned_rows and self.max_num_logprobs is None
+        """Whether each row's token is its logits' argmax and nothing else reads them: ``plain_greedy`` and no
+        logprobs (the sampler then needs no logits: see ``Model.greedy_token_ids``)."""
+        return self.plain_greedy and self.max_num_logprobs is None
 
 
 # The per-row tensors of SamplingMetadata, which a shifted copy gathers row by row.

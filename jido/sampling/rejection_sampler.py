@@ -158,8 +158,8 @@ def sample_draft(sampler: Sampler, logits: torch.Tensor, md: SamplingMetadata,
     the target's draws.
     """
     if vocab is not None:
-        if md.all_greedy and md.no_penalties and not md.banned_rows:
-            return vocab.greedy_ids(logits).tolist(), None  # nothing else reads the logits: no full rows
+        if md.plain_greedy:  # a proposal reports no logprobs: nothing else reads the logits, so no full rows
+            return vocab.greedy_ids(logits).tolist(), None
         logits = vocab.full_logits(logits)
     apply_constraints(logits, md)
     greedy_ids = argmax(logits)
