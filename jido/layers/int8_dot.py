@@ -142,11 +142,6 @@ def amx_runs() -> bool:
     return ops is not None and bool(ops.amx_supported())
 
 
-def prefers_panels(num_rows: int) -> bool:
-    """Whether a step of ``num_rows`` rows runs on a weight's prepacked panels rather than the rows kernel."""
-    return num_rows >= PREPACKED_MIN_ROWS
-
-
 def pack_panels(w: QuantizedWeight, per_token: bool = False, amx: bool | None = None) -> PackedPanels:
     """``w``'s panels packed once, for :func:`panel_linear` with the same ``per_token``: for the AMX tile kernel
     where it runs (``amx`` None: :func:`amx_runs`), else for the vector one."""

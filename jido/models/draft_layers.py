@@ -15,16 +15,20 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from jido.layers import int8_dot
 from jido.layers.quant_kernels import QuantizedWeight
 from jido.layers.quantization import LinearMethod, UnquantizedLinearMethod
 from jido.layers.quantized_linear import QuantizedLinearMethod
+from jido.layers.rms_norm import load_norm_ops
 
 CONFIG_FILE, WEIGHTS_FILE = "draft_config.json", "draft.safetensors"
 INT8_GROUP = 32
 
 
 class DraftNorm(nn.Module):
-    """RMSNorm ``w * x`` in plain autograd ops (jido's fused kernel has no backward)."""
+    """RMSNorm ``w * x``: in plain autograd ops while training (jido's fused kernel has no backward), on that kernel
+    when proposing on a CPU (``F.rms_norm`` runs there as ~10 ATen ops: 35 us of a one-row norm in a proposal's
+    ~1 ms, against ~4 us)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -32,6 +36,10 @@ class DraftNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cpu and not torch.is_grad_enabled() and x.dtype == self.weight.dtype and x.dim() == 2:
+            ops = load_norm_ops()
+            if ops is not None:
+                return ops.rms_norm(x, self.weight, self.eps, None)
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
@@ -39,8 +47,8 @@ class DraftLinear(nn.Linear):
     """``nn.Linear`` for training; for proposing, its weight held by one of jido's linear methods (:meth:`prepare`).
 
     Dense: oneDNN's blocked copy (plain ``F.linear`` of one row ran at ~4 GB/s here). int8: jido's int8 codes in
-    groups of 32, as ``--quantization int8``, on the int8 dot kernels with panels for steps of two rows or more:
-    a quarter of the bytes a proposal reads.
+    groups of 32, as ``--quantization int8``, on the int8 dot kernels with panels for steps of two rows or more
+    (from one row where they run on AMX tiles): a quarter of the bytes a proposal reads.
     """
 
     linear_method: LinearMethod | None = None
@@ -50,8 +58,17 @@ class DraftLinear(nn.Linear):
         return super().forward(x) if self.linear_method is None else self.linear_method.apply(self, x, self.bias)
 
     def prepare(self, int8: bool) -> None:
-        self.linear_method = QuantizedLinearMethod(bits=8, group_size=INT8_GROUP) if int8 else UnquantizedLinearMethod()
+        if int8:
+            panel_min_rows = 1 if int8_dot.amx_runs() else int8_dot.PREPACKED_MIN_ROWS
+            self.linear_method = QuantizedLinearMethod(bits=8, group_size=INT8_GROUP, panel_min_rows=panel_min_rows)
+        else:
+            self.linear_method = UnquantizedLinearMethod()
         self.linear_method.process_weights_after_loading(self)
+
+    def argmax_columns(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Each row's argmax column of ``self(x)`` ([rows] int64) where the linear method's kernel gives it without
+        the outputs (``LinearMethod.greedy_token_ids``), else None."""
+        return None if self.linear_method is None else self.linear_method.greedy_token_ids(self, x)
 
 
 def softcapped(logits: torch.Tensor, cap: float | None) -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from jido.layers.activation import get_gated_activation
-from jido.layers.rotary import RotaryEmbedding, apply_rotary
+from jido.layers.rotary import RotaryEmbedding, apply_rotary, norm_and_rotate_qk
 from jido.models.draft_layers import (DraftLinear, DraftNorm, load_draft_weights, read_draft_config, save_draft,
                                       softcapped)
 # q, k, v: [tokens, heads * head_dim] -> attention output [tokens, num_heads * head_dim]
@@ -89,9 +89,14 @@ class EagleDraft(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The residual stream and rotated q, k, v of entries (``embeds``: of the token after each hidden state)."""
         x = self.fc(torch.cat([self.embed_norm(embeds), self.hidden_norm(hidden)], dim=-1))
-        q, k, v = self.qkv_proj(self.input_norm(x)).split(self.sizes, dim=-1)
+        qkv = self.qkv_proj(self.input_norm(x))
         num, head_dim = x.shape[0], self.config.head_dim
         cos, sin = self.rope(positions, int(positions.max()) + 1 if positions.numel() else 1)
+        q_size, kv_size, _ = self.sizes
+        if not torch.is_grad_enabled():  # proposing: rotated in place by one kernel call (it has no backward)
+            q, k = norm_and_rotate_qk(qkv, q_size, kv_size, head_dim, cos, sin)
+            return x, q, k, qkv[:, q_size + kv_size:]
+        q, k, v = qkv.split(self.sizes, dim=-1)
         q = apply_rotary(q.reshape(num, -1, head_dim), cos, sin).reshape(num, -1)
         k = apply_rotary(k.reshape(num, -1, head_dim), cos, sin).reshape(num, -1)
         return x, q, k, v
@@ -110,6 +115,15 @@ class EagleDraft(nn.Module):
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary ``[rows, draft_vocab_size]``, soft-capped as the target's."""
         return softcapped(self.lm_head(features), self.config.final_logit_softcapping)
+
+    def argmax_columns(self, features: torch.Tensor) -> torch.Tensor | None:
+        """Each row's argmax column of :meth:`logits` ([rows] int64) from the head's kernel, without the logits, where
+        it gives one (the AMX panels); None where it does not or the logits are soft-capped (capped values may tie
+        where the raw ones do not). It reads the logits in float32 where :meth:`logits` rounds them to the model's
+        dtype first, so near-ties can break the other way: a proposal either way, verified by the target."""
+        if self.config.final_logit_softcapping is not None:
+            return None
+        return self.lm_head.argmax_columns(features)
 
     def save(self, folder: Path, training: dict[str, Any] | None = None) -> None:
         """Write the config (with ``training``: what trained it) and the weights to ``folder``."""

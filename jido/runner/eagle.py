@@ -66,8 +66,12 @@ class EagleProposer:
             return self._forward(torch.tensor(ids, device=features.device), features, seq_lens, [1] * len(ids),
                                  after, step.inputs.sampled_rows, step.batch.block_tables), after
 
+        def greedy(state: tuple[torch.Tensor, list[int]]) -> torch.Tensor | None:
+            columns = self.draft.argmax_columns(state[0])
+            return None if columns is None else self.vocab.ids[columns]
+
         return sample_draft_chain(self.context.sampler, md, k, first, lambda state: self.draft.logits(state[0]),
-                                  advance, self.vocab)
+                                  advance, self.vocab, greedy)
 
     def _first_pass(self, step: ProposalStep) -> tuple[torch.Tensor, list[int]]:
         """Entries for the positions the target computed and kept this step; the features of each sampled

@@ -183,10 +183,16 @@ def sample_draft(sampler: Sampler, logits: torch.Tensor, md: SamplingMetadata,
 
 def sample_draft_chain(sampler: Sampler, md: SamplingMetadata, k: int, state: State,
                        logits_of: Callable[[State], torch.Tensor],
-                       advance: Callable[[State, list[int]], State], vocab: DraftVocab | None = None) -> Drafts:
+                       advance: Callable[[State, list[int]], State], vocab: DraftVocab | None = None,
+                       greedy_of: Callable[[State], torch.Tensor | None] | None = None) -> Drafts:
     """``k`` proposals per row of ``md``, each drawn (:func:`sample_draft`) after the ones before it: a proposer's
     ``state`` gives the logits of the next position (``logits_of``; over ``vocab``'s ids where given) and moves on
-    past each row's new token (``advance``). Greedy rows keep no q."""
+    past each row's new token (``advance``). Greedy rows keep no q.
+
+    ``greedy_of`` gives the next position's argmax token ids ([B] int64) straight from the proposer's kernel,
+    without logits, where it can (else None): taken where every row is plain greedy."""
+    if md.plain_greedy:
+        return _greedy_chain(sampler, md, k, state, logits_of, advance, vocab, greedy_of)
     rows = list(range(md.num_rows))
     tokens: list[list[int]] = [[] for _ in rows]
     probs: list[list[torch.Tensor]] = [[] for _ in rows]
@@ -200,6 +206,23 @@ def sample_draft_chain(sampler: Sampler, md: SamplingMetadata, k: int, state: St
             state = advance(state, ids)
     greedy = (md.temperature == 0).tolist()
     return Drafts(tokens, [None if greedy[i] or not probs[i] else torch.stack(probs[i]) for i in rows])
+
+
+def _greedy_chain(sampler: Sampler, md: SamplingMetadata, k: int, state: State,
+                  logits_of: Callable[[State], torch.Tensor], advance: Callable[[State, list[int]], State],
+                  vocab: DraftVocab | None, greedy_of: Callable[[State], torch.Tensor | None] | None) -> Drafts:
+    """:func:`sample_draft_chain` for plain greedy rows (no penalties, no bans): each proposal is its position's
+    argmax, which no earlier proposal changes (output positions only move past bans), so ``md`` serves every
+    position unshifted (shifting it cost ~0.1 ms a proposal)."""
+    tokens: list[list[int]] = [[] for _ in range(md.num_rows)]
+    for j in range(k):
+        ids = greedy_of(state) if greedy_of is not None else None
+        new = ids.tolist() if ids is not None else sample_draft(sampler, logits_of(state), md, vocab)[0]
+        for row, token_id in zip(tokens, new):
+            row.append(token_id)
+        if j + 1 < k:
+            state = advance(state, new)
+    return Drafts(tokens, [None] * md.num_rows)
 
 
 def _residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

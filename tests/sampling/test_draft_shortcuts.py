@@ -10,7 +10,7 @@ from jido.core.sampling_params import SamplingParams
 from jido.sampling.batch import SamplingBatch
 from jido.sampling.draft_vocab import DraftVocab
 from jido.sampling.metadata import SamplingMetadata, shift_metadata
-from jido.sampling.rejection_sampler import Drafts, RejectionSampler, sample_draft
+from jido.sampling.rejection_sampler import Drafts, RejectionSampler, sample_draft, sample_draft_chain
 from jido.sampling.sampler import Sampler, argmax
 
 VOCAB_SIZE, DRAFT_SIZE, ROWS = 4096, 300, 64
@@ -106,3 +106,43 @@ def test_verifying_on_the_targets_argmax_accepts_and_emits_what_verifying_on_its
     assert ours == expected
     assert [len(t) for t in ours.token_ids] != [n + 1 for n in lengths]  # some proposals were rejected
     assert any(len(t) > 1 for t in ours.token_ids)  # and some held
+
+
+class _ChainProposer:
+    """A proposer whose next logits depend on every token proposed before them in its row (a hash of the chain)."""
+
+    def __init__(self, rows: int, kernel: bool) -> None:
+        self.rows, self.kernel, self.logits_calls = rows, kernel, 0
+
+    def logits_of(self, chains: list[list[int]]) -> torch.Tensor:
+        self.logits_calls += 1
+        seeds = [hash(tuple(c)) % 2**31 for c in chains]
+        return torch.stack([torch.randn(DRAFT_SIZE, generator=torch.Generator().manual_seed(s)) for s in seeds])
+
+    def greedy_of(self, chains: list[list[int]]) -> torch.Tensor | None:
+        if not self.kernel:
+            return None
+        columns = torch.stack([torch.randn(DRAFT_SIZE, generator=torch.Generator().manual_seed(
+            hash(tuple(c)) % 2**31)) for c in chains]).argmax(dim=-1)
+        return _vocab(4).ids[columns]
+
+    @staticmethod
+    def advance(chains: list[list[int]], ids: list[int]) -> list[list[int]]:
+        return [c + [t] for c, t in zip(chains, ids)]
+
+
+@pytest.mark.parametrize("kernel", [False, True], ids=["from the logits", "from the proposer's argmax kernel"])
+def test_a_greedy_chain_proposes_each_positions_argmax_after_the_proposals_before_it(kernel):
+    vocab, rows, k = _vocab(4), 3, 4
+    md = _metadata([SamplingParams(temperature=0)] * rows)
+    proposer = _ChainProposer(rows, kernel)
+    drafts = sample_draft_chain(Sampler(0), md, k, [[r] for r in range(rows)], proposer.logits_of, proposer.advance,
+                                vocab, proposer.greedy_of)
+    chains = [[r] for r in range(rows)]  # one position at a time, as the general path draws them
+    for j in range(k):
+        logits = _ChainProposer(rows, False).logits_of(chains)
+        ids, _ = sample_draft(Sampler(0), logits, shift_metadata(md, list(range(rows)), [c[1:] for c in chains]), vocab)
+        chains = [c + [t] for c, t in zip(chains, ids)]
+    assert drafts.token_ids == [c[1:] for c in chains] and drafts.probs == [None] * rows
+    assert proposer.logits_calls == (0 if kernel else k)
+    assert len({tuple(t) for t in drafts.token_ids}) > 1
