@@ -14,10 +14,9 @@ depend on what else is in its step.
 Two C++ kernels (``csrc/int8_dot.cpp``) share that rounding: the rows kernel streams the weight in place for a
 few rows of x, the panel kernel repacks 8 weight rows at a time into a scratch panel that serves every row of
 x (from :data:`PANEL_MIN_ROWS` rows). A model's layers pack their panels once at load (:class:`PackedPanels`,
-:func:`panel_linear`) and run every step of :func:`prepacked_min_rows` rows or more on them; shorter steps (one-row
-decode; with AMX, verify steps of up to 4 rows too) stay on the rows kernel, which gives each row of x the bits it
-gets alone. A row's output on the panels is the same in any step, and differs from its rows-kernel result by
-float32 sums in another order. Each kernel holds an AVX2 and an AVX-512 VNNI version;
+:func:`panel_linear`) and run every step of :data:`PREPACKED_MIN_ROWS` rows or more on them; one-row decode
+stays on the rows kernel. A row's output is then the same in any step of two rows or more, and differs from
+its one-row result by float32 sums in another order. Each kernel holds an AVX2 and an AVX-512 VNNI version;
 :func:`dot_isa` picks one by the CPU's flags. On CPUs with AMX-INT8 the prepacked panels hold 16 weight rows for the
 tile units instead (:func:`amx_runs`): the same integer sums and float operations, so the same bits.
 """
@@ -40,15 +39,12 @@ BLOCK = 32  # columns of x per scale
 ISAS = ("avx2", "avx512_vnni")
 # From this many rows of x on, the panel kernel (below it, the rows kernel) when the panels are packed per call.
 PANEL_MIN_ROWS = 8
-# Prepacked panels (PackedPanels) serve every step of at least this many rows where they do not run on AMX tiles
-# (see prepacked_min_rows). One row stays on the rows kernel: measured on Gemma 3 270M's GGUF (AVX2 EPYC; the C++
-# kernels then ran on one thread, see jido/utils/cpp_build.py), a decode step of one row took 38.8 ms with it and
-# 46.7 ms with the layers on panels (their int4 codes are bytes there: twice the memory read), the LM head alone
-# 14.0 against 18.2 ms; from two rows on, panels won every shape (LM head at 4 rows: 19.5 against 43.4 ms; the rows
-# kernel then read each weight row once per row of x, before it paired weight rows for up to 4 of them).
+# Prepacked panels (PackedPanels) serve every step of at least this many rows. One row stays on the rows kernel:
+# measured on Gemma 3 270M's GGUF (AVX2 EPYC; the C++ kernels then ran on one thread, see jido/utils/cpp_build.py),
+# a decode step of one row took 38.8 ms with it and 46.7 ms with the layers on panels (their int4 codes are bytes
+# there: twice the memory read), the LM head alone 14.0 against 18.2 ms; from two rows on, panels won every shape
+# (LM head at 4 rows: 19.5 against 43.4 ms).
 PREPACKED_MIN_ROWS = 2
-# Where the panels run on AMX tiles, steps of up to 4 rows stay on the rows kernels (prepacked_min_rows).
-PREPACKED_MIN_ROWS_AMX = 5
 # w8a8 steps of this many rows or more run as one int8 GEMM (int_mm_linear) rather than on the panels. Measured on
 # Gemma 3 270M's shapes (2-core Zen 4, AVX-512 VNNI, medians of 3 interleaved rounds): at 64 rows gate_up 4096 x 640
 # took 0.64 against 0.86 ms on the panels, o_proj 0.24 against 0.29, down 0.55 against 0.54; at 2,000 rows 17.6
@@ -144,22 +140,6 @@ def amx_runs() -> bool:
     16-row decode step 31.9 against 44.9 ms (benchmarks/results/amx-panels-2026-12-04.md)."""
     ops = load_int8_dot_ops()
     return ops is not None and bool(ops.amx_supported())
-
-
-def prepacked_min_rows() -> int:
-    """The fewest rows of x a model's step runs on its layers' prepacked panels. Shorter steps run on the rows
-    kernels (a layer's five-bit rows where it keeps them), which read the codes as stored, each pair of weight rows
-    once for up to 4 rows of x, and give every row of x the bits it gets alone.
-
-    Where the panels run on AMX tiles, steps of up to 4 rows (a batch-1 verify step of K <= 3) take the rows kernels.
-    Measured there on Gemma 3 270M's GGUF (EAGLE verify steps of 3 rows, 6 prompts x 96 tokens, per step): 19.6 ms
-    of model time with every layer on the panels (which hold Q5_0 and Q4_K codes in bytes), 18.3-18.7 with the
-    five-bit layers (q/k/v, gate/up) on five-bit rows, 18.8-19.0 with every layer on the rows kernels; the last
-    gives a verify step's rows the bits a one-row decode step gives them, so greedy text with speculation is the
-    plain text (it was not, on 5 of those 6 prompts). Three streams decoded at 156-169 tok/s either way. Elsewhere
-    from :data:`PREPACKED_MIN_ROWS`.
-    """
-    return PREPACKED_MIN_ROWS_AMX if amx_runs() else PREPACKED_MIN_ROWS
 
 
 def pack_panels(w: QuantizedWeight, per_token: bool = False, amx: bool | None = None) -> PackedPanels:
@@ -326,8 +306,8 @@ def pack_five_bits(w: QuantizedWeight) -> FiveBitRows:
 
 def five_bit_linear(x: torch.Tensor, rows: FiveBitRows, bias: torch.Tensor | None = None,
                     per_token: bool = False) -> torch.Tensor:
-    """``x w^T (+ bias)`` on :class:`FiveBitRows`: each row of x, bit for bit, what ``int8_dot_linear`` gives it alone
-    on the weight's int8 codes, reading 0.625 of their bytes; up to 4 rows of x share each pass over the weight."""
+    """``x w^T (+ bias)`` for one row of x on :class:`FiveBitRows`: bit for bit what ``int8_dot_linear`` gives on the
+    weight's int8 codes, reading 0.625 of their bytes."""
     return load_int8_dot_ops().five_bit_linear(x, rows.data, rows.scales, rows.mins, rows.group_size, rows.shape[1],
                                                bias, _isa_index(), 0 if per_token else BLOCK)
 

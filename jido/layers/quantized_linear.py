@@ -99,26 +99,20 @@ class QuantizedLinearMethod(LinearMethod):
 
     ``bits`` None keeps checkpoint codes as they are (``gguf``); 8 or 4 quantizes a float weight at load.
     ``per_token`` rounds x once per row (``w8a8``) instead of per block of 32.
-    ``panel_min_rows``: steps of this many rows or more run on the prepacked panels, shorter ones on the rows kernels
-    (None: a model's, ``int8_dot.prepacked_min_rows()``). A draft takes the panels from one row: its codes are int8
-    (the panels hold them at the same bytes), and on AMX tiles its one-row layers ran in 0.6-0.8x the rows kernel's
-    time (EAGLE's 16,384-row head 236 against 268 us, its gate/up 44 against 81 us, weights in cache).
+    ``panel_min_rows``: steps of this many rows or more run on the prepacked panels; a model's one-row decode stays
+    on the rows kernel (see ``int8_dot.PREPACKED_MIN_ROWS``). A draft takes
+    the panels from one row: its codes are int8 (the panels hold them at the same bytes), and on AMX tiles its
+    one-row layers ran in 0.6-0.8x the rows kernel's time (EAGLE's 16,384-row head 236 against 268 us, its gate/up
+    44 against 81 us, weights in cache).
     """
 
     def __init__(self, bits: int | None, group_size: int | None, per_token: bool = False,
-                 panel_min_rows: int | None = None) -> None:
+                 panel_min_rows: int = int8_dot.PREPACKED_MIN_ROWS) -> None:
         self.bits = bits
         self.group_size = group_size
         self.per_token = per_token
-        self._panel_min_rows = panel_min_rows
+        self.panel_min_rows = panel_min_rows
         self.dense = UnquantizedLinearMethod()
-
-    @property
-    def panel_min_rows(self) -> int:
-        # Settled when first asked (at load): a method is made before the int8 kernels are built.
-        if self._panel_min_rows is None:
-            self._panel_min_rows = int8_dot.prepacked_min_rows()
-        return self._panel_min_rows
 
     def create_weights(
         self, layer: nn.Module, in_features: int, out_features: int, weight_loader: WeightLoader
@@ -141,7 +135,7 @@ class QuantizedLinearMethod(LinearMethod):
         if panels is not None and x.shape[0] >= self.panel_min_rows:
             return int8_dot.panel_linear(x, panels, bias)
         five = getattr(layer, "qfive", None)
-        if five is not None:
+        if five is not None and x.shape[0] == 1:
             return int8_dot.five_bit_linear(x, five, bias, self.per_token)
         if int8_dot.runs(qweight):
             return int8_dot.int8_dot_linear(x, qweight, bias, self.per_token)
@@ -169,8 +163,8 @@ class QuantizedLinearMethod(LinearMethod):
         return int8_dot.amx_gemm_gated(x, gemm, act, bias)
 
     def greedy_token_ids(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
-        # Where the head's panels run on AMX tiles, at any number of rows: a one-row greedy step then takes the same
-        # sums as a verify step's rows (a step of the model, 0.2-0.5 ms faster than the rows kernel's logits).
+        # Where the head's panels run on AMX tiles, at any number of rows: a one-row greedy step then sums as a verify
+        # step's rows do, and skips the rows kernel's logits (the sampler's part of a step 0.42 -> 0.22 ms).
         panels = getattr(layer, "qpanels", None)
         if panels is None or not panels.amx:
             return None
@@ -207,8 +201,8 @@ class QuantizedLinearMethod(LinearMethod):
         """Drop the checkpoint's float weight for ``qweight`` (an embedding keeps gathering in its dtype from it),
         and where the panel kernel runs keep its panels packed beside it (int8_dot.PackedPanels): steps of a few
         rows then skip repacking the whole weight per call, which dominated the LM head. Codes that fit five bits
-        (Q5_0's) are kept in five bits too, for the steps too short for the panels (int8_dot.FiveBitRows): the rows
-        kernel's outputs, 0.625 of the bytes (Gemma 3 270M's GGUF: 21 MB less read a token, of 298)."""
+        (Q5_0's) are kept in five bits too, for one-row decode (int8_dot.FiveBitRows): same outputs, 0.625 of the
+        bytes (Gemma 3 270M's GGUF: 21 MB less read a token, of 298)."""
         model_dtype = layer.weight.dtype
         del layer.weight
         layer.qweight = qweight
@@ -247,7 +241,7 @@ class QuantizedLinearMethod(LinearMethod):
                 return int8_dot.int_mm_linear(x, layer.qweight, bias)
             if rows >= panel_min_rows:
                 return int8_dot.panel_linear(x, layer.qpanels, bias)
-            if five:
+            if five and rows == 1:
                 return int8_dot.five_bit_linear(x, layer.qfive, bias, per_token)
             return int8_dot.int8_dot_linear(x, layer.qweight, bias, per_token)
 

@@ -26,8 +26,8 @@ from jido.models.named import CACHE_DIR_ENV
 from jido.runner.model_runner import resolve_quantization, weight_bytes
 from jido.utils.cpu import CpuInfo
 
-# A prefill of 20 rows; the layers run every step of two rows or more (five with AMX) on their prepacked panels, and
-# a decode step of one row on the rows kernel.
+# A prefill of 20 rows; the layers run every step of two rows or more on their prepacked panels, and a decode
+# step of one row on the rows kernel.
 TOKENS = {"a": [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], "b": [2, 7, 1, 8, 2, 8, 1, 8]}
 SCHEMES = [("int8", None), ("int8", 16), ("int4", None), ("int4", 64), ("w8a8", None)]
 
@@ -68,8 +68,8 @@ def test_quantized_model_on_exact_x_equals_the_dense_model_on_its_dequantized_we
 def test_quantized_steps_run_the_int8_dot_kernels_and_stay_near_the_dense_model(arch, scheme, group_size,
                                                                                  monkeypatch):
     # Every step runs the int8 dot kernels, which round x to int8 per block of 32 (per token under w8a8): the
-    # prefill and a decode step of two rows on each layer's prepacked panels (two rows on the rows kernel where
-    # AMX runs), a decode step of one row on the rows kernel. Every call must equal the kernels' float64 reference on its own input (a whole-model
+    # prefill and a decode step of two rows on each layer's prepacked panels, a decode step of one row on the
+    # rows kernel. Every call must equal the kernels' float64 reference on its own input (a whole-model
     # comparison cannot be tight: a last-bit change upstream moves a code across a rounding boundary), and the
     # logits stay near the dense model's (a random tiny model compounds the rounding to a few percent of its
     # logits; a wrong group, nibble or sign would be far off).
@@ -96,8 +96,7 @@ def test_quantized_steps_run_the_int8_dot_kernels_and_stay_near_the_dense_model(
     monkeypatch.setattr(int8_dot, "panel_linear", panels)
     ours, expected = _run_steps(quantized, steps), _run_steps(dense, steps)
     calls_per_step = quantized.config.num_layers * 4 + 1  # the layers' projections and the head
-    two_rows = "panels" if int8_dot.prepacked_min_rows() <= 2 else "rows"  # with AMX, steps of up to 4 rows: rows
-    assert [call[:2] for call in calls] == ([("panels", 20)] * calls_per_step + [(two_rows, 2)] * calls_per_step
+    assert [call[:2] for call in calls] == ([("panels", 20)] * calls_per_step + [("panels", 2)] * calls_per_step
                                             + [("rows", 1)] * calls_per_step)
     assert max(error for *_, error in calls) < 1e-4, calls
     error = (ours["a"] - expected["a"]).abs().max()
@@ -369,7 +368,7 @@ def test_a_bf16_copy_is_kept_only_where_asked_and_never_under_w8a8(monkeypatch):
 
 
 @pytest.mark.skipif(int8_dot.load_int8_dot_ops() is None, reason="no int8 dot kernel for this CPU")
-def test_q5_codes_decode_short_steps_from_five_bits_with_the_same_outputs(monkeypatch):
+def test_q5_codes_decode_one_row_from_five_bits_with_the_same_outputs(monkeypatch):
     from jido.layers.linear import Linear
     from jido.layers.parameter import default_device_and_dtype
 
@@ -388,11 +387,8 @@ def test_q5_codes_decode_short_steps_from_five_bits_with_the_same_outputs(monkey
     monkeypatch.setattr(int8_dot, "five_bit_linear", lambda *a, **k: calls.append(1) or five_bit_linear(*a, **k))
     torch.testing.assert_close(layer(x), expected, atol=0, rtol=0)
     assert calls == [1]
-    short = int8_dot.prepacked_min_rows() - 1  # the longest step short of the panels: 4 rows with AMX, else 1
-    x = torch.randn(short, 64, generator=gen)
-    torch.testing.assert_close(layer(x), int8_dot.int8_dot_linear(x, layer.qweight), atol=0, rtol=0)
-    layer(torch.randn(short + 1, 64, generator=gen))  # runs on the panels
-    assert calls == [1, 1]
+    layer(torch.randn(2, 64, generator=gen))  # two rows run on the panels
+    assert calls == [1]
     model = torch.nn.Sequential(layer)
     read = weight_bytes(model, prepacked=False)
     assert read == layer.qfive.data.numel() + layer.qweight.scales.numel() * 4  # the codes' bytes are not read

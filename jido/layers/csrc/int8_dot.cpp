@@ -1205,13 +1205,13 @@ at::Tensor int8_dot_amx_panel_argmax(const at::Tensor& x, const at::Tensor& code
 #endif
 }
 
-// y = x w^T (+ bias) for rows of x on a weight stored in five bits (FiveBitWeight), x rounded as in int8_dot_linear:
-// each row's outputs, bit for bit, what int8_dot_linear's rows kernel gives that row alone on the codes in bytes.
+// y = x w^T (+ bias) for one row of x on a weight stored in five bits (FiveBitWeight), x rounded as in
+// int8_dot_linear: the same outputs, bit for bit, as int8_dot_linear's rows kernel on the codes in bytes.
 at::Tensor int8_dot_five_bit_linear(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scales,
                                     const c10::optional<at::Tensor>& mins, int64_t group_size, int64_t K,
                                     const c10::optional<at::Tensor>& bias, int64_t isa, int64_t x_block) {
 #if defined(__AVX2__)
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "]");
+  TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.size(1) == K, "x must be [1, ", K, "]");
   TORCH_CHECK(K % kBlock == 0 && (group_size % kBlock == 0 || group_size >= K),
               "five-bit rows need K a multiple of 32 and groups of whole blocks");
   TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
@@ -1228,12 +1228,11 @@ at::Tensor int8_dot_five_bit_linear(const at::Tensor& x, const at::Tensor& data,
                         mins.has_value() ? mins->data_ptr<float>() : nullptr, N, K, gs, num_groups, nb};
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const RoundedX rx = round_x(xf, gs, x_block == 0, false);
-  // Each int32 lane's start, per row of x: -16 times the sum of its codes over the lane's four columns.
-  const int64_t M = xf.size(0);
-  std::vector<int32_t> lanes(M * nb * 8);
-  for (int64_t i = 0; i < M * nb * 8; ++i)
+  // Each int32 lane's start: -16 times the sum of x's codes over the lane's four columns.
+  std::vector<int32_t> lanes(nb * 8);
+  for (int64_t i = 0; i < nb * 8; ++i)
     lanes[i] = -16 * (rx.view.q[4 * i] + rx.view.q[4 * i + 1] + rx.view.q[4 * i + 2] + rx.view.q[4 * i + 3]);
-  at::Tensor out = at::empty({M, N}, xf.options());
+  at::Tensor out = at::empty({1, N}, xf.options());
   float* op = out.data_ptr<float>();
   const auto rows = isa == kAvx512Vnni ? &vnni::five_bit_rows : &avx2::five_bit_rows;
   at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) { rows(w, rx.view, lanes.data(), n0, n1, op); });
@@ -1529,7 +1528,7 @@ JIDO_INLINE float mins_term(const float* m, const float* xs, int64_t groups) {
   for (; g + 8 <= groups; g += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(m + g), _mm256_loadu_ps(xs + g), acc);
   float sum = lane_sum(acc);
   // One explicit rounding a group: GCC may contract `sum += m * x` into an FMA in one inlined caller and not in
-  // another, and then kernels that must agree bit for bit parted by an ulp.
+  // another, and kernels that must agree bit for bit then part by an ulp.
   for (; g < groups; ++g) sum = std::fma(m[g], xs[g], sum);
   return sum;
 }
@@ -1608,13 +1607,13 @@ JIDO_INLINE void store_two_rows(const float* mins, int64_t num_groups, int64_t a
   out[a] = sum_a, out[b] = sum_b;
 }
 
-// Decode and verify (R rows of x, out [R, N], whole blocks): weight rows a and b against x in one pass over x's
-// blocks, each output the same float operations in the same order as row_dot<1>'s, whatever R is. Measured at M = 1 on Gemma 3's shapes (AVX2 EPYC, 2
+// Decode (one row of x, whole blocks): weight rows a and b against x in one pass over x's blocks, each output the
+// same float operations in the same order as row_dot<1>'s. Measured at M = 1 on Gemma 3's shapes (AVX2 EPYC, 2
 // threads, weights cold), against one row at a time: x's block and scale are loaded once for two rows, and the
 // two FMA chains overlap (int8: 26.9 against 16.5 GB/s with the weights in cache). a and b must be far apart:
 // with b = a + 1 the two rows' blocks alternate in memory and the streams fell to 8.5 GB/s from memory; two
 // monotonic streams gave 18-20 GB/s against 12.
-template <int R, int Bits, bool Groups16>
+template <int Bits, bool Groups16>
 JIDO_INLINE void two_rows_dot(const Weight& w, int64_t a, int64_t b, const QuantizedX& x, float* out) {
   constexpr int64_t kBlockBytes = Bits == 8 ? kBlock : kBlock / 2;
   const uint8_t* qa = w.data + a * w.row_bytes;
@@ -1622,43 +1621,27 @@ JIDO_INLINE void two_rows_dot(const Weight& w, int64_t a, int64_t b, const Quant
   const float* sa = w.scales + a * w.num_groups;
   const float* sb = w.scales + b * w.num_groups;
   const int64_t full = w.K / kBlock;
-  __m256 acc_a[R], acc_b[R];
-  for (int r = 0; r < R; ++r) acc_a[r] = _mm256_setzero_ps(), acc_b[r] = _mm256_setzero_ps();
-  // block k of rows a and b (scales wa, wb) into each row of x's accumulators
-  const auto block = [&](int64_t k, __m256 wa, __m256 wb) {
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const int64_t at = r * x.nb + k;
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + at * kBlock));
-      const __m256 dx = _mm256_broadcast_ss(x.d + at);
-      acc_a[r] = block_fma<Bits>(qa + k * kBlockBytes, xv, _mm256_mul_ps(wa, dx), acc_a[r]);
-      acc_b[r] = block_fma<Bits>(qb + k * kBlockBytes, xv, _mm256_mul_ps(wb, dx), acc_b[r]);
-    }
-  };
+  __m256 acc_a = _mm256_setzero_ps(), acc_b = _mm256_setzero_ps();
   if (Groups16) {
-    for (int64_t k = 0; k < full; ++k) block(k, pair_scales<Bits>(sa + 2 * k), pair_scales<Bits>(sb + 2 * k));
+    for (int64_t k = 0; k < full; ++k) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + k * kBlock));
+      const __m256 dx = _mm256_broadcast_ss(x.d + k);
+      acc_a = block_fma<Bits>(qa + k * kBlockBytes, xv, _mm256_mul_ps(pair_scales<Bits>(sa + 2 * k), dx), acc_a);
+      acc_b = block_fma<Bits>(qb + k * kBlockBytes, xv, _mm256_mul_ps(pair_scales<Bits>(sb + 2 * k), dx), acc_b);
+    }
   } else {
     const int64_t per_group = w.group_size >= w.K ? full : w.group_size / kBlock;
     for (int64_t k = 0, g = 0; k < full; ++g) {
       const __m256 wa = _mm256_broadcast_ss(sa + g), wb = _mm256_broadcast_ss(sb + g);
-      for (const int64_t end = std::min(full, k + per_group); k < end; ++k) block(k, wa, wb);
+      for (const int64_t end = std::min(full, k + per_group); k < end; ++k) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + k * kBlock));
+        const __m256 dx = _mm256_broadcast_ss(x.d + k);
+        acc_a = block_fma<Bits>(qa + k * kBlockBytes, xv, _mm256_mul_ps(wa, dx), acc_a);
+        acc_b = block_fma<Bits>(qb + k * kBlockBytes, xv, _mm256_mul_ps(wb, dx), acc_b);
+      }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    QuantizedX row = x;  // row r alone: its group sums for the mins' term
-    row.sums = x.sums + r * x.num_groups;
-    store_two_rows(w.mins, w.num_groups, a, b, row, acc_a[r], acc_b[r], out + r * w.N);
-  }
-}
-
-// Weight rows [n0, n0 + half) and [n0 + half, n0 + 2 * half) against every row of x (R of them), pairwise.
-template <int R, int Bits, bool Groups16>
-void paired_rows(const Weight& w, const QuantizedX& x, int64_t n0, int64_t half, float* out) {
-  for (int64_t n = n0; n < n0 + half; ++n) {
-    prefetch_row(w, n + kPrefetchRows);
-    prefetch_row(w, n + half + kPrefetchRows);
-    two_rows_dot<R, Bits, Groups16>(w, n, n + half, x, out);
-  }
+  store_two_rows(w.mins, w.num_groups, a, b, x, acc_a, acc_b, out);
 }
 
 // 16 in byte 4 * i + b where the fifth bit of that column is set (bit 8 * b + i of `bits`, see FiveBitWeight):
@@ -1689,37 +1672,29 @@ JIDO_INLINE __m256i load_five_bit_block(const uint8_t* p) {
   return _mm256_or_si256(nibbles, fifth_bits(bits));
 }
 
-// Five-bit rows a and b against R rows of x (from m0; outputs at out + r * ldo), in one pass over x's blocks as
-// two_rows_dot: each pair of blocks is unpacked once for every row of x. Each block's u . xq, started from -16 times
-// the sums of xq over each int32 lane's four columns (`lanes`, [M][nb][8]), is q . xq in every lane exactly, so each
-// output is the same float operations as two_rows_dot's on the same codes stored in bytes, whatever R is: a verify
-// step's rows get the bits a one-row decode step gives them.
-template <int R>
-JIDO_INLINE void five_bit_two_rows(const FiveBitWeight& w, int64_t a, int64_t b, const QuantizedX& x, int64_t m0,
-                                   const int32_t* lanes, float* out, int64_t ldo) {
+// Decode on five-bit rows a and b, in one pass over x's blocks as two_rows_dot. Each block's u . xq, started
+// from -16 times the sums of xq over each int32 lane's four columns (`lanes`, [nb][8]), is q . xq in every lane
+// exactly, so each output is the same float operations as two_rows_dot's on the same codes stored in bytes.
+JIDO_INLINE void five_bit_two_rows(const FiveBitWeight& w, int64_t a, int64_t b, const QuantizedX& x,
+                                   const int32_t* lanes, float* out) {
   const int64_t row_bytes = w.nb * kFiveBitBlockBytes;
   const uint8_t* qa = w.data + a * row_bytes;
   const uint8_t* qb = w.data + b * row_bytes;
   const float* sa = w.scales + a * w.num_groups;
   const float* sb = w.scales + b * w.num_groups;
   const int64_t per_group = w.group_size >= w.K ? w.nb : w.group_size / kBlock;
-  __m256 acc_a[R], acc_b[R];
-  for (int r = 0; r < R; ++r) acc_a[r] = _mm256_setzero_ps(), acc_b[r] = _mm256_setzero_ps();
+  __m256 acc_a = _mm256_setzero_ps(), acc_b = _mm256_setzero_ps();
   int64_t g = 0, left_in_group = per_group;
-  // block k's codes ua (row a) and ub (row b) into each row of x's accumulators, as two_rows_dot's block_fma
+  // block k's codes ua (row a) and ub (row b) into the accumulators, as two_rows_dot's block_fma
   const auto block = [&](int64_t k, __m256i ua, __m256i ub) {
     const __m256 wa = _mm256_broadcast_ss(sa + g), wb = _mm256_broadcast_ss(sb + g);
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const int64_t at = (m0 + r) * x.nb + k;
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + at * kBlock));
-      const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + at * 8));
-      const __m256 dx = _mm256_broadcast_ss(x.d + at);
-      const __m256i pa = _mm256_add_epi32(start, dot_u8s8(ua, xv));
-      const __m256i pb = _mm256_add_epi32(start, dot_u8s8(ub, xv));
-      acc_a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pa), _mm256_mul_ps(wa, dx), acc_a[r]);
-      acc_b[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pb), _mm256_mul_ps(wb, dx), acc_b[r]);
-    }
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + k * kBlock));
+    const __m256i start = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + k * 8));
+    const __m256 dx = _mm256_broadcast_ss(x.d + k);
+    const __m256i pa = _mm256_add_epi32(start, dot_u8s8(ua, xv));
+    const __m256i pb = _mm256_add_epi32(start, dot_u8s8(ub, xv));
+    acc_a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pa), _mm256_mul_ps(wa, dx), acc_a);
+    acc_b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pb), _mm256_mul_ps(wb, dx), acc_b);
     if (--left_in_group == 0) ++g, left_in_group = per_group;
   };
   int64_t k = 0;
@@ -1732,55 +1707,36 @@ JIDO_INLINE void five_bit_two_rows(const FiveBitWeight& w, int64_t a, int64_t b,
   }
   if (k < w.nb)
     block(k, load_five_bit_block(qa + k * kFiveBitBlockBytes), load_five_bit_block(qb + k * kFiveBitBlockBytes));
-  for (int r = 0; r < R; ++r) {
-    QuantizedX row = x;  // row m0 + r alone: its group sums for the mins' term
-    row.sums = x.sums + (m0 + r) * x.num_groups;
-    store_two_rows(w.mins, w.num_groups, a, b, row, acc_a[r], acc_b[r], out + r * ldo);
-  }
+  store_two_rows(w.mins, w.num_groups, a, b, x, acc_a, acc_b, out);
 }
 
-// Output columns [n0, n1) of R rows of x (from m0) on five-bit rows: rows n and n + half together (two monotonic
-// streams, see two_rows_dot); an odd last row pairs with itself.
-template <int R>
-void five_bit_row_block(const FiveBitWeight& w, const QuantizedX& x, int64_t m0, const int32_t* lanes, int64_t n0,
-                        int64_t n1, float* out) {
+// Output columns [n0, n1) of one row of x on five-bit rows: rows n and n + half together (two monotonic streams,
+// see two_rows_dot); an odd last row pairs with itself.
+void five_bit_rows(const FiveBitWeight& w, const QuantizedX& x, const int32_t* lanes, int64_t n0, int64_t n1,
+                   float* out) {
   const int64_t half = (n1 - n0) / 2, row_bytes = w.nb * kFiveBitBlockBytes;
-  float* rows_out = out + m0 * w.N;
   for (int64_t n = n0; n < n0 + half; ++n) {
     for (const int64_t r : {n + kPrefetchRows, n + half + kPrefetchRows}) {
       if (r >= w.N) continue;
       const char* bytes = reinterpret_cast<const char*>(w.data + r * row_bytes);
       for (int64_t i = 0; i < row_bytes; i += 64) __builtin_prefetch(bytes + i);
     }
-    five_bit_two_rows<R>(w, n, n + half, x, m0, lanes, rows_out, w.N);
+    five_bit_two_rows(w, n, n + half, x, lanes, out);
   }
-  if ((n1 - n0) % 2) five_bit_two_rows<R>(w, n1 - 1, n1 - 1, x, m0, lanes, rows_out, w.N);
-}
-
-// Output columns [n0, n1) of out [M, N] on five-bit rows, x's rows in blocks of up to 4 (a verify step's K + 1 rows
-// stream the weights once).
-void five_bit_rows(const FiveBitWeight& w, const QuantizedX& x, const int32_t* lanes, int64_t n0, int64_t n1,
-                   float* out) {
-  for (int64_t m0 = 0; m0 < x.M;) {
-    const int64_t left = x.M - m0;
-    if (left >= 4) five_bit_row_block<4>(w, x, m0, lanes, n0, n1, out), m0 += 4;
-    else if (left == 3) five_bit_row_block<3>(w, x, m0, lanes, n0, n1, out), m0 += 3;
-    else if (left == 2) five_bit_row_block<2>(w, x, m0, lanes, n0, n1, out), m0 += 2;
-    else five_bit_row_block<1>(w, x, m0, lanes, n0, n1, out), m0 += 1;
-  }
+  if ((n1 - n0) % 2) five_bit_two_rows(w, n1 - 1, n1 - 1, x, lanes, out);
 }
 
 // Output columns [n0, n1) of out [M, N], x's rows in blocks of 4, 2 and 1 for each weight row (read from L1
 // again after the first block).
 template <int Bits, bool Groups16>
 void rows_dot(const Weight& w, const QuantizedX& x, int64_t n0, int64_t n1, float* out) {
-  // Decode and verify steps (up to 4 rows of x, whole blocks): weight rows n and n + half together, as two monotonic
-  // streams (see two_rows_dot), each read once for every row of x.
-  const int64_t half = x.M <= 4 && w.K % kBlock == 0 ? (n1 - n0) / 2 : 0;
-  if (x.M == 1) paired_rows<1, Bits, Groups16>(w, x, n0, half, out);
-  else if (x.M == 2) paired_rows<2, Bits, Groups16>(w, x, n0, half, out);
-  else if (x.M == 3) paired_rows<3, Bits, Groups16>(w, x, n0, half, out);
-  else if (x.M == 4) paired_rows<4, Bits, Groups16>(w, x, n0, half, out);
+  // Decode: rows n and n + half together, as two monotonic streams (see two_rows_dot).
+  const int64_t half = x.M == 1 && w.K % kBlock == 0 ? (n1 - n0) / 2 : 0;
+  for (int64_t n = n0; n < n0 + half; ++n) {
+    prefetch_row(w, n + kPrefetchRows);
+    prefetch_row(w, n + half + kPrefetchRows);
+    two_rows_dot<Bits, Groups16>(w, n, n + half, x, out);
+  }
   float part[4];
   for (int64_t n = n0 + 2 * half; n < n1; ++n) {
     prefetch_row(w, n + kPrefetchRows);
