@@ -112,7 +112,9 @@ class PackedPanels:
     rounded per block of 32 or, with ``per_token``, per row: the scales are laid out per chunk of columns that
     share one scale of each. With ``amx``, 16-row panels for the AMX tile kernel (``pack_all_amx_panels``)."""
 
-    codes: torch.Tensor  # uint8 [panels, rows * padded K], rows 8 (amx: 16) weight rows a panel
+    # uint8 [panels, rows * padded K], rows 8 (amx: 16) weight rows a panel; AMX panels whose codes all span at most
+    # 63 values hold them narrow instead, in 4, 5 or 6 bits (:attr:`code_bits`)
+    codes: torch.Tensor
     scales: torch.Tensor  # float32 [panels, chunks * rows]
     mins: torch.Tensor  # float32 [panels, groups * rows], or empty when no panel has a mins' term
     meta: torch.Tensor  # int32 [panels, 2]: each panel's span of codes and whether it has a mins' term
@@ -124,6 +126,15 @@ class PackedPanels:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.mins, self.meta))
+
+    @property
+    def code_bits(self) -> int:
+        """Bits per code as stored: 8 (a byte each), or 4-6 for narrow AMX panels (``csrc/int8_dot.cpp``,
+        ``narrow_unit_bytes``: per 128 codes 64 bytes of nibbles and 16 bytes per bit past the fourth)."""
+        rows = 16 if self.amx else 8
+        padded_k = -(-self.shape[1] // BLOCK) * BLOCK
+        per_unit = self.codes.shape[1] * 128 // (rows * padded_k)
+        return 8 if per_unit == 128 else 4 + (per_unit - 64) // 16
 
     @property
     def with_mins(self) -> list[bool]:
@@ -142,14 +153,16 @@ def amx_runs() -> bool:
     return ops is not None and bool(ops.amx_supported())
 
 
-def pack_panels(w: QuantizedWeight, per_token: bool = False, amx: bool | None = None) -> PackedPanels:
+def pack_panels(w: QuantizedWeight, per_token: bool = False, amx: bool | None = None,
+                narrow: bool = True) -> PackedPanels:
     """``w``'s panels packed once, for :func:`panel_linear` with the same ``per_token``: for the AMX tile kernel
-    where it runs (``amx`` None: :func:`amx_runs`), else for the vector one."""
+    where it runs (``amx`` None: :func:`amx_runs`), else for the vector one. AMX panels hold codes that span at most
+    63 values in 4-6 bits (:attr:`PackedPanels.code_bits`) unless ``narrow`` is False (bytes, as the vector panels)."""
     ops = load_int8_dot_ops()
     x_block = 0 if per_token else BLOCK
     amx = amx_runs() if amx is None else amx
     if amx:
-        tensors = ops.pack_amx_panels(w.data, w.scales, w.mins, w.group_size, w.bits, w.shape[1], x_block)
+        tensors = ops.pack_amx_panels(w.data, w.scales, w.mins, w.group_size, w.bits, w.shape[1], x_block, narrow)
     else:
         tensors = ops.pack_panels(w.data, w.scales, w.mins, w.group_size, w.bits, w.shape[1], _isa_index(), x_block)
     return PackedPanels(*tensors, w.group_size, w.shape, per_token, amx)

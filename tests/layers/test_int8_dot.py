@@ -237,6 +237,43 @@ def test_amx_panels_give_bit_for_bit_what_the_vector_panels_give(bits, per_token
 
 
 @pytest.mark.skipif(not int8_dot.amx_runs(), reason="needs AMX-INT8 tiles (and the kernels built)")
+@pytest.mark.parametrize("codes,code_bits", [((-16, 16), 5), ((-32, 32), 6), ((0, 16), 4), ((-32, 33), 8)])
+def test_amx_panels_of_narrow_codes_hold_them_in_fewer_bits_and_give_the_same_bits(codes, code_bits) -> None:
+    # Codes spanning 31 / 63 values (Q5_0's, Q6_K's) in 5 / 6 bits, int8 codes of 0..15 in 4; a span of 64 stays bytes.
+    gen = torch.Generator().manual_seed(16)
+    for per_token in (False, True):
+        for i, (num_rows, num_cols, group_size) in enumerate(SHAPES):
+            if group_size == 16 and per_token:
+                continue
+            w = random_weight(num_rows, num_cols, group_size, 8, with_mins=i % 2 == 0, gen=gen, codes=codes)
+            w.data[0, :2] = torch.tensor([codes[0], codes[1] - 1])  # the widest panel's span is the range's
+            amx, vector = int8_dot.pack_panels(w, per_token, amx=True), int8_dot.pack_panels(w, per_token, amx=False)
+            assert amx.code_bits == code_bits and vector.code_bits == 8
+            padded = -(-num_cols // 32) * 32
+            assert amx.codes.shape[1] == 16 * padded * {4: 64, 5: 80, 6: 96, 8: 128}[code_bits] // 128
+            bias = torch.randn(num_rows, generator=gen) if i % 3 else None
+            for rows in (1, 4, 17):
+                x = random_x(rows, num_cols, torch.bfloat16, gen)
+                expected = int8_dot.panel_linear(x, vector, bias)
+                assert torch.equal(int8_dot.panel_linear(x, amx, bias), expected), (w.shape, group_size, rows)
+                expected_ids = int8_dot.panel_linear(x.float(), amx, bias).argmax(dim=-1)
+                assert torch.equal(int8_dot.amx_panel_argmax(x, amx, bias), expected_ids)
+
+
+@pytest.mark.skipif(not int8_dot.amx_runs(), reason="needs AMX-INT8 tiles (and the kernels built)")
+def test_amx_panels_of_one_wide_panel_stay_bytes() -> None:
+    # The format is the weight's: one panel of full-range int8 codes keeps every panel in bytes.
+    gen = torch.Generator().manual_seed(17)
+    w = random_weight(48, 64, 32, 8, with_mins=False, gen=gen, codes=(-8, 8))
+    assert int8_dot.pack_panels(w, amx=True).code_bits == 4
+    w.data[40, :2] = torch.tensor([-128, 127], dtype=torch.int8)
+    packed = int8_dot.pack_panels(w, amx=True)
+    assert packed.code_bits == 8
+    x = random_x(3, 64, torch.float32, gen)
+    assert torch.equal(int8_dot.panel_linear(x, packed), int8_dot.panel_linear(x, int8_dot.pack_panels(w, amx=False)))
+
+
+@pytest.mark.skipif(not int8_dot.amx_runs(), reason="needs AMX-INT8 tiles (and the kernels built)")
 def test_amx_panel_argmax_is_torch_argmax_of_the_panels_float32_outputs() -> None:
     # Over many panels (both threads' ranges, a last partial panel), ties (duplicated weight rows: the first column
     # must win, wherever the copies fall), columns tied by the bias, and NaN outputs (the first NaN wins).

@@ -57,6 +57,18 @@ constexpr int64_t kBlock = 32;  // columns of x per stored block (and per scale 
 constexpr int64_t kPrefetchRows = 4;  // how far ahead the rows kernel prefetches weight rows
 constexpr int64_t kPanel = 8;  // weight rows per panel: one int32 lane each
 constexpr int64_t kPanelRows = 4;  // rows of x per step of the panel kernel
+
+// Narrow AMX panels. A weight whose panels' codes all span at most 63 values (GGUF's Q4_K, Q5_0, Q6_K; stored
+// shifted to 0..span) keeps them in 4, 5 or 6 bits rather than bytes: each unit of 128 code bytes (two 64-byte rows
+// of a B tile) as 64 bytes of nibbles (byte i: code i in the low half, code 64 + i in the high) and, per bit past
+// the fourth, 16 bytes of that bit (two 64-bit masks: codes 0..63, then 64..127). The tile kernel widens a multiply's
+// units back into bytes in L1 just before it loads them. Decode steps of a few rows stream these weights from memory,
+// so fewer bytes are less time: Gemma 3 270M's 72 layer matmuls read 94 MB of codes as bytes, 69 MB narrow.
+constexpr int64_t kNarrowUnit = 128;
+inline int64_t narrow_unit_bytes(int bits) { return bits >= 8 ? kNarrowUnit : 64 + 16 * (bits - 4); }
+// Bits per code for a weight whose panels' widest span of codes is `span` (8: bytes, as packed).
+inline int narrow_bits(int span) { return span <= 15 ? 4 : span <= 31 ? 5 : span <= 63 ? 6 : 8; }
+
 // Steps of up to this many rows (a speculative verify step's K + 1) run in one step: each pass over a panel
 // then serves them all.
 constexpr int64_t kPanelRowsOnce = 8;
@@ -550,15 +562,16 @@ std::vector<at::Tensor> pack_all_panels(const Weight& w, int64_t x_block, int64_
 
 // The panel kernel over panels packed by pack_all_panels.
 // Checks panels of `rows` weight rows (pack_all_panels: 8, pack_all_amx_panels: 16) packed for w and x_block:
-// codes uint8 [panels, rows * padded K], scales float32 [panels, chunks * rows], mins float32 [panels, groups * rows]
-// or empty, meta int32 [panels, 2] (each panel's span of codes, whether it has a mins' term).
+// codes uint8 [panels, rows * padded K] (AMX panels: or narrow, `bits` < 8), scales float32 [panels, chunks * rows],
+// mins float32 [panels, groups * rows] or empty, meta int32 [panels, 2] (each panel's span of codes, whether it has a
+// mins' term).
 void check_panels(const Weight& w, int64_t x_block, int64_t rows, const at::Tensor& codes, const at::Tensor& scales,
-                  const at::Tensor& mins, const at::Tensor& meta) {
+                  const at::Tensor& mins, const at::Tensor& meta, int bits = 8) {
   const int64_t kpad = w.nb * kBlock, chunk = panel_chunk(w, x_block), num_chunks = (w.K + chunk - 1) / chunk;
-  const int64_t num_panels = (w.N + rows - 1) / rows;
-  TORCH_CHECK(codes.dim() == 2 && codes.size(0) == num_panels && codes.size(1) == rows * kpad &&
+  const int64_t num_panels = (w.N + rows - 1) / rows, code_bytes = rows * kpad / kNarrowUnit * narrow_unit_bytes(bits);
+  TORCH_CHECK(codes.dim() == 2 && codes.size(0) == num_panels && codes.size(1) == code_bytes &&
                   codes.scalar_type() == at::kByte && codes.is_contiguous(),
-              "panel codes must be contiguous uint8 [", num_panels, ", ", rows * kpad, "]");
+              "panel codes must be contiguous uint8 [", num_panels, ", ", code_bytes, "]");
   TORCH_CHECK(scales.sizes() == at::IntArrayRef({num_panels, num_chunks * rows}) && scales.is_contiguous() &&
                   scales.scalar_type() == at::kFloat,
               "panel scales must be contiguous float32 [", num_panels, ", ", num_chunks * rows,
@@ -603,12 +616,18 @@ constexpr int64_t kAmxPanel = 16;  // weight rows per AMX panel: a B tile's 16 i
 constexpr int64_t kAmxRows = 16;   // rows of x per A tile
 
 namespace amx {
+void narrow_codes(const uint8_t* codes, int64_t units, int bits, uint8_t* out);
+}  // namespace amx
+
+namespace amx {
 struct Panels {
-  const int8_t* codes;  // [panels][quads][16][4]
+  const int8_t* codes;  // [panels][quads][16][4], or narrow (bits < 8): per panel kpad * 16 / 128 units
   const float* scales;  // [panels][chunks][16]
   const float* mins;    // [panels][groups][16]; nullptr: no panel has a mins' term
   const int32_t* meta;  // [panels][2]: the wider span of codes of its halves, whether it has a mins' term
   int64_t N, kpad, chunk, num_chunks, num_groups;
+  int bits;  // per code: 8 (bytes), or 4-6 (narrow)
+  int64_t panel_bytes() const { return kpad * kAmxPanel / kNarrowUnit * narrow_unit_bytes(bits); }
 };
 }  // namespace amx
 
@@ -619,8 +638,9 @@ inline int64_t amx_sub_k(int64_t chunk, int64_t kpad) {
   return chunk % 64 == 0 && kpad % 64 == 0 ? 64 : 32;
 }
 
-// Every 16-row AMX panel of w: the two 8-row panels pack_panel makes, interleaved quad by quad.
-std::vector<at::Tensor> pack_all_amx_panels(const Weight& w, int64_t x_block) {
+// Every 16-row AMX panel of w: the two 8-row panels pack_panel makes, interleaved quad by quad; with `narrow`, their
+// codes in fewer bits where they fit (see narrow_unit_bytes).
+std::vector<at::Tensor> pack_all_amx_panels(const Weight& w, int64_t x_block, bool narrow) {
   const int64_t num_panels = (w.N + kAmxPanel - 1) / kAmxPanel, kpad = w.nb * kBlock, chunk = panel_chunk(w, x_block);
   const int64_t num_chunks = (w.K + chunk - 1) / chunk;
   const auto floats = at::TensorOptions().dtype(at::kFloat);
@@ -656,7 +676,18 @@ std::vector<at::Tensor> pack_all_amx_panels(const Weight& w, int64_t x_block) {
     }
   });
   bool any_mins = false;
-  for (int64_t p = 0; p < num_panels; ++p) any_mins = any_mins || mp[2 * p + 1];
+  int span = 0;
+  for (int64_t p = 0; p < num_panels; ++p) any_mins = any_mins || mp[2 * p + 1], span = std::max(span, mp[2 * p]);
+  const int bits = narrow ? narrow_bits(span) : 8;
+  if (bits < 8) {
+    const int64_t units = kpad * kAmxPanel / kNarrowUnit;
+    at::Tensor narrow = at::empty({num_panels, units * narrow_unit_bytes(bits)}, codes.options());
+    at::parallel_for(0, num_panels, 64, [&](int64_t p0, int64_t p1) {
+      amx::narrow_codes(codes.data_ptr<uint8_t>() + p0 * kAmxPanel * kpad, (p1 - p0) * units, bits,
+                        narrow.data_ptr<uint8_t>() + p0 * units * narrow_unit_bytes(bits));
+    });
+    codes = narrow;
+  }
   return {codes, scales, any_mins ? mins : at::empty({0}, floats), meta};
 }
 
@@ -716,13 +747,52 @@ inline void configure(int64_t rows, int64_t sub) {
   _tile_loadconfig(&cfg);
 }
 
+// `units` units of 128 code bytes (each code 0..2^bits - 1 where it counts: past K and N any bits do, x and the
+// outputs are zero or unused there) in the narrow form described at narrow_unit_bytes.
+void narrow_codes(const uint8_t* codes, int64_t units, int bits, uint8_t* out) {
+  const __m512i keep = _mm512_set1_epi8(static_cast<char>((1 << bits) - 1)), low = _mm512_set1_epi8(0x0f);
+  for (int64_t u = 0; u < units; ++u, codes += kNarrowUnit, out += narrow_unit_bytes(bits)) {
+    const __m512i a = _mm512_and_si512(_mm512_loadu_si512(codes), keep);
+    const __m512i b = _mm512_and_si512(_mm512_loadu_si512(codes + 64), keep);
+    _mm512_storeu_si512(out, _mm512_or_si512(_mm512_and_si512(a, low),
+                                             _mm512_slli_epi16(_mm512_and_si512(b, low), 4)));
+    for (int j = 0; j < bits - 4; ++j) {
+      const __m512i bit = _mm512_set1_epi8(static_cast<char>(1 << (4 + j)));
+      const uint64_t masks[2] = {_cvtmask64_u64(_mm512_test_epi8_mask(a, bit)),
+                                 _cvtmask64_u64(_mm512_test_epi8_mask(b, bit))};
+      std::memcpy(out + 64 + 16 * j, masks, sizeof(masks));
+    }
+  }
+}
+
+// The inverse of narrow_codes: `units` units back into 128 code bytes each, at `out` (64-byte aligned).
+template <int Bits>
+JIDO_INLINE void widen_codes(const uint8_t* narrow, int64_t units, int8_t* out) {
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  for (int64_t u = 0; u < units; ++u, narrow += 64 + 16 * (Bits - 4), out += kNarrowUnit) {
+    const __m512i v = _mm512_loadu_si512(narrow);
+    __m512i a = _mm512_and_si512(v, low), b = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+#pragma GCC unroll 2
+    for (int j = 0; j < Bits - 4; ++j) {
+      const __m512i bit = _mm512_set1_epi8(static_cast<char>(1 << (4 + j)));
+      uint64_t masks[2];
+      std::memcpy(masks, narrow + 64 + 16 * j, sizeof(masks));
+      a = _mm512_or_si512(a, _mm512_maskz_mov_epi8(_cvtu64_mask64(masks[0]), bit));
+      b = _mm512_or_si512(b, _mm512_maskz_mov_epi8(_cvtu64_mask64(masks[1]), bit));
+    }
+    _mm512_store_si512(out, a);
+    _mm512_store_si512(out + 64, b);
+  }
+}
+
 // One panel against one block of rows of x.
 struct Block {
   const Panels& w;
   const QuantizedX& x;
-  const int8_t* codes;  // the panel's
+  const int8_t* codes;  // the panel's (narrow or bytes: w.bits)
   const int8_t* xq;     // the block's first row
   int64_t m0, sub;
+  int8_t* widened;      // narrow codes: per bank, one multiply's codes as bytes (sub * 16, 64-byte aligned)
 };
 
 // How far ahead of a chunk's codes the same bytes are asked into L2 (past a panel's end: the next panel's, which
@@ -732,12 +802,43 @@ struct Block {
 constexpr int64_t kPrefetchAhead = 4096;
 
 // Chunk c's tile multiplies into bank Bank's sums.
+// The codes of columns [k, k + sub) of the panel, narrow, widened into `out`.
+JIDO_INLINE void widen_multiply_codes(const Block& b, int64_t k, int8_t* out) {
+  const uint8_t* narrow = reinterpret_cast<const uint8_t*>(b.codes) +
+                          k * kAmxPanel / kNarrowUnit * narrow_unit_bytes(b.w.bits);
+  const int64_t units = b.sub * kAmxPanel / kNarrowUnit;
+  if (b.w.bits == 4) widen_codes<4>(narrow, units, out);
+  else if (b.w.bits == 5) widen_codes<5>(narrow, units, out);
+  else widen_codes<6>(narrow, units, out);
+}
+
+// Whether narrow codes are widened a round of banks ahead (see chunk_products): chunks of one multiply each.
+inline bool widens_ahead(const Block& b) { return b.w.bits < 8 && b.w.chunk == b.sub; }
+
+// Narrow codes go through the bank's buffer: the tile units load memory, not vector registers. Where a chunk is one
+// multiply, its buffer was filled four chunks earlier, and is refilled here for chunk c + 4: a tile load right
+// behind the stores that widened its codes waited for them to reach L1.
 template <int Bank>
 JIDO_INLINE void chunk_products(const Block& b, int64_t c) {
   const int64_t k0 = c * b.w.chunk, k1 = std::min(k0 + b.w.chunk, b.w.kpad), ldx = b.x.nb * kBlock;
-  const char* ahead = reinterpret_cast<const char*>(b.codes + k0 * kAmxPanel) + kPrefetchAhead;
-  for (int64_t i = 0; i < (k1 - k0) * kAmxPanel; i += 64) _mm_prefetch(ahead + i, _MM_HINT_T1);
-  for (int64_t k = k0; k < k1; k += b.sub) multiply<Bank>(b.xq + k, ldx, b.codes + k * kAmxPanel);
+  const int64_t unit = narrow_unit_bytes(b.w.bits);  // bytes per 128 codes: the stream is unit / 128 as long
+  const char* ahead = reinterpret_cast<const char*>(b.codes) + k0 * kAmxPanel / kNarrowUnit * unit +
+                      kPrefetchAhead * unit / kNarrowUnit;
+  for (int64_t i = 0; i < (k1 - k0) * kAmxPanel / kNarrowUnit * unit; i += 64) _mm_prefetch(ahead + i, _MM_HINT_T1);
+  if (b.w.bits == 8) {
+    for (int64_t k = k0; k < k1; k += b.sub) multiply<Bank>(b.xq + k, ldx, b.codes + k * kAmxPanel);
+    return;
+  }
+  int8_t* widened = b.widened + Bank * kAmxPanel * 64;
+  if (widens_ahead(b)) {
+    multiply<Bank>(b.xq + k0, ldx, widened);
+    if (c + 4 < b.w.num_chunks) widen_multiply_codes(b, k0 + 4 * b.sub, widened);
+    return;
+  }
+  for (int64_t k = k0; k < k1; k += b.sub) {
+    widen_multiply_codes(b, k, widened);
+    multiply<Bank>(b.xq + k, ldx, widened);
+  }
 }
 
 // Chunk c's sums from bank Bank (which is zeroed again), scaled into acc: rows r < R.
@@ -799,7 +900,8 @@ struct Out {
 template <int R>
 void panel_block(const Panels& w, int64_t p, const QuantizedX& x, int64_t m0, int64_t sub, const Out& out,
                  int64_t width) {
-  const Block b{w, x, w.codes + p * kAmxPanel * w.kpad, x.q + m0 * x.nb * kBlock, m0, sub};
+  alignas(64) int8_t widened[4 * kAmxPanel * 64];
+  const Block b{w, x, w.codes + p * w.panel_bytes(), x.q + m0 * x.nb * kBlock, m0, sub, widened};
   const float* scales = w.scales + p * w.num_chunks * kAmxPanel;
   alignas(64) int32_t sums[4][kAmxRows * kAmxPanel];
   // Every loop over acc is unrolled, so GCC keeps the R accumulators in registers: with one loop left rolled it kept
@@ -812,6 +914,8 @@ void panel_block(const Panels& w, int64_t p, const QuantizedX& x, int64_t m0, in
   zero_sums<2>();
   zero_sums<3>();
   const int64_t n = w.num_chunks;
+  for (int64_t c = 0; widens_ahead(b) && c < std::min<int64_t>(n, 4); ++c)  // each bank's first chunk
+    widen_multiply_codes(b, c * sub, widened + c * kAmxPanel * 64);
   chunk_products<0>(b, 0);
   if (1 < n) chunk_products<1>(b, 1);
   if (2 < n) chunk_products<2>(b, 2);
@@ -1115,18 +1219,25 @@ at::Tensor int8_dot_panel_linear(const at::Tensor& x, const at::Tensor& codes, c
 // w's 16-row AMX panels packed once (pack_all_amx_panels), for amx_panel_linear with the same x_block.
 std::vector<at::Tensor> int8_dot_pack_amx_panels(const at::Tensor& data, const at::Tensor& scales,
                                                  const c10::optional<at::Tensor>& mins, int64_t group_size,
-                                                 int64_t bits, int64_t K, int64_t x_block) {
+                                                 int64_t bits, int64_t K, int64_t x_block, bool narrow) {
 #if defined(__AVX2__)
   check_weight(data, scales, mins, group_size, bits, K);
   TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
   TORCH_CHECK(amx_ready(), "this CPU (or this process) cannot use AMX-INT8 tiles");
-  return pack_all_amx_panels(make_weight(data, scales, mins, group_size, bits, K), x_block);
+  return pack_all_amx_panels(make_weight(data, scales, mins, group_size, bits, K), x_block, narrow);
 #else
   TORCH_CHECK(false, "the int8 dot kernels need an AVX2 build");
 #endif
 }
 
 #if defined(__AVX2__)
+// The bits per code of AMX panels packed for rows of kpad columns, by their codes' width (see narrow_unit_bytes).
+int amx_code_bits(const at::Tensor& codes, int64_t kpad) {
+  for (int bits : {8, 4, 5, 6})
+    if (codes.dim() == 2 && codes.size(1) == kAmxPanel * kpad / kNarrowUnit * narrow_unit_bytes(bits)) return bits;
+  return 8;  // check_panels names the shape expected
+}
+
 // x rounded for w's AMX panels (int8_dot_pack_amx_panels) and the panels split over the threads, each range run as
 // `run(panels, rounded x, M, bias, first panel, end panel)` (nothing for no rows): the part amx_panel_linear and
 // amx_panel_argmax share.
@@ -1138,11 +1249,12 @@ void over_amx_panels(const at::Tensor& x, const at::Tensor& codes, const at::Ten
   TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
   TORCH_CHECK(amx_ready(), "this CPU (or this process) cannot use AMX-INT8 tiles");
   const Weight w = packed_shape(N, K, group_size);
-  check_panels(w, x_block, kAmxPanel, codes, scales, mins, meta);
+  const int bits = amx_code_bits(codes, w.nb * kBlock);
+  check_panels(w, x_block, kAmxPanel, codes, scales, mins, meta, bits);
   const int64_t chunk = panel_chunk(w, x_block), num_chunks = (K + chunk - 1) / chunk;
   const amx::Panels panels{reinterpret_cast<const int8_t*>(codes.data_ptr<uint8_t>()), scales.data_ptr<float>(),
                            mins.numel() > 0 ? mins.data_ptr<float>() : nullptr, meta.data_ptr<int32_t>(), N,
-                           w.nb * kBlock, chunk, num_chunks, w.num_groups};
+                           w.nb * kBlock, chunk, num_chunks, w.num_groups, bits};
   const int64_t M = x.size(0), padded = M > kAmxRows ? (M + kAmxRows - 1) / kAmxRows * kAmxRows : M;
   // bf16 x rounded as it is: a float copy of x cost (with one of the outputs) 3 of a 16-row decode step's 33 ms
   at::Tensor xs = x.scalar_type() == at::kBFloat16 ? x.contiguous() : x.to(at::kFloat).contiguous();
@@ -1465,8 +1577,8 @@ TORCH_LIBRARY(jido_int8_dot, m) {
         "int isa, int x_block) -> Tensor");
   m.def("quantize_per_token(Tensor x) -> Tensor[]");
   m.def("scale_sums(Tensor acc, Tensor x_scales, Tensor w_scales, Tensor? bias) -> Tensor");
-  m.def("pack_amx_panels(Tensor data, Tensor scales, Tensor? mins, int group_size, int bits, int K, int x_block) "
-        "-> Tensor[]");
+  m.def("pack_amx_panels(Tensor data, Tensor scales, Tensor? mins, int group_size, int bits, int K, int x_block, "
+        "bool narrow) -> Tensor[]");
   m.def("amx_panel_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, Tensor meta, int N, int K, "
         "int group_size, Tensor? bias, int x_block) -> Tensor");
   m.def("amx_panel_argmax(Tensor x, Tensor codes, Tensor scales, Tensor mins, Tensor meta, int N, int K, "
