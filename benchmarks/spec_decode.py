@@ -57,8 +57,9 @@ def qwen_draft(k: int | str) -> dict:
     return {"method": "draft_model", "model": QWEN_DRAFT, "num_speculative_tokens": k}
 
 
-def eagle(k: int | str, folder: Path = EAGLE) -> dict:
-    return {"method": "eagle", "model": str(folder), "num_speculative_tokens": k}
+def eagle(k: int | str, folder: Path = EAGLE, quantization: str | None = None) -> dict:
+    return {"method": "eagle", "model": str(folder), "num_speculative_tokens": k,
+            **({"quantization": quantization} if quantization else {})}
 
 
 def medusa(k: int | str, folder: Path = MEDUSA) -> dict:
@@ -235,7 +236,8 @@ def main() -> None:
              "configs": {"baseline": None, "draft 0.5B k=3": qwen_draft(3)}},
             {"label": "EAGLE, batch 1, open-ended held-out text", "dataset": "held-out", "batch": 1,
              "num_prompts": n, "input_len": 256, "output_len": out,
-             "configs": {"baseline": None, "eagle k=2": eagle(2), "eagle k=3": eagle(3), "eagle auto": eagle("auto")}},
+             "configs": {"baseline": None, "eagle k=2": eagle(2), "eagle k=3": eagle(3), "eagle auto": eagle("auto"),
+                         "eagle int8 k=3": eagle(3, quantization="int8")}},
             {"label": "Medusa, batch 1, open-ended held-out text", "dataset": "held-out", "batch": 1,
              "num_prompts": n, "input_len": 256, "output_len": out,
              "configs": {"baseline": None, "medusa k=1": medusa(1), "medusa k=2": medusa(2), "medusa k=3": medusa(3),

@@ -22,7 +22,7 @@ from jido.layers.quantized_linear import QuantizedLinearMethod
 from jido.layers.rms_norm import load_norm_ops
 
 CONFIG_FILE, WEIGHTS_FILE = "draft_config.json", "draft.safetensors"
-INT8_GROUP = 32
+QUANT_GROUP = 32  # columns per scale of a draft's int8 / int4 codes
 
 
 class DraftNorm(nn.Module):
@@ -46,9 +46,9 @@ class DraftNorm(nn.Module):
 class DraftLinear(nn.Linear):
     """``nn.Linear`` for training; for proposing, its weight held by one of jido's linear methods (:meth:`prepare`).
 
-    Dense: oneDNN's blocked copy (plain ``F.linear`` of one row ran at ~4 GB/s here). int8: jido's int8 codes in
-    groups of 32, as ``--quantization int8``, on the int8 dot kernels with panels for steps of two rows or more
-    (from one row where they run on AMX tiles): a quarter of the bytes a proposal reads.
+    Dense: oneDNN's blocked copy (plain ``F.linear`` of one row ran at ~4 GB/s here). int8 / int4: jido's codes in
+    groups of 32, as ``--quantization int8`` / ``int4``, on the int8 dot kernels with panels for steps of two rows or
+    more (from one row where they run on AMX tiles): a quarter / an eighth of float32's bytes a proposal reads.
     """
 
     linear_method: LinearMethod | None = None
@@ -57,10 +57,11 @@ class DraftLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x) if self.linear_method is None else self.linear_method.apply(self, x, self.bias)
 
-    def prepare(self, int8: bool) -> None:
-        if int8:
+    def prepare(self, bits: int | None) -> None:
+        """Hold the weight for proposing: dense (``bits`` None), or in int8 / int4 codes (8 / 4)."""
+        if bits is not None:
             panel_min_rows = 1 if int8_dot.amx_runs() else int8_dot.PREPACKED_MIN_ROWS
-            self.linear_method = QuantizedLinearMethod(bits=8, group_size=INT8_GROUP, panel_min_rows=panel_min_rows)
+            self.linear_method = QuantizedLinearMethod(bits=bits, group_size=QUANT_GROUP, panel_min_rows=panel_min_rows)
         else:
             self.linear_method = UnquantizedLinearMethod()
         self.linear_method.process_weights_after_loading(self)
@@ -101,13 +102,13 @@ def read_draft_config(folder: Path, method: str, name: str) -> dict[str, Any]:
 
 
 def load_draft_weights(module: nn.Module, folder: Path, device: torch.device, dtype: torch.dtype,
-                       int8: bool) -> nn.Module:
-    """``module`` with the folder's weights, in eval mode, its linear layers packed for proposing (in int8 codes
-    with ``int8``, where the int8 kernels run: on a CPU)."""
+                       bits: int | None) -> nn.Module:
+    """``module`` with the folder's weights, in eval mode, its linear layers packed for proposing (in int8 / int4
+    codes with ``bits`` 8 / 4, where the int8 kernels run: on a CPU; None: dense)."""
     module.load_state_dict(load_file(str(folder / WEIGHTS_FILE)))
     module = module.to(device=device, dtype=dtype).eval()
     for layer in module.modules():
         if isinstance(layer, DraftLinear):
-            layer.prepare(int8 and device.type == "cpu")
+            layer.prepare(bits if device.type == "cpu" else None)
     return module
 

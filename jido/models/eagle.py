@@ -85,13 +85,16 @@ class EagleDraft(nn.Module):
     def scale(self) -> float:
         return self.config.head_dim ** -0.5
 
-    def project(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor
+    def project(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, max_len: int | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The residual stream and rotated q, k, v of entries (``embeds``: of the token after each hidden state)."""
+        """The residual stream and rotated q, k, v of entries (``embeds``: of the token after each hidden state);
+        ``max_len``: past the largest position, where the caller knows it (else read from ``positions``)."""
         x = self.fc(torch.cat([self.embed_norm(embeds), self.hidden_norm(hidden)], dim=-1))
         qkv = self.qkv_proj(self.input_norm(x))
         num, head_dim = x.shape[0], self.config.head_dim
-        cos, sin = self.rope(positions, int(positions.max()) + 1 if positions.numel() else 1)
+        if max_len is None:
+            max_len = int(positions.max()) + 1 if positions.numel() else 1
+        cos, sin = self.rope(positions, max_len)
         q_size, kv_size, _ = self.sizes
         if not torch.is_grad_enabled():  # proposing: rotated in place by one kernel call (it has no backward)
             q, k = norm_and_rotate_qk(qkv, q_size, kv_size, head_dim, cos, sin)
@@ -108,8 +111,8 @@ class EagleDraft(nn.Module):
         return self.out_norm(x)
 
     def forward(self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                attend: Attend) -> torch.Tensor:
-        x, q, k, v = self.project(embeds, hidden, positions)
+                attend: Attend, max_len: int | None = None) -> torch.Tensor:
+        x, q, k, v = self.project(embeds, hidden, positions, max_len)
         return self.finish(x, attend(q, k, v))
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
@@ -130,13 +133,14 @@ class EagleDraft(nn.Module):
         save_draft(self, self.config, folder, training)
 
 
-def load_eagle_draft(folder: str | Path, device: torch.device, dtype: torch.dtype, int8: bool = False) -> EagleDraft:
+def load_eagle_draft(folder: str | Path, device: torch.device, dtype: torch.dtype,
+                     bits: int | None = None) -> EagleDraft:
     """The draft `jido train-draft --method eagle` wrote to ``folder``, in eval mode, its linear layers packed for
-    proposing (in int8 codes with ``int8``, where the int8 kernels run on this CPU).
+    proposing (in int8 / int4 codes with ``bits`` 8 / 4, where the int8 kernels run on this CPU).
 
     Raises:
         ValueError: the folder does not hold an EAGLE draft.
     """
     folder = Path(folder)
     draft = EagleDraft(EagleDraftConfig(**read_draft_config(folder, "eagle", "EAGLE")))
-    return load_draft_weights(draft, folder, device, dtype, int8)
+    return load_draft_weights(draft, folder, device, dtype, bits)

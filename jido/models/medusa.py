@@ -79,13 +79,14 @@ class MedusaHeads(nn.Module):
         save_draft(self, self.config, folder, training)
 
 
-def load_medusa_heads(folder: str | Path, device: torch.device, dtype: torch.dtype, int8: bool = False) -> MedusaHeads:
-    """The heads `jido train-draft --method medusa` wrote to ``folder``, in eval mode, packed for proposing (in int8
-    codes with ``int8``, where the int8 kernels run on this CPU).
+def load_medusa_heads(folder: str | Path, device: torch.device, dtype: torch.dtype,
+                      bits: int | None = None) -> MedusaHeads:
+    """The heads `jido train-draft --method medusa` wrote to ``folder``, in eval mode, packed for proposing (in int8 /
+    int4 codes with ``bits`` 8 / 4, where the int8 kernels run on this CPU).
 
     Raises:
         ValueError: the folder does not hold Medusa heads.
     """
     folder = Path(folder)
     heads = MedusaHeads(MedusaConfig(**read_draft_config(folder, "medusa", "Medusa")))
-    return load_draft_weights(heads, folder, device, dtype, int8)
+    return load_draft_weights(heads, folder, device, dtype, bits)

@@ -40,25 +40,29 @@ class ProposerContext:
 
 
 TrainedDraft = TypeVar("TrainedDraft", bound=torch.nn.Module)
+# A trained draft's `quantization` -> the bits of its codes (None: dense, in the model's dtype).
+TRAINED_DRAFT_BITS: dict[str, int | None] = {"int8": 8, "int4": 4, "none": None}
 
 
 def load_trained_draft(config: SpeculativeConfig, context: ProposerContext,
-                       load: Callable[[str, torch.device, torch.dtype, bool], TrainedDraft], name: str) -> TrainedDraft:
-    """The draft `jido train-draft` wrote to ``config.model`` (``load``: EAGLE's or Medusa's loader), in int8 codes
-    under a quantized target unless ``config.quantization`` says otherwise, as the draft model's; ``name`` is how
-    errors call it.
+                       load: Callable[[str, torch.device, torch.dtype, int | None], TrainedDraft],
+                       name: str, quantized: str = "int8") -> TrainedDraft:
+    """The draft `jido train-draft` wrote to ``config.model`` (``load``: EAGLE's or Medusa's loader), in the codes of
+    ``quantized`` under a quantized target unless ``config.quantization`` says otherwise (``int8``, ``int4`` or
+    ``none``), as the draft model's; ``name`` is how errors call it.
 
-    int8 because a proposal then reads a quarter of float32's bytes (an EAGLE proposal at batch 1, layer + head +
-    full-vocabulary argmax: 13.3 ms on plain F.linear, 8.6 ms on oneDNN-packed float32, 3.1 ms in int8; the target's
-    step was ~28-35 ms).
+    Codes because a proposal then reads a quarter (int8) or an eighth (int4) of float32's bytes (an EAGLE proposal at
+    batch 1, layer + head + full-vocabulary argmax: 13.3 ms on plain F.linear, 8.6 ms on oneDNN-packed float32,
+    3.1 ms in int8; the target's step was ~28-35 ms).
 
     Raises:
-        ValueError: a quantization other than int8 or none, or a draft trained for another hidden size or vocabulary.
+        ValueError: a quantization other than int8, int4 or none, or a draft trained for another hidden size or
+            vocabulary.
     """
-    quantization = config.quantization or ("int8" if context.quantization != "none" else "none")
-    if quantization not in ("int8", "none"):
-        raise ValueError(f"{name} drafts run in float or int8: quantization {quantization!r} is not supported")
-    draft = load(config.model, context.device, context.dtype, quantization == "int8")
+    quantization = config.quantization or (quantized if context.quantization != "none" else "none")
+    if quantization not in TRAINED_DRAFT_BITS:
+        raise ValueError(f"{name} drafts run in float, int8 or int4: quantization {quantization!r} is not supported")
+    draft = load(config.model, context.device, context.dtype, TRAINED_DRAFT_BITS[quantization])
     c, arch = draft.config, context.model_arch
     if (c.hidden_size, c.target_vocab_size) != (arch.hidden_size, arch.vocab_size):
         raise ValueError(f"the {name} draft in {config.model} was trained for hidden size {c.hidden_size} and "

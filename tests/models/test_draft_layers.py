@@ -47,7 +47,7 @@ def test_an_int8_drafts_one_row_steps_take_the_amx_panels_where_a_models_take_th
     layer = DraftLinear(96, 4099, bias=False)
     with torch.no_grad():
         layer.weight.copy_(weight)
-    layer.prepare(int8=True)
+    layer.prepare(8)
     x = torch.randn(1, 96, generator=gen)
     with torch.inference_mode():
         out = layer(x)
