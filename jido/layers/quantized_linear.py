@@ -101,7 +101,7 @@ class QuantizedLinearMethod(LinearMethod):
     ``per_token`` rounds x once per row (``w8a8``) instead of per block of 32.
     ``panel_min_rows``: steps of this many rows or more run on the prepacked panels; a model's one-row decode stays
     on the rows kernel (see ``int8_dot.PREPACKED_MIN_ROWS``). A draft takes the panels from one row: its codes are
-    int8 (the panels hold them at the same bytes), and on AMX tiles its one-row layers ran in 0.6-0.8x the rows
+    int8 (the panels hold them at the same bytes) or int4, and on AMX tiles its one-row layers ran in 0.6-0.8x the rows
     kernel's time (EAGLE's 16,384-row head 236 against 268 us, its gate/up 44 against 81 us, weights in cache).
     """
 

@@ -63,11 +63,15 @@ constexpr int64_t kPanelRows = 4;  // rows of x per step of the panel kernel
 // of a B tile) as 64 bytes of nibbles (byte i: code i in the low half, code 64 + i in the high) and, per bit past
 // the fourth, 16 bytes of that bit (two 64-bit masks: codes 0..63, then 64..127). The tile kernel widens a multiply's
 // units back into bytes in L1 just before it loads them. Decode steps of a few rows stream these weights from memory,
-// so fewer bytes are less time: Gemma 3 270M's 72 layer matmuls read 94 MB of codes as bytes, 69 MB narrow.
+// so fewer bytes are less time: Gemma 3 270M's 72 layer matmuls hold 100 MB of codes as bytes, 65 MB narrow.
 constexpr int64_t kNarrowUnit = 128;
 inline int64_t narrow_unit_bytes(int bits) { return bits >= 8 ? kNarrowUnit : 64 + 16 * (bits - 4); }
 // Bits per code for a weight whose panels' widest span of codes is `span` (8: bytes, as packed).
 inline int narrow_bits(int span) { return span <= 15 ? 4 : span <= 31 ? 5 : span <= 63 ? 6 : 8; }
+// Bytes of codes in one panel of `rows` weight rows of kpad columns, `bits` a code.
+inline int64_t panel_code_bytes(int64_t rows, int64_t kpad, int bits) {
+  return rows * kpad / kNarrowUnit * narrow_unit_bytes(bits);
+}
 
 // Steps of up to this many rows (a speculative verify step's K + 1) run in one step: each pass over a panel
 // then serves them all.
@@ -568,7 +572,7 @@ std::vector<at::Tensor> pack_all_panels(const Weight& w, int64_t x_block, int64_
 void check_panels(const Weight& w, int64_t x_block, int64_t rows, const at::Tensor& codes, const at::Tensor& scales,
                   const at::Tensor& mins, const at::Tensor& meta, int bits = 8) {
   const int64_t kpad = w.nb * kBlock, chunk = panel_chunk(w, x_block), num_chunks = (w.K + chunk - 1) / chunk;
-  const int64_t num_panels = (w.N + rows - 1) / rows, code_bytes = rows * kpad / kNarrowUnit * narrow_unit_bytes(bits);
+  const int64_t num_panels = (w.N + rows - 1) / rows, code_bytes = panel_code_bytes(rows, kpad, bits);
   TORCH_CHECK(codes.dim() == 2 && codes.size(0) == num_panels && codes.size(1) == code_bytes &&
                   codes.scalar_type() == at::kByte && codes.is_contiguous(),
               "panel codes must be contiguous uint8 [", num_panels, ", ", code_bytes, "]");
@@ -617,9 +621,7 @@ constexpr int64_t kAmxRows = 16;   // rows of x per A tile
 
 namespace amx {
 void narrow_codes(const uint8_t* codes, int64_t units, int bits, uint8_t* out);
-}  // namespace amx
 
-namespace amx {
 struct Panels {
   const int8_t* codes;  // [panels][quads][16][4], or narrow (bits < 8): per panel kpad * 16 / 128 units
   const float* scales;  // [panels][chunks][16]
@@ -627,7 +629,7 @@ struct Panels {
   const int32_t* meta;  // [panels][2]: the wider span of codes of its halves, whether it has a mins' term
   int64_t N, kpad, chunk, num_chunks, num_groups;
   int bits;  // per code: 8 (bytes), or 4-6 (narrow)
-  int64_t panel_bytes() const { return kpad * kAmxPanel / kNarrowUnit * narrow_unit_bytes(bits); }
+  int64_t panel_bytes() const { return panel_code_bytes(kAmxPanel, kpad, bits); }
 };
 }  // namespace amx
 
@@ -681,10 +683,10 @@ std::vector<at::Tensor> pack_all_amx_panels(const Weight& w, int64_t x_block, bo
   const int bits = narrow ? narrow_bits(span) : 8;
   if (bits < 8) {
     const int64_t units = kpad * kAmxPanel / kNarrowUnit;
-    at::Tensor narrow = at::empty({num_panels, units * narrow_unit_bytes(bits)}, codes.options());
+    at::Tensor narrow = at::empty({num_panels, panel_code_bytes(kAmxPanel, kpad, bits)}, codes.options());
     at::parallel_for(0, num_panels, 64, [&](int64_t p0, int64_t p1) {
       amx::narrow_codes(codes.data_ptr<uint8_t>() + p0 * kAmxPanel * kpad, (p1 - p0) * units, bits,
-                        narrow.data_ptr<uint8_t>() + p0 * units * narrow_unit_bytes(bits));
+                        narrow.data_ptr<uint8_t>() + p0 * panel_code_bytes(kAmxPanel, kpad, bits));
     });
     codes = narrow;
   }
@@ -801,7 +803,6 @@ struct Block {
 // the 72 layer matmuls of Gemma 3 270M's shapes at 16 rows), 4 KiB took 10.8 -> 8.1 and 10.4 -> 9.4 ms.
 constexpr int64_t kPrefetchAhead = 4096;
 
-// Chunk c's tile multiplies into bank Bank's sums.
 // The codes of columns [k, k + sub) of the panel, narrow, widened into `out`.
 JIDO_INLINE void widen_multiply_codes(const Block& b, int64_t k, int8_t* out) {
   const uint8_t* narrow = reinterpret_cast<const uint8_t*>(b.codes) +
@@ -815,9 +816,10 @@ JIDO_INLINE void widen_multiply_codes(const Block& b, int64_t k, int8_t* out) {
 // Whether narrow codes are widened a round of banks ahead (see chunk_products): chunks of one multiply each.
 inline bool widens_ahead(const Block& b) { return b.w.bits < 8 && b.w.chunk == b.sub; }
 
-// Narrow codes go through the bank's buffer: the tile units load memory, not vector registers. Where a chunk is one
-// multiply, its buffer was filled four chunks earlier, and is refilled here for chunk c + 4: a tile load right
-// behind the stores that widened its codes waited for them to reach L1.
+// Chunk c's tile multiplies into bank Bank's sums. Narrow codes go through the bank's buffer: the tile units load
+// memory, not vector registers. Where a chunk is one multiply, its buffer was filled four chunks earlier, and is
+// refilled here for chunk c + 4: a tile load right behind the stores that widened its codes waited for them to reach
+// L1.
 template <int Bank>
 JIDO_INLINE void chunk_products(const Block& b, int64_t c) {
   const int64_t k0 = c * b.w.chunk, k1 = std::min(k0 + b.w.chunk, b.w.kpad), ldx = b.x.nb * kBlock;
@@ -1234,7 +1236,7 @@ std::vector<at::Tensor> int8_dot_pack_amx_panels(const at::Tensor& data, const a
 // The bits per code of AMX panels packed for rows of kpad columns, by their codes' width (see narrow_unit_bytes).
 int amx_code_bits(const at::Tensor& codes, int64_t kpad) {
   for (int bits : {8, 4, 5, 6})
-    if (codes.dim() == 2 && codes.size(1) == kAmxPanel * kpad / kNarrowUnit * narrow_unit_bytes(bits)) return bits;
+    if (codes.dim() == 2 && codes.size(1) == panel_code_bytes(kAmxPanel, kpad, bits)) return bits;
   return 8;  // check_panels names the shape expected
 }
 
