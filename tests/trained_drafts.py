@@ -25,7 +25,7 @@ def write_corpus(path: Path, seed: int = 0) -> Path:
 def train_tiny_draft(target: Path, out: Path, method: str = "eagle", **overrides: object) -> tuple[Path, dict]:
     """Train a ``method`` draft for ``target`` into ``out``; the folder and what the trainer recorded."""
     settings = dict(num_prompts=40, prompt_len=16, max_tokens=24, corpus_windows=8, draft_vocab_size=DRAFT_VOCAB,
-                    steps=200, batch_size=8, kv_cache_memory="16MiB",
+                    steps=200, batch_size=8, kv_cache_memory="16MiB", dtype="float32",
                     # Medusa's blocks start at zero and are all it trains: 200 steps at 1e-3 barely move them.
                     learning_rate=1e-2 if method == "medusa" else 1e-3)
     config = TrainDraftConfig(out=str(out / "draft"), method=method, model=str(target),

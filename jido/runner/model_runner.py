@@ -38,7 +38,7 @@ from jido.utils.huge_pages import move_weights_to_huge_pages, thp_mode, zeros_in
 
 logger = logging.getLogger("jido")
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -56,7 +56,7 @@ def resolve_dtype(dtype: str, device: torch.device, cpu: CpuInfo | None = None) 
     (measured: 59 s against 0.1 s for 2048^2), so float32 is the fast choice there.
     """
     if dtype != "auto":
-        return _DTYPES[dtype]
+        return DTYPES[dtype]
     if device.type != "cpu":
         return torch.bfloat16
     return torch.bfloat16 if (cpu or cpu_info()).has_native_bf16 else torch.float32

@@ -103,6 +103,8 @@ def test_the_trainer_refuses_bad_settings_with_the_reason(capsys):
         TrainDraftConfig(out="x", method="medusa", num_heads=0)
     with pytest.raises(ValueError, match="num_prompts must be at least 2"):
         TrainDraftConfig(out="x", num_prompts=1)
+    with pytest.raises(ValueError, match="dtype must be auto or one of float32, bfloat16, float16, got 'fp16'"):
+        TrainDraftConfig(out="x", dtype="fp16")
     with pytest.raises(SystemExit):
         train_draft_main(["--steps", "3"])
     assert "--out is required" in capsys.readouterr().err
@@ -140,3 +142,13 @@ def test_under_a_quantized_target_the_draft_proposes_in_int8_or_int4_codes_and_t
         assert spec_llm.llm_engine.get_scheduler_stats().spec_decoding.num_accepted_tokens > 5, draft_quantization
     with pytest.raises(ValueError, match="EAGLE drafts run in float, int8 or int4: quantization 'fp8'"):
         LLM(**settings, speculative_config={**config, "quantization": "fp8"})
+
+
+def test_the_trainer_reads_the_targets_hidden_states_in_the_served_dtype(tiny_model_folder):
+    """A draft trains on the states it will be given: a bf16 target's are bf16 values, not float32 ones rounded."""
+    seq = [2] + [3 + (i * 7) % 120 for i in range(40)]
+    [exact] = Target(str(tiny_model_folder), None, "float32").hidden_states([seq])
+    [served] = Target(str(tiny_model_folder), None, "bfloat16").hidden_states([seq])
+    assert served.dtype == torch.float32 and torch.equal(served, served.bfloat16().float())
+    assert not torch.equal(served, exact.bfloat16().float())  # computed in bf16 all through, not rounded at the end
+    assert torch.allclose(served, exact, rtol=0.1, atol=0.1)
