@@ -56,7 +56,8 @@ def get_gated_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     act, fused = _ACTIVATIONS[name], _FUSED.get(name)
 
     def gated(gate_up: torch.Tensor) -> torch.Tensor:
-        if fused is not None and gate_up.dim() == 2 and gate_up.is_contiguous():
+        # The fused kernels have no backward: a draft being trained takes the ATen ops, which autograd follows.
+        if fused is not None and gate_up.dim() == 2 and gate_up.is_contiguous() and not gate_up.requires_grad:
             on_cpu = gate_up.is_cpu and gate_up.dtype in (torch.float32, torch.bfloat16)
             ops = load_activation_ops() if on_cpu else triton_ops_for(gate_up)
             if ops is not None:
