@@ -302,26 +302,18 @@ void flash_prefill(at::Tensor out, const at::Tensor& q, const at::Tensor& keys, 
 //   V: blocks of 32 keys, each [head_dim / 16][16 key pairs][16 dims][2]: a B tile (32 keys, 16 dims) is 1 KiB.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")
+#include "bf16_tiles.h"
 namespace amx_tiles {
+
+using bf16_tiles::exp_ps;
 
 constexpr int64_t kKeys = 32;        // keys per block: a P x V multiply's K (pairs of keys in a B tile's rows)
 constexpr int64_t kSegment = 1024;   // keys whose scores are held at once
 constexpr int64_t kLdS = kSegment + 16;  // row strides of the scores (floats) and weights (bf16): off 4 KiB multiples
 constexpr int64_t kLdP = kSegment + 32;
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles 0-3 sum (C), 4-5 hold rows of the left operand (A), 6-7 the packed right operand (B).
-inline void configure() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
-  _tile_loadconfig(&cfg);
-}
+inline void configure() { bf16_tiles::configure_full_tiles(8); }
 
 // Keys and values of KV head h into the tile layouts, zero past the last key.
 void pack(const Problem& p, int64_t num_blocks, const bf16* keys, const bf16* values, bf16* k_packed,
@@ -435,22 +427,6 @@ void values_tiles(const bf16* probs, int64_t rows, int64_t D, const bf16* v_pack
       _tile_stored(3, a + 16 * D + 16, D * 4);
     }
   }
-}
-
-// exp(x) in 16 lanes for x <= 0 (and -inf): x = n ln2 + r, |r| <= ln2 / 2, exp(r) by a degree-5 polynomial
-// (relative error ~2e-6: the weights are rounded to bf16, 4e-3), 2^n applied by scalef (0 below the float range).
-inline __m512 exp_ps(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
-  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 y = _mm512_set1_ps(1.f / 120.f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.f / 24.f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.f / 6.f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(0.5f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(y, n);
 }
 
 // Lanes j .. j + 15 that fall in [lo, hi].

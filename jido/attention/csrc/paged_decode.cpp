@@ -29,6 +29,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <type_traits>
 #include <vector>
 
@@ -400,6 +402,7 @@ inline void pass(int64_t n, F f) {
 struct Run {
   int64_t row0, rows;  // its rows of q and out
   int64_t first_blk, num_splits, split_blocks, item0;
+  bool tiles;  // on AMX tiles (amx_runs::attend)
 };
 
 // The keys of cache block `block` for kv head h ([block_size, width]; its values lie `plane` elements further).
@@ -497,12 +500,230 @@ void attend_split(const Shape& s, const T* cache, const int32_t* table, const in
   }
 }
 
+#if defined(__AVX512F__)
+// Runs of bf16 queries on a bf16 cache, on AMX tiles (where tiles_ready()). Per item, with S^T = K Q^T so that the
+// keys are the left operand, read as they lie in the cache (16 keys of one block, 32 columns a tile row):
+//   S^T [16 keys, 16 queries] += K[16 keys, 32 dims] x Q^T (the queries' 32 dims in pairs: a B tile),
+//   softmax down S^T's columns in 16-lane vectors (lane = query; each row of S^T is one key for every query),
+//   the weights as bf16 pairs hi + lo scattered, two keys a time, into P's A tiles [16 queries, 32 keys],
+//   acc [16 queries, 16 dims] += P_hi x V + P_lo x V (V's rows in pairs, packed once per item: a B tile per 32 keys
+//   and 16 dims).
+// Keys an item's queries cannot see (before the first row's first key, past the last row's last, other lanes' ranges)
+// get weight 0; packed value rows past what any query sees are zeros, so stale slots (NaN bits even) add nothing.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")
+#include "bf16_tiles.h"
+namespace amx_runs {
+
+using bf16_tiles::exp_ps;
+
+constexpr int64_t kTile = 16;   // tile rows: keys of S^T, queries of P and acc
+constexpr int64_t kGroup = 32;  // keys per P x V multiply (pairs of keys in a B tile's rows)
+constexpr int64_t kTileElems = kTile * kGroup;  // bf16 elements of one A or B tile
+
+// Tiles 0-3 sum (C), 4 and 6 hold left operands (A: keys, or P's hi and lo), 5 the right one (B).
+inline void configure() { bf16_tiles::configure_full_tiles(7); }
+
+inline void release() { _tile_release(); }
+
+struct Scratch {
+  std::vector<uint32_t> qt;   // the queries as B tiles: [head_dim / 2 pairs][16 queries]
+  std::vector<float> st;      // S^T: [keys][16 queries]
+  std::vector<uint16_t> p;    // P as A tiles: [groups][16 queries][32 keys]
+  std::vector<uint16_t> vp;   // V as B tiles: [groups][head_dim / 16][16 key pairs][16 dims][2]
+  std::vector<float> acc;     // P V: [16 queries][head_dim]
+};
+
+// The value rows of keys [k0, k0 + 32) (zeros outside [lo, hi)) as the B tiles of one group: per 16 dims, row i holds
+// dims d..d+15 of keys 2i and 2i + 1, interleaved.
+template <class RowOf>
+void pack_values(RowOf value_row, int64_t k0, int64_t lo, int64_t hi, int64_t D, uint16_t* out) {
+  static const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                                     23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t i = 0; i < kTile; ++i) {
+    const int64_t a = k0 + 2 * i, b = a + 1;
+    const uint16_t* va = a >= lo && a < hi ? value_row(a) : nullptr;
+    const uint16_t* vb = b >= lo && b < hi ? value_row(b) : nullptr;
+    for (int64_t d = 0; d < D; d += kTile) {
+      const __m256i x = va ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(va + d)) : _mm256_setzero_si256();
+      const __m256i y = vb ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vb + d)) : _mm256_setzero_si256();
+      const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1);
+      _mm512_storeu_si512(out + (d / kTile) * kTileElems + i * kGroup, _mm512_permutexvar_epi16(interleave, both));
+    }
+  }
+}
+
+// acc[:, d0 .. d0 + 16 * NC) = P V for the groups' tiles (NC of the four sum tiles), P = p's hi tiles + its lo ones.
+template <int NC>
+void values_pass(const uint16_t* p, const uint16_t* vp, int64_t groups, int64_t D, int64_t d0, float* acc) {
+  _tile_zero(0);
+  if constexpr (NC > 1) _tile_zero(1);
+  if constexpr (NC > 2) _tile_zero(2);
+  if constexpr (NC > 3) _tile_zero(3);
+  const int64_t chunks = D / kTile;
+  for (int64_t g = 0; g < groups; ++g) {
+    _tile_loadd(4, p + g * kTileElems, 64);
+    _tile_loadd(6, p + (groups + g) * kTileElems, 64);
+    const uint16_t* v = vp + (g * chunks + d0 / kTile) * kTileElems;
+    _tile_loadd(5, v, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(0, 6, 5);
+    if constexpr (NC > 1) { _tile_loadd(5, v + kTileElems, 64); _tile_dpbf16ps(1, 4, 5); _tile_dpbf16ps(1, 6, 5); }
+    if constexpr (NC > 2) { _tile_loadd(5, v + 2 * kTileElems, 64); _tile_dpbf16ps(2, 4, 5); _tile_dpbf16ps(2, 6, 5); }
+    if constexpr (NC > 3) { _tile_loadd(5, v + 3 * kTileElems, 64); _tile_dpbf16ps(3, 4, 5); _tile_dpbf16ps(3, 6, 5); }
+  }
+  _tile_stored(0, acc + d0, D * 4);
+  if constexpr (NC > 1) _tile_stored(1, acc + d0 + kTile, D * 4);
+  if constexpr (NC > 2) _tile_stored(2, acc + d0 + 2 * kTile, D * 4);
+  if constexpr (NC > 3) _tile_stored(3, acc + d0 + 3 * kTile, D * 4);
+}
+
+// One item as attend_split makes it (running max m, sum l, unnormalized acc per query, acc in column order) for a
+// run's rows * G bf16 queries (q: the run's first row [rows, kv heads, G, D]) in tiles of 16, keys of blocks
+// [blk_lo, blk_hi) of its table.
+void attend(const Shape& s, const uint16_t* cache, const int32_t* table, const int64_t* first, const int64_t* end,
+            int64_t rows, const uint16_t* q, int64_t h, int64_t blk_lo, int64_t blk_hi, float* m, float* l,
+            float* acc, Scratch& w) {
+  const int64_t D = s.head_dim, W = s.width, bs = s.block_size, G = s.group, Q = rows * G;
+  const int64_t plane = s.num_blocks * s.num_kv_heads * bs * W;  // keys, then values
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  // Keys any query here sees: [k_lo, k_hi). Rows sit at consecutive positions: first and end rise with the row.
+  const int64_t k_lo = std::max(first[0], blk_lo * bs), k_hi = std::min(end[rows - 1], blk_hi * bs);
+  if (k_lo >= k_hi) {
+    std::fill(m, m + Q, neg_inf);
+    std::fill(l, l + Q, 0.f);
+    std::fill(acc, acc + Q * D, 0.f);
+    return;
+  }
+  const int64_t key0 = k_lo / kTile * kTile;  // slices of 16 keys, never across a block (bs % 16 == 0)
+  const int64_t slices = (k_hi - key0 + kTile - 1) / kTile, groups = (slices + 1) / 2;
+  auto key_row = [&](int64_t pos) { return block_keys(s, cache, table[pos / bs], h) + (pos % bs) * W; };
+  auto value_row = [&](int64_t pos) { return key_row(pos) + plane; };
+  configure();  // NOTE: per item; configured once per thread of the parallel_for, the tiles faulted here (#UD)
+  w.qt.resize(D / 2 * kTile);
+  w.st.resize(slices * kTile * kTile);
+  w.p.resize(2 * groups * kTileElems);
+  w.vp.resize(groups * D / kTile * kTileElems);
+  w.acc.resize(kTile * D);
+  for (int64_t g = 0; g < groups; ++g) pack_values(value_row, key0 + g * kGroup, k_lo, k_hi, D, &w.vp[g * D / kTile * kTileElems]);
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i pair_lanes = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i row_bytes = _mm512_mullo_epi32(lane, _mm512_set1_epi32(kGroup * 2));  // P's rows, 64 bytes apart
+  for (int64_t q0 = 0; q0 < Q; q0 += kTile) {
+    const int64_t nq = std::min(kTile, Q - q0);
+    // The queries' pairs of columns as B tiles; each lane's visible keys [lo, hi) (none past the last query).
+    alignas(64) int32_t lo[kTile], hi[kTile];
+    for (int64_t n = 0; n < kTile; ++n) {
+      if (n >= nq) {
+        lo[n] = hi[n] = 0;
+        for (int64_t j = 0; j < D / 2; ++j) w.qt[j * kTile + n] = 0;
+        continue;
+      }
+      const int64_t r = (q0 + n) / G, g = (q0 + n) % G;
+      lo[n] = static_cast<int32_t>(first[r]);
+      hi[n] = static_cast<int32_t>(end[r]);
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(q + ((r * s.num_kv_heads + h) * G + g) * D);
+      for (int64_t j = 0; j < D / 2; ++j) w.qt[j * kTile + n] = src[j];
+    }
+    // S^T, one slice of 16 keys at a time.
+    for (int64_t i = 0; i < slices; ++i) {
+      const uint16_t* k = key_row(key0 + i * kTile);
+      _tile_zero(0);
+      for (int64_t c = 0; c < D; c += kGroup) {
+        _tile_loadd(4, k + c, W * 2);
+        _tile_loadd(5, &w.qt[c / 2 * kTile], 64);
+        _tile_dpbf16ps(0, 4, 5);
+      }
+      _tile_stored(0, &w.st[i * kTile * kTile], 64);
+    }
+    const int64_t n_keys = slices * kTile;
+    float scale = s.scale;
+    if (s.softcap > 0.f) {
+      for (int64_t x = 0; x < n_keys * kTile; ++x) w.st[x] = std::tanh(w.st[x] * s.scale / s.softcap) * s.softcap;
+      scale = 1.f;
+    }
+    const __m512i vlo = _mm512_load_si512(lo), vhi = _mm512_load_si512(hi);
+    auto visible = [&](int64_t t) {
+      const __m512i pos = _mm512_set1_epi32(static_cast<int32_t>(key0 + t));
+      return t < n_keys ? static_cast<__mmask16>(_mm512_cmpge_epi32_mask(pos, vlo) & _mm512_cmplt_epi32_mask(pos, vhi))
+                        : __mmask16{0};
+    };
+    __m512 mx = _mm512_set1_ps(neg_inf);
+    for (int64_t t = 0; t < n_keys; ++t) mx = _mm512_mask_max_ps(mx, visible(t), mx, _mm512_loadu_ps(&w.st[t * kTile]));
+    // A lane that sees nothing keeps m = -inf and l = 0 (the merge skips it); its shift is 0, its weights masked.
+    const __mmask16 seen = _mm512_cmp_ps_mask(mx, _mm512_set1_ps(neg_inf), _CMP_NEQ_OQ);
+    const __m512 m_lane = _mm512_mask_mul_ps(mx, seen, mx, _mm512_set1_ps(scale));
+    const __m512 shift = _mm512_maskz_sub_ps(seen, _mm512_setzero_ps(), m_lane), sc = _mm512_set1_ps(scale);
+    __m512 sum = _mm512_setzero_ps();
+    uint16_t* p_lo = w.p.data() + groups * kTileElems;
+    for (int64_t t = 0; t < groups * kGroup; t += 2) {
+      const __mmask16 v0 = visible(t), v1 = visible(t + 1);
+      const __m512 e0 = v0 ? _mm512_maskz_mov_ps(v0, exp_ps(_mm512_fmadd_ps(_mm512_loadu_ps(&w.st[t * kTile]), sc, shift)))
+                           : _mm512_setzero_ps();
+      const __m512 e1 = v1 ? _mm512_maskz_mov_ps(v1, exp_ps(_mm512_fmadd_ps(_mm512_loadu_ps(&w.st[(t + 1) * kTile]), sc, shift)))
+                           : _mm512_setzero_ps();
+      sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+      // Each weight as a bf16 pair hi + lo (lo: what hi's rounding lost, ~2^-9 of it): P V in two products keeps the
+      // weights to ~2^-17, where one bf16 P put 1e-3 of error on outputs of ~1.
+      const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(e1, e0);
+      const __m512 lo0 = _mm512_sub_ps(e0, _mm512_cvtpbh_ps((__m256bh)_mm512_castsi512_si256(hi)));
+      const __m512 lo1 = _mm512_sub_ps(e1, _mm512_cvtpbh_ps((__m256bh)_mm512_extracti64x4_epi64(hi, 1)));
+      const __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(lo1, lo0);
+      // (key t, key t + 1) per query, into row `query` of the group's A tiles, columns t % 32 and t % 32 + 1.
+      const int64_t at = (t / kGroup) * kTileElems + t % kGroup;
+      _mm512_i32scatter_epi32(&w.p[at], row_bytes, _mm512_permutexvar_epi16(pair_lanes, hi), 1);
+      _mm512_i32scatter_epi32(p_lo + at, row_bytes, _mm512_permutexvar_epi16(pair_lanes, lo), 1);
+    }
+    alignas(64) float m_out[kTile], l_out[kTile];
+    _mm512_store_ps(m_out, m_lane);
+    _mm512_store_ps(l_out, sum);
+    int64_t d0 = 0;
+    for (; d0 + 4 * kTile <= D; d0 += 4 * kTile) values_pass<4>(w.p.data(), w.vp.data(), groups, D, d0, w.acc.data());
+    if (D - d0 == 2 * kTile) values_pass<2>(w.p.data(), w.vp.data(), groups, D, d0, w.acc.data());
+    for (int64_t n = 0; n < nq; ++n) {
+      m[q0 + n] = m_out[n];
+      l[q0 + n] = l_out[n];
+      std::memcpy(acc + (q0 + n) * D, &w.acc[n * D], D * sizeof(float));
+    }
+  }
+}
+
+}  // namespace amx_runs
+#pragma GCC pop_options
+
+// Whether this process multiplies bf16 tiles: the CPU has AMX-BF16 and Linux lets this process use the tile state,
+// asked once (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, as oneDNN and the int8 kernels ask).
+bool tiles_ready() {
+  static const bool ready = [] {
+    if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("amx-tile") ||
+        !__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw"))
+      return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  return ready;
+}
+#else
+bool tiles_ready() { return false; }
+#endif  // __AVX512F__
+
 // Rows of one request at consecutive positions whose blocks are the same (the rows build_plan makes of a short
 // query) form one run, up to this many rows.
 constexpr int64_t kMaxRunRows = 16;
 
 // A step's keys and values per thread past which one-row runs prefetch their next block (see decode).
 constexpr int64_t kPrefetchBytesPerThread = 1536 * 1024;
+
+// Runs of at least this many rows go on AMX tiles, where the cache and queries are bf16 and the tiles run. Measured on
+// the 2-core AMX Xeon (Gemma 3's 4 query heads on one KV head of 256, 18 layers' caches cycled, medians), vector
+// kernels -> tiles: a run of 4 rows at 300 tokens 50.6 -> 24.3 us, at 1,000 120 -> 57; 2 rows at 300 29.9 -> 22.8;
+// 8 rows at 1,000 213 -> 76. A run of one row lost on tiles (300 tokens 18.7 -> 19.9 us, 1,000 40.9 -> 52.7; 16
+// decodes at 100 tokens 87.8 -> 93.6): its 4 queries fill a quarter of the tile's rows.
+constexpr int64_t kTileMinRows = 2;
+constexpr int64_t amx_tile_keys = 16;  // keys per S^T tile: block sizes must be multiples of it
+template <typename T, typename C>
+constexpr bool kTileTypes = std::is_same_v<T, uint16_t> && std::is_same_v<C, uint16_t>;
 
 // Whether row b continues the run that row b - 1 is in: the next position of the same blocks.
 inline bool continues_run(const Shape& s, const int32_t* tables, const int32_t* seq_lens, int64_t b) {
@@ -520,7 +741,7 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
   std::vector<Run> runs;
   for (int64_t b = 0; b < num_rows; ++b) {
     if (b > 0 && runs.back().rows < kMaxRunRows && continues_run(s, tables, seq_lens, b)) ++runs.back().rows;
-    else runs.push_back(Run{b, 1, 0, 0, 0, 0});
+    else runs.push_back(Run{b, 1, 0, 0, 0, 0, false});
   }
   // Items per run: its visible blocks (from its first row's first key to its last row's last) cut into splits of
   // equal size, at most blocks_per_split blocks each, and at least enough of them that a batch of fewer (run, kv
@@ -545,6 +766,9 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
   const int64_t num_items = static_cast<int64_t>(item_run.size());
   std::vector<float> ms(num_q), ls(num_q), accs(num_q * D);
   const bool split_order = takes_split<C>(D);  // queries and outputs in split order (see split_bf16)
+  const bool tiles = kTileTypes<T, C> && D % 32 == 0 && bs % amx_tile_keys == 0 && tiles_ready();
+  bool any_tiles = false;
+  for (Run& run : runs) any_tiles |= run.tiles = tiles && run.rows >= kTileMinRows;
   // One-row runs of the 8-lane kernels ask for their next block too once the step's keys and values outgrow what the
   // threads' L2 caches hold (the split-order kernels always do, row by row). Measured on a 2-core AMX Xeon (bf16
   // cache, Gemma 3's heads, 18 layers' caches cycled, medians): 16 decodes at 320 tokens (5.2 MB a layer) 526 -> 449
@@ -557,9 +781,25 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
 
   at::parallel_for(0, num_items, 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> q;
+#if defined(__AVX512F__)
+    amx_runs::Scratch scratch;
+#endif
     for (int64_t i = lo; i < hi; ++i) {
       const Run& run = runs[item_run[i]];
       const int64_t local = i - run.item0, h = local / run.num_splits, split = local % run.num_splits;
+      const int64_t qi = item_q[i];
+      if (run.tiles) {
+#if defined(__AVX512F__)
+        if constexpr (kTileTypes<T, C>) {
+          const int64_t last = run.row0 + run.rows - 1;
+          const int64_t blk_lo = run.first_blk + split * run.split_blocks;
+          const int64_t blk_hi = std::min(blk_lo + run.split_blocks, (end[last] - 1) / bs + 1);
+          amx_runs::attend(s, cache, tables + run.row0 * s.max_blocks, &first[run.row0], &end[run.row0], run.rows,
+                           q_in + run.row0 * H * G * D, h, blk_lo, blk_hi, &ms[qi], &ls[qi], &accs[qi * D], scratch);
+        }
+#endif
+        continue;
+      }
       q.resize(run.rows * G * D);
       for (int64_t r = 0; r < run.rows; ++r) {
         const T* qh = q_in + ((run.row0 + r) * H + h) * G * D;  // query heads h*G .. h*G+G-1 of the row
@@ -573,10 +813,12 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
       const int64_t last = run.row0 + run.rows - 1;
       const int64_t blk_lo = run.first_blk + split * run.split_blocks;
       const int64_t blk_hi = std::min(blk_lo + run.split_blocks, (end[last] - 1) / bs + 1);
-      const int64_t qi = item_q[i];
       attend_split(s, cache, tables + run.row0 * s.max_blocks, &first[run.row0], &end[run.row0], run.rows, q.data(),
                    h, blk_lo, blk_hi, prefetch_next, &ms[qi], &ls[qi], &accs[qi * D]);
     }
+#if defined(__AVX512F__)
+    if (any_tiles) amx_runs::release();
+#endif
   });
 
   // Merge each (row, kv head)'s splits by log-sum-exp and normalize once.
@@ -602,7 +844,7 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
           axpy(w, &accs[qi * D], o.data(), D);
         }
         T* dst = out + ((b * H + h) * G + g) * D;
-        if (split_order)
+        if (split_order && !run.tiles)
           for (int64_t d = 0; d < D; ++d) store(o[split_index(d)] / l, dst + d);
         else
           for (int64_t d = 0; d < D; ++d) store(o[d] / l, dst + d);
