@@ -21,6 +21,10 @@ struct alignas(64) TileConfig {
 inline void configure_full_tiles(int count) {
   TileConfig cfg;
   for (int t = 0; t < count; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  // NOTE: GCC does not see LDTILECFG read the whole block: where this was not inlined into its caller, it kept the
+  // palette byte and dropped the stores of rows and colsb, so the tiles stayed unconfigured and the first tile
+  // instruction faulted (#UD). The empty asm makes the block's memory needed before the load.
+  asm volatile("" : : "r"(&cfg) : "memory");
   _tile_loadconfig(&cfg);
 }
 

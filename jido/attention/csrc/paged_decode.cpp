@@ -599,7 +599,6 @@ void attend(const Shape& s, const uint16_t* cache, const int32_t* table, const i
   const int64_t slices = (k_hi - key0 + kTile - 1) / kTile, groups = (slices + 1) / 2;
   auto key_row = [&](int64_t pos) { return block_keys(s, cache, table[pos / bs], h) + (pos % bs) * W; };
   auto value_row = [&](int64_t pos) { return key_row(pos) + plane; };
-  configure();  // NOTE: per item; configured once per thread of the parallel_for, the tiles faulted here (#UD)
   w.qt.resize(D / 2 * kTile);
   w.st.resize(slices * kTile * kTile);
   w.p.resize(2 * groups * kTileElems);
@@ -783,6 +782,7 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
     std::vector<float> q;
 #if defined(__AVX512F__)
     amx_runs::Scratch scratch;
+    if (any_tiles) amx_runs::configure();
 #endif
     for (int64_t i = lo; i < hi; ++i) {
       const Run& run = runs[item_run[i]];
