@@ -73,18 +73,24 @@ def test_tiled_new_keys_and_values_land_in_their_slots() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_cpp_kv_write_fills_the_same_slots_as_the_pytorch_write(dtype, monkeypatch) -> None:
+@pytest.mark.parametrize("tokens", [13, 600])  # 600: a prefill's rows, split over the threads
+def test_cpp_kv_write_fills_the_same_slots_as_the_pytorch_write(dtype, tokens, monkeypatch) -> None:
     # k and v as the model hands them over: strided column splits of one fused QKV output.
     gen = torch.Generator().manual_seed(11)
-    num_blocks, kv_heads, block_size, head_dim, tokens = 9, 2, 4, 16, 13
+    num_blocks, kv_heads, block_size, head_dim = 160, 2, 4, 16
     qkv = torch.randn(tokens, 3 * kv_heads * head_dim, generator=gen).to(dtype)
     k, v = qkv[:, kv_heads * head_dim:2 * kv_heads * head_dim], qkv[:, 2 * kv_heads * head_dim:]
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:tokens]
     shape = TiledAttentionBackend.get_kv_cache_shape(num_blocks, block_size, kv_heads, head_dim, dtype)
     ours = torch.full(shape, float("nan"), dtype=dtype)  # poisoned: a slot written twice or not at all shows
     tiled_backend.write_kv(ours, k, v, slots)
+    # One slot past the cache, last: the call fails and no row of the step is written.
+    untouched = ours.clone()
+    bad = torch.cat([torch.randperm(num_blocks * block_size, generator=gen)[:tokens - 1],
+                     torch.tensor([num_blocks * block_size])])
     with pytest.raises(RuntimeError, match="outside the cache"):
-        tiled_backend.write_kv(ours.clone(), k[:1], v[:1], torch.tensor([num_blocks * block_size]))
+        tiled_backend.write_kv(untouched, torch.zeros_like(k), torch.zeros_like(v), bad)
+    torch.testing.assert_close(untouched, ours, atol=0, rtol=0, equal_nan=True)
     monkeypatch.setattr(tiled_backend, "load_write_kv", lambda: None)
     expected = torch.full(shape, float("nan"), dtype=dtype)
     tiled_backend.write_kv(expected, k, v, slots)
