@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #if defined(__AVX512F__)
@@ -354,9 +355,21 @@ void pack(const Problem& p, int64_t num_blocks, const bf16* keys, const bf16* va
   });
 }
 
+// A buffer left uninitialized: every element a tile reads was written first. std::vector zeroed the packed keys and
+// values and these first, serially: a 256-token layer of Gemma 3 ran 0.19 -> 0.15 ms without it (2,000 tokens 3.67 ->
+// 3.61, within noise), medians of 3 alternating processes on the AMX Xeon.
+template <typename T>
+struct Uninit {
+  std::unique_ptr<T[]> p;
+  explicit Uninit(int64_t n) : p(new T[n]) {}
+  T* data() { return p.get(); }
+  T* begin() { return p.get(); }
+  T& operator[](int64_t i) { return p[i]; }
+};
+
 struct Scratch {
-  std::vector<bf16> q, probs;
-  std::vector<float> scores, acc, m, l;
+  Uninit<bf16> q, probs;
+  Uninit<float> scores, acc, m, l;
   explicit Scratch(int64_t rows, int64_t D)
       : q(rows * D), probs(rows * kLdP), scores(rows * kLdS), acc(rows * D), m(rows), l(rows) {}
 };
@@ -520,7 +533,8 @@ void attend_tile(const Problem& p, int64_t h, int64_t q0, int64_t q1, const bf16
 
 void prefill(const Problem& p, const bf16* q, const bf16* keys, const bf16* values, bf16* out, int64_t query_tile) {
   const int64_t D = p.head_dim, num_blocks = (p.num_keys + kKeys - 1) / kKeys;
-  std::vector<bf16> k_packed(p.num_kv_heads * num_blocks * kKeys * D), v_packed(k_packed.size());
+  // Uninit: pack writes every element, zeros past the last key.
+  Uninit<bf16> k_packed(p.num_kv_heads * num_blocks * kKeys * D), v_packed(p.num_kv_heads * num_blocks * kKeys * D);
   pack(p, num_blocks, keys, values, k_packed.data(), v_packed.data());
   const int64_t num_tiles = (p.query_len + query_tile - 1) / query_tile, items = p.num_kv_heads * num_tiles;
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
