@@ -534,7 +534,8 @@ void attend_tile(const Problem& p, int64_t h, int64_t q0, int64_t q1, const bf16
 void prefill(const Problem& p, const bf16* q, const bf16* keys, const bf16* values, bf16* out, int64_t query_tile) {
   const int64_t D = p.head_dim, num_blocks = (p.num_keys + kKeys - 1) / kKeys;
   // Uninit: pack writes every element, zeros past the last key.
-  Uninit<bf16> k_packed(p.num_kv_heads * num_blocks * kKeys * D), v_packed(p.num_kv_heads * num_blocks * kKeys * D);
+  const int64_t packed_elems = p.num_kv_heads * num_blocks * kKeys * D;
+  Uninit<bf16> k_packed(packed_elems), v_packed(packed_elems);
   pack(p, num_blocks, keys, values, k_packed.data(), v_packed.data());
   const int64_t num_tiles = (p.query_len + query_tile - 1) / query_tile, items = p.num_kv_heads * num_tiles;
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {

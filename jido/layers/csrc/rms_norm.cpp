@@ -80,6 +80,14 @@ inline float sum_squares(const c10::BFloat16* x, int64_t dim) {
   }
   return _mm512_reduce_add_ps(acc);
 }
+// The norm's factor 1 / sqrt(mean(x^2) + eps) of a row of dim (a multiple of 16) values, in every lane.
+inline __m512 norm_scale(const c10::BFloat16* x, int64_t dim, float eps) {
+  return _mm512_set1_ps(1.f / std::sqrt(sum_squares(x, dim) / static_cast<float>(dim) + eps));
+}
+// 16 normed values x * scale * w, rounded.
+inline __m512 normed(__m512 x, __m512 scale, const c10::BFloat16* w) {
+  return round(_mm512_mul_ps(_mm512_mul_ps(x, scale), load(w)));
+}
 }  // namespace bf16x16
 #endif
 
@@ -107,9 +115,9 @@ inline void norm_row_scalar(const T* xr, const T* w, const T* res, T* o, int64_t
 inline void norm_row_bf16x16(const c10::BFloat16* xr, const c10::BFloat16* w, const c10::BFloat16* res,
                              c10::BFloat16* o, int64_t dim, float eps) {
   using namespace bf16x16;
-  const __m512 scale = _mm512_set1_ps(1.f / std::sqrt(sum_squares(xr, dim) / static_cast<float>(dim) + eps));
+  const __m512 scale = norm_scale(xr, dim, eps);
   for (int64_t k = 0; k < dim; k += 16) {
-    __m512 v = round(_mm512_mul_ps(_mm512_mul_ps(load(xr + k), scale), load(w + k)));
+    __m512 v = normed(load(xr + k), scale, w + k);
     if (res != nullptr) v = round(_mm512_add_ps(load(res + k), v));
     store(o + k, v);
   }
@@ -162,13 +170,12 @@ __attribute__((noinline)) void rotate_head(T* x, const T* cos, const T* sin, int
 inline void norm_rotate_head_bf16x16(c10::BFloat16* x, const c10::BFloat16* w, const c10::BFloat16* cos,
                                      const c10::BFloat16* sin, int64_t half, float eps) {
   using namespace bf16x16;
-  const float dim = static_cast<float>(2 * half);
-  const __m512 scale = _mm512_set1_ps(w == nullptr ? 1.f : 1.f / std::sqrt(sum_squares(x, 2 * half) / dim + eps));
+  const __m512 scale = w == nullptr ? _mm512_set1_ps(1.f) : norm_scale(x, 2 * half, eps);
   for (int64_t i = 0; i < half; i += 16) {
     __m512 x1 = load(x + i), x2 = load(x + i + half);
     if (w != nullptr) {
-      x1 = round(_mm512_mul_ps(_mm512_mul_ps(x1, scale), load(w + i)));
-      x2 = round(_mm512_mul_ps(_mm512_mul_ps(x2, scale), load(w + i + half)));
+      x1 = normed(x1, scale, w + i);
+      x2 = normed(x2, scale, w + i + half);
     }
     const __m512 c = load(cos + i), s = load(sin + i);
     const __m512 a = round(_mm512_mul_ps(x1, c)), b = round(_mm512_mul_ps(x2, s));
