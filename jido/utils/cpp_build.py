@@ -26,6 +26,8 @@ from jido.utils.cpu import cpu_info
 logger = logging.getLogger(__name__)
 
 CACHE_ROOT = Path.home() / ".cache" / "jido" / "torch_extensions"
+# Headers every library may include (bf16 conversions, the AMX tile state request), on each build's include path.
+SHARED_HEADERS = Path(__file__).resolve().parent.parent / "csrc"
 # Debugging switch: compile for this ISA instead of the CPU's widest, e.g. `avx2` on an AVX-512 machine to run
 # the AVX2 build's tests where AVX2-only machines are not at hand.
 BUILD_ISA_ENV = "JIDO_BUILD_ISA"
@@ -46,12 +48,25 @@ LINK_FLAGS = ["-fopenmp"]
 
 
 def build_key(prefix: str, source: Path, isa: str) -> str:
-    """The cache folder name: the hash of the source, the headers beside it (which it may include) and its flags, the
-    torch version and the ISA the code is compiled for."""
+    """The cache folder name: the hash of the source, the headers it may include (beside it and the shared ones) and
+    its flags, the torch version and the ISA the code is compiled for."""
     flags = " ".join([*COMMON_FLAGS, *ISA_FLAGS[isa], *LINK_FLAGS]).encode()
-    headers = b"".join(h.name.encode() + b"\0" + h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    header_files = [*sorted(source.parent.glob("*.h")), *sorted(SHARED_HEADERS.glob("*.h"))]
+    headers = b"".join(h.name.encode() + b"\0" + h.read_bytes() for h in header_files)
     digest = hashlib.sha256(source.read_bytes() + b"\0" + headers + b"\0" + flags).hexdigest()[:16]
     return f"{prefix}_{digest}_torch{torch.__version__.replace('+', '_').replace('.', '_')}_{isa}"
+
+
+def target_isa(isa: str | None = None) -> str:
+    """The ISA a build compiles for: ``isa``, else ``$JIDO_BUILD_ISA``, else this CPU's widest.
+
+    Raises:
+        ValueError: an ISA without flags here.
+    """
+    isa = isa or os.environ.get(BUILD_ISA_ENV) or cpu_info().isa
+    if isa not in ISA_FLAGS:
+        raise ValueError(f"unknown ISA {isa!r} (from {BUILD_ISA_ENV} or the caller); choose one of {list(ISA_FLAGS)}")
+    return isa
 
 
 def load_ops_library(prefix: str, source: Path, purpose: str, fallback: str, isa: str | None = None) -> bool:
@@ -62,9 +77,7 @@ def load_ops_library(prefix: str, source: Path, purpose: str, fallback: str, isa
     NOTE: a process can hold one build of a library only (its ops namespace is registered once), so a build for
     another ISA than this CPU's must be loaded in a fresh process.
     """
-    isa = isa or os.environ.get(BUILD_ISA_ENV) or cpu_info().isa
-    if isa not in ISA_FLAGS:
-        raise ValueError(f"unknown ISA {isa!r} (from {BUILD_ISA_ENV} or the caller); choose one of {list(ISA_FLAGS)}")
+    isa = target_isa(isa)
     key = build_key(prefix, source, isa)
     build_dir = CACHE_ROOT / key
     try:
@@ -74,7 +87,8 @@ def load_ops_library(prefix: str, source: Path, purpose: str, fallback: str, isa
         with _build_lock(build_dir):
             # A copy of LINK_FLAGS: load() appends torch's -L/-l flags to the list it is given.
             load(name=key, sources=[str(source)], build_directory=str(build_dir), is_python_module=False,
-                 extra_cflags=[*COMMON_FLAGS, *ISA_FLAGS[isa]], extra_ldflags=list(LINK_FLAGS), verbose=False)
+                 extra_cflags=[*COMMON_FLAGS, *ISA_FLAGS[isa]], extra_ldflags=list(LINK_FLAGS),
+                 extra_include_paths=[str(SHARED_HEADERS)], verbose=False)
         return True
     except Exception as exc:  # noqa: BLE001 - any failure to build or load means: use the PyTorch path
         message = str(exc).strip()

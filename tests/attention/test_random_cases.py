@@ -118,7 +118,7 @@ def test_cpp_decode_kernel_builds_on_this_machine() -> None:
 
 def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next_load(tmp_path) -> None:
     # torch waits forever on a build folder's `lock` file; a process killed inside its load leaves one behind.
-    cached = cpp_build.CACHE_ROOT / cpp_build.build_key("jido_cpu_attn", cpu_extension.SOURCE, cpp_build.cpu_info().isa)
+    cached = cpp_build.CACHE_ROOT / cpp_build.build_key("jido_cpu_attn", cpu_extension.SOURCE, cpp_build.target_isa())
     if not (cached / f"{cached.name}.so").exists():
         pytest.skip("the paged decode kernel is not built yet")
     shutil.copytree(cached, tmp_path / cached.name)  # built already: a load only takes the locks

@@ -56,6 +56,34 @@ def test_the_build_key_changes_with_the_compiler_flags(monkeypatch, tmp_path) ->
     assert cpp_build.build_key("k", source, "avx2") != key
 
 
+def test_the_build_key_changes_with_a_shared_header(monkeypatch, tmp_path) -> None:
+    # A library that includes a shared header must rebuild when that header changes, not load a stale build.
+    source, shared = tmp_path / "k.cpp", tmp_path / "shared"
+    source.write_text('#include "common.h"')
+    shared.mkdir()
+    (shared / "common.h").write_text("inline int one() { return 1; }")
+    monkeypatch.setattr(cpp_build, "SHARED_HEADERS", shared)
+    key = cpp_build.build_key("k", source, "avx2")
+    (shared / "common.h").write_text("inline int one() { return 2; }")
+    assert cpp_build.build_key("k", source, "avx2") != key
+
+
+def test_every_kernel_source_and_header_ships_in_the_package() -> None:
+    # The builds run at first use from the installed package: a header left out of package-data breaks every
+    # library that includes it outside an editable install.
+    import tomllib
+
+    root = Path(cpp_build.__file__).resolve().parents[2]
+    package_data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    missing = []
+    for path in sorted((root / "jido").rglob("csrc/*")):
+        package = ".".join(path.relative_to(root).parent.parent.parts)
+        relative = path.relative_to(root / package.replace(".", "/"))
+        if not any(relative.match(pattern) for pattern in package_data.get(package, [])):
+            missing.append(str(path.relative_to(root)))
+    assert not missing, f"not in [tool.setuptools.package-data]: {missing}"
+
+
 def test_a_build_leaves_the_flags_and_so_the_next_build_key_as_they_were(probe_ops, tmp_path) -> None:
     # torch's load() appends its -L/-l flags to the list it is given: given the module's own list, every later
     # library of the process got another key, and was compiled again in every process that loaded in another order.

@@ -36,6 +36,8 @@
 #include <immintrin.h>
 #endif
 
+#include "bf16_bits.h"
+
 namespace {
 
 using bf16 = at::BFloat16;
@@ -136,10 +138,7 @@ void pack_keys_values(const Problem& p, const bf16* keys, const bf16* values, bf
 
 // Rounds 16 floats to bf16, to nearest even (the values are finite), as torch's .to(torch.bfloat16) does.
 inline void store_bf16x16(f32x16 x, bf16* dst) {
-  typedef uint32_t u32x16 __attribute__((vector_size(64)));
-  typedef uint16_t u16x16 __attribute__((vector_size(32)));
-  const u32x16 u = reinterpret_cast<u32x16>(x);
-  const u16x16 r = __builtin_convertvector((u + 0x7fff + ((u >> 16) & 1)) >> 16, u16x16);
+  const jido_bf16::u16x16 r = jido_bf16::round_bits16(x);
   std::memcpy(dst, &r, sizeof(r));
 }
 

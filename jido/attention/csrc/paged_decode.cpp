@@ -29,8 +29,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <sys/syscall.h>
-#include <unistd.h>
 #include <type_traits>
 #include <vector>
 
@@ -38,15 +36,13 @@
 #include <immintrin.h>
 #endif
 
+#include "bf16_bits.h"
+#include "tile_state.h"
+
 namespace {
 
 inline float to_float(float x) { return x; }
-inline float to_float(uint16_t bf16_bits) {
-  uint32_t bits = static_cast<uint32_t>(bf16_bits) << 16;
-  float out;
-  std::memcpy(&out, &bits, sizeof(out));
-  return out;
-}
+inline float to_float(uint16_t bf16_bits) { return jido_bf16::to_float(bf16_bits); }
 
 // fp8 values (torch's float8_e4m3fn and float8_e5m2 bits), decoded with integer ops that vectorize: the
 // exponent and mantissa bits move into float32's places unchanged, which gives the value times
@@ -93,11 +89,7 @@ inline float row_scale(const T* row, int64_t head_dim) {
 
 inline void store(float x, float* dst) { *dst = x; }
 // Rounds to the nearest bf16, ties to even, as torch's .to(torch.bfloat16) does.
-inline void store(float x, uint16_t* dst) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  *dst = std::isnan(x) ? 0x7fc0 : static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
+inline void store(float x, uint16_t* dst) { *dst = jido_bf16::round_bits(x); }
 
 template <typename T>
 inline void axpy(float a, const T* x, float* y, int64_t n) {
@@ -698,8 +690,7 @@ bool tiles_ready() {
     if (!__builtin_cpu_supports("amx-bf16") || !__builtin_cpu_supports("amx-tile") ||
         !__builtin_cpu_supports("avx512bf16") || !__builtin_cpu_supports("avx512bw"))
       return false;
-    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+    return jido_tiles::state_granted();
   }();
   return ready;
 }

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "bf16_bits.h"
 #include "gated_activation.h"
 
 namespace {
@@ -55,18 +56,8 @@ inline __m256 exp8(__m256 x) {
 }
 #endif
 
-// bf16 <-> float32 as c10 converts: the top 16 bits; rounding to nearest even, NaN to 0x7fc0.
-inline float from_bf16(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-inline uint16_t to_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  return x != x ? 0x7fc0 : static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
+using jido_bf16::round_bits;
+using jido_bf16::to_float;
 
 #ifdef __AVX2__
 inline __m256 load_bf16(const uint16_t* p) {
@@ -132,8 +123,8 @@ void act_and_mul_row_bf16(const uint16_t* gate, const uint16_t* up, uint16_t* ou
   }
 #endif
   for (; j < width; ++j) {
-    const float g = from_bf16(gate[j]);
-    out[j] = to_bf16(from_bf16(to_bf16(g / (1.f + exp_approx(exponent(g, act))))) * from_bf16(up[j]));
+    const float g = to_float(gate[j]);
+    out[j] = round_bits(to_float(round_bits(g / (1.f + exp_approx(exponent(g, act))))) * to_float(up[j]));
   }
 }
 

@@ -31,9 +31,7 @@
 #ifndef JIDO_INT8_DOT_PASS
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <sys/syscall.h>
 #include <torch/library.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -48,6 +46,7 @@
 #endif
 
 #include "gated_activation.h"
+#include "tile_state.h"
 
 #define JIDO_INLINE __attribute__((always_inline)) inline
 
@@ -1144,8 +1143,7 @@ bool amx_ready() {
         !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512dq") ||
         !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512bf16"))
       return false;
-    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+    return jido_tiles::state_granted();
   }();
   return ready;
 }

@@ -24,11 +24,12 @@
 #include <immintrin.h>
 #endif
 
+#include "bf16_bits.h"
+
 namespace {
 
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
-typedef uint32_t u32x16 __attribute__((vector_size(64)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
 
@@ -378,16 +379,10 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& data, const at::T
   return out.to(x.scalar_type());
 }
 
-// Rounds to the nearest bf16, ties to even (torch's .to(torch.bfloat16) for finite values).
-inline u16x16 to_bf16(f32x16 v) {
-  u32x16 u;
-  std::memcpy(&u, &v, sizeof(u));
-  return __builtin_convertvector((u + 0x7fff + ((u >> 16) & 1)) >> 16, u16x16);
-}
-
 inline void store(f32x16 v, float* dst) { std::memcpy(dst, &v, sizeof(v)); }
+// Rounded to the nearest bf16, ties to even (torch's .to(torch.bfloat16) for finite values).
 inline void store(f32x16 v, at::BFloat16* dst) {
-  const u16x16 b = to_bf16(v);
+  const u16x16 b = jido_bf16::round_bits16(v);
   std::memcpy(dst, &b, sizeof(b));
 }
 

@@ -29,24 +29,18 @@
 #define JIDO_NORM_AVX512 1
 #endif
 
+#include "bf16_bits.h"
+
 namespace {
 
 // float <-> the dtype in plain arithmetic GCC vectorizes (c10's BFloat16 conversions kept the loops scalar: a
 // [2000, 640] bf16 norm took 1.3 ms). bf16 rounds to nearest even, NaN to 0x7fc0: c10's rounding, bit for bit.
 inline float to_f(float x) { return x; }
 inline float to_f(c10::Half x) { return static_cast<float>(x); }
-inline float to_f(c10::BFloat16 x) {
-  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float out;
-  std::memcpy(&out, &bits, sizeof(out));
-  return out;
-}
+inline float to_f(c10::BFloat16 x) { return jido_bf16::to_float(x.x); }
 template <typename T> inline T from_f(float x) { return static_cast<T>(x); }
 template <> inline c10::BFloat16 from_f<c10::BFloat16>(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  const uint16_t bits = x != x ? 0x7fc0 : static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-  return c10::BFloat16(bits, c10::BFloat16::from_bits());
+  return c10::BFloat16(jido_bf16::round_bits(x), c10::BFloat16::from_bits());
 }
 
 #ifdef JIDO_NORM_AVX512
