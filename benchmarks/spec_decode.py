@@ -213,6 +213,9 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=6, help="prompts per batch-1 workload")
     parser.add_argument("--output-len", type=int, default=96)
     parser.add_argument("--out", default=str(RESULTS / f"spec_decode-{now_iso()[:10]}.json"))
+    parser.add_argument("--eagle-drafts", nargs="+", type=Path, default=[EAGLE],
+                        help="EAGLE draft folders: the eagle case's configs use the first; each other adds a K = 3 "
+                             "config of its own, so drafts compare in one run")
     args = parser.parse_args()
     result: dict[str, Any] = {"date": now_iso(), "machine": machine_info()}
     if "verify" in args.only:
@@ -220,6 +223,7 @@ def main() -> None:
                             for row in verify_cost(batch, [0, 1, 2, 3, 4, 6, 8, 15, 16], steps=7, context=256)]
     if "speed" in args.only:
         n, out = args.num_prompts, args.output_len
+        first, *others = args.eagle_drafts
         cases = dict(zip(SPEED_CASES, [
             {"label": "n-gram, batch 1, input-grounded", "dataset": "rewrite", "batch": 1, "num_prompts": n,
              "input_len": 256, "output_len": out,
@@ -236,8 +240,9 @@ def main() -> None:
              "configs": {"baseline": None, "draft 0.5B k=3": qwen_draft(3)}},
             {"label": "EAGLE, batch 1, open-ended held-out text", "dataset": "held-out", "batch": 1,
              "num_prompts": n, "input_len": 256, "output_len": out,
-             "configs": {"baseline": None, "eagle k=2": eagle(2), "eagle k=3": eagle(3), "eagle auto": eagle("auto"),
-                         "eagle int8 k=3": eagle(3, quantization="int8")}},
+             "configs": {"baseline": None, "eagle k=2": eagle(2, first), "eagle k=3": eagle(3, first),
+                         "eagle auto": eagle("auto", first), "eagle int8 k=3": eagle(3, first, quantization="int8"),
+                         **{f"eagle k=3 ({folder.name})": eagle(3, folder) for folder in others}}},
             {"label": "Medusa, batch 1, open-ended held-out text", "dataset": "held-out", "batch": 1,
              "num_prompts": n, "input_len": 256, "output_len": out,
              "configs": {"baseline": None, "medusa k=1": medusa(1), "medusa k=2": medusa(2), "medusa k=3": medusa(3),
@@ -248,7 +253,8 @@ def main() -> None:
         result["auto"] = auto_fit([1, 8, 32], args.output_len)
     if "agreement" in args.only:
         configs = {"ngram k=4": ngram(4), "self-draft 12 layers": self_draft(12)}
-        result["agreement"] = agreement({**configs, **({"eagle k=3": eagle(3)} if EAGLE.is_dir() else {})})
+        draft = args.eagle_drafts[0]
+        result["agreement"] = agreement({**configs, **({"eagle k=3": eagle(3, draft)} if draft.is_dir() else {})})
     Path(args.out).write_text(json.dumps(result, indent=1), encoding="utf-8")
     print(json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=1))
 
