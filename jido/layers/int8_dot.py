@@ -223,44 +223,50 @@ def pack_amx_gemm(w: QuantizedWeight, gated: bool = False) -> AmxGemmWeight:
     return AmxGemmWeight(packed, w.scales.reshape(-1).float().contiguous(), tuple(w.shape), gated)
 
 
-def amx_gemm_linear(x: torch.Tensor, w: AmxGemmWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def amx_gemm_linear(x: torch.Tensor, w: AmxGemmWeight, bias: torch.Tensor | None = None,
+                    channel_scale: torch.Tensor | None = None) -> torch.Tensor:
     """What :func:`int_mm_linear` gives (the same codes, exact int32 sums, the same two scale products in the same
     order; with a bias, up to its fused add), by jido's int8 GEMM on AMX tiles. oneDNN's int8 GEMM ran slower than
     its bf16 one on a 2-core AMX Xeon (5.9 against 4.35 ms at 2,000 x 640 x 4,096), where tile multiplies of int8
     carry twice bf16's products per byte loaded (benchmarks/results/w8a8-amx-gemm-2026-12-05.md)."""
     if w.gated:
         raise ValueError("a gated packing runs through amx_gemm_gated")
-    out = _amx_gemm(x, w, bias, -1)
+    out = _amx_gemm(x, w, bias, -1, channel_scale)
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
-def amx_gemm_gated(x: torch.Tensor, w: AmxGemmWeight, act: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+def amx_gemm_gated(x: torch.Tensor, w: AmxGemmWeight, act: int, bias: torch.Tensor | None = None,
+                   channel_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``act(gate) * up`` of a bf16 ``x`` through a gated packing (``act`` 0 SiLU, 1 GELU's tanh form, as
     ``act_and_mul`` numbers them): bit for bit what :func:`int_mm_linear` and then ``act_and_mul`` give without a
     bias (the products rounded to bf16, then the same float32 arithmetic), with neither the [N, 2 x I] products
     written and read back nor a second kernel."""
     if not w.gated or x.dtype != torch.bfloat16:
         raise ValueError("amx_gemm_gated takes a gated packing and bf16 x")
-    return _amx_gemm(x, w, bias, act)
+    return _amx_gemm(x, w, bias, act, channel_scale)
 
 
-def _amx_gemm(x: torch.Tensor, w: AmxGemmWeight, bias: torch.Tensor | None, act: int) -> torch.Tensor:
+def _amx_gemm(x: torch.Tensor, w: AmxGemmWeight, bias: torch.Tensor | None, act: int,
+              channel_scale: torch.Tensor | None) -> torch.Tensor:
     """x rounded per token, times ``w`` on the tiles (``act`` -1: none), out in bf16 for bf16 x, else float32."""
     ops = load_int8_dot_ops()
-    codes, x_scales = ops.quantize_per_token(x)
+    codes, x_scales = ops.quantize_per_token(x, channel_scale)
     return ops.amx_gemm(codes, x_scales, w.packed, w.scales, bias, w.shape[0], x.dtype == torch.bfloat16, act)
 
 
-def int_mm_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def int_mm_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None,
+                  channel_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``x w^T (+ bias)`` in ``x.dtype`` for a weight that :func:`takes_int_mm`, x rounded per token as the kernels
     round it, by one int8 GEMM: ``torch._int_mm`` (oneDNN; exact int32 sums), its sums scaled back per row and
     column. What ``int8_dot_linear(x, w, bias, per_token=True)`` gives, up to the order of the two scale products.
+    ``channel_scale`` (float32 [K], holding values of x's dtype): x * channel_scale in x's dtype is rounded instead,
+    in the same pass (w8a8's smoothing; the GEMM routes take it too).
 
     Prefill is compute-bound, and oneDNN's int8 GEMM ran twice bf16's rate on a 2-core Zen 4 with AVX-512 VNNI
     (0.85 against 0.42 T ops/s at 2,000 x 640 x 4,096), where the panel kernel ran about bf16's.
     """
     ops = load_int8_dot_ops()
-    codes, x_scales = ops.quantize_per_token(x)
+    codes, x_scales = ops.quantize_per_token(x, channel_scale)
     sums = torch._int_mm(codes, w.data.t())
     return ops.scale_sums(sums, x_scales, w.scales.reshape(-1), bias).to(x.dtype)
 

@@ -124,6 +124,9 @@ class QuantizedLinearMethod(LinearMethod):
         bound = getattr(layer, "qlinear", None)
         if bound is not None:  # the int8 kernels' route, settled at load (see _bind)
             return bound(x, bias)
+        inv = getattr(layer, "smooth_inv", None)
+        if inv is not None:
+            x = x * inv
         qweight = getattr(layer, "qweight", None)
         if qweight is None:
             return self.dense.apply(layer, x, bias)
@@ -159,7 +162,8 @@ class QuantizedLinearMethod(LinearMethod):
         act = fused_activation_code(activation)
         if gemm is None or not gemm.gated or act is None:
             return None
-        return int8_dot.amx_gemm_gated(x, gemm, act, bias)
+        inv = getattr(layer, "smooth_inv", None)
+        return int8_dot.amx_gemm_gated(x, gemm, act, bias, None if inv is None else inv.float())
 
     def greedy_token_ids(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
         # Where the head's panels run on AMX tiles, at any number of rows: a one-row greedy step then sums as a verify
@@ -169,12 +173,50 @@ class QuantizedLinearMethod(LinearMethod):
             return None
         return int8_dot.amx_panel_argmax(hidden, panels)
 
+    def observe_inputs(self, layer: nn.Module) -> torch.Tensor | None:
+        """Start recording the largest ``|x|`` of each input channel, into the returned tensor, while the layer runs
+        on its float weight (the smoothing source w8a8 keeps from load); None for a layer without one. The layer's
+        fused gate/up GEMM steps aside meanwhile, so every step comes through :meth:`apply`. End it with
+        :meth:`smooth`."""
+        source = getattr(layer, "smoothing_source", None)
+        if source is None:
+            return None
+        maxima = torch.zeros(source.shape[1])
+        layer.__dict__.pop("qgemm", None)
+
+        def observed(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+            torch.maximum(maxima, x.detach().abs().amax(dim=0).float().cpu(), out=maxima)
+            return torch.nn.functional.linear(x, source.to(x.dtype), bias)
+
+        layer.qlinear = observed
+        return maxima
+
+    def smooth(self, layer: nn.Module, input_max: torch.Tensor, alpha: float) -> bool:
+        """Quantize the layer again as SmoothQuant does: ``x W^T = (x / s)(W s)^T``, W s rounded to int8 per output
+        channel and x / s rounded per token, ``s`` from :func:`smoothing_factors`. Drops the float source. A layer
+        that saw no input (an untied LM head: the forward does not run it) gets codes of W itself again; returns
+        whether the layer was smoothed."""
+        source = layer.smoothing_source
+        del layer.smoothing_source
+        s = smoothing_factors(input_max, source, alpha)
+        smoothed = not bool((s == 1).all())
+        qweight = quant_kernels.quantize(source.float() * s if smoothed else source.float(), 8, None)
+        layer.smooth_inv = (1 / s).to(source.dtype) if smoothed else None
+        for packing in ("qlinear", "qpanels", "qfive", "qgemm"):
+            layer.__dict__.pop(packing, None)
+        self._pack(layer, qweight, source.dtype)
+        self._bind(layer)
+        return smoothed
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:
+        from_float = not getattr(layer, "staged_codes", None)
         qweight = self._quantized(layer)
         if qweight is None:
             self.dense.process_weights_after_loading(layer)
             return
         model_dtype = layer.weight.dtype
+        if self.per_token and from_float:  # kept until the runner smooths the layer (see observe_inputs)
+            layer.smoothing_source = layer.weight.detach()
         self._hold(layer, qweight)
         if not self.per_token and keeps_bf16_copy(model_dtype, qweight.data.device):
             panels = getattr(layer, "qpanels", None)
@@ -204,6 +246,10 @@ class QuantizedLinearMethod(LinearMethod):
         bytes (Gemma 3 270M's GGUF: 21 MB less read a token, of 298)."""
         model_dtype = layer.weight.dtype
         del layer.weight
+        self._pack(layer, qweight, model_dtype)
+
+    def _pack(self, layer: nn.Module, qweight: QuantizedWeight, model_dtype: torch.dtype) -> None:
+        """``qweight`` as the layer's codes, with the packings its kernels read (see :meth:`_hold`)."""
         layer.qweight = qweight
         if int8_dot.runs(qweight):
             layer.qpanels = int8_dot.pack_panels(qweight, self.per_token)
@@ -229,15 +275,20 @@ class QuantizedLinearMethod(LinearMethod):
         int_mm = per_token and int8_dot.takes_int_mm(layer.qweight)
         plain_gemm = hasattr(layer, "qgemm") and not layer.qgemm.gated
         copy_min_rows = getattr(layer, "qdense_min_rows", None)  # set with the bf16 copy
+        # Set once the layer is smoothed (w8a8): the GEMMs scale x as they round it; the other routes get x * inv.
+        inv = getattr(layer, "smooth_inv", None)
+        channel_scale = None if inv is None else inv.float()
 
         def linear(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
             rows = x.shape[0]
             if copy_min_rows is not None and rows >= copy_min_rows and x.dtype == torch.bfloat16:
                 return packed_linear(x, layer.qdense, bias)
             if plain_gemm and rows >= int8_dot.AMX_GEMM_MIN_ROWS:
-                return int8_dot.amx_gemm_linear(x, layer.qgemm, bias)
+                return int8_dot.amx_gemm_linear(x, layer.qgemm, bias, channel_scale)
             if int_mm and rows >= int8_dot.INT_MM_MIN_ROWS:
-                return int8_dot.int_mm_linear(x, layer.qweight, bias)
+                return int8_dot.int_mm_linear(x, layer.qweight, bias, channel_scale)
+            if inv is not None:
+                x = x * inv
             if rows >= panel_min_rows:
                 return int8_dot.panel_linear(x, layer.qpanels, bias)
             if five and rows == 1:
@@ -254,6 +305,16 @@ class QuantizedLinearMethod(LinearMethod):
         if self.bits is None:
             return None  # gguf: a tensor the file stores in float stays a dense float weight
         return quant_kernels.quantize(layer.weight.detach().float(), self.bits, self.group_size)
+
+
+def smoothing_factors(input_max: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
+    """SmoothQuant's per-input-channel factors (Xiao et al., 2023): ``s_j = max|x_j|^alpha / max|W_j|^(1 - alpha)``,
+    ``max|W_j|`` over column j of ``weight`` ``[out, in]``; float32 ``[in]``. Channels never seen nonzero (or all-zero
+    columns) get 1."""
+    x_max = input_max.float().to(weight.device)
+    w_max = weight.detach().float().abs().amax(dim=0)
+    s = x_max.pow(alpha) / w_max.pow(1 - alpha)
+    return torch.where((x_max > 0) & (w_max > 0) & torch.isfinite(s), s, torch.ones_like(s))
 
 
 def keeps_bf16_copy(model_dtype: torch.dtype, device: torch.device) -> bool:

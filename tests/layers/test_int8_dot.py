@@ -401,6 +401,23 @@ def test_quantize_per_token_gives_the_codes_and_scales_of_the_rounding_the_kerne
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "strided"])
+def test_quantize_per_token_with_a_channel_scale_rounds_x_times_it_in_xs_dtype(dtype, contiguous) -> None:
+    # w8a8's smoothing: the codes of x * s^-1 as x's dtype computes the product (bf16: rounded back to bf16), on the
+    # vector path (contiguous float32 / bf16) and the generic one (a strided x) alike.
+    gen = torch.Generator().manual_seed(22)
+    x = (torch.randn(9, 83 * 2, generator=gen) * torch.linspace(0.1, 40, 83 * 2)).to(dtype)
+    x = x[:, ::2] if not contiguous else x[:, :83].contiguous()
+    inv = (1 / torch.linspace(0.5, 30, 83)).to(dtype)  # values of x's dtype, as the layers hold them
+    codes, scales = int8_dot.load_int8_dot_ops().quantize_per_token(x, inv.float())
+    expected_codes, expected_scales = int8_dot.quantize_activations((x * inv).float(), per_token=True)
+    assert torch.equal(codes, expected_codes)
+    assert torch.equal(scales, expected_scales[:, 0])
+    with pytest.raises(RuntimeError, match="channel_scale must be contiguous float32"):
+        int8_dot.load_int8_dot_ops().quantize_per_token(x, inv.float()[:80])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("num_rows,num_cols,rows_x", [(70, 96, 1), (33, 83, 64), (640, 2048, 130)])
 def test_int_mm_linear_equals_float64_math_on_the_rounded_activations(dtype, num_rows, num_cols, rows_x) -> None:
     gen = torch.Generator().manual_seed(num_rows + rows_x)

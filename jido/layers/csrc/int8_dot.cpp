@@ -39,6 +39,8 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+
+#include "bf16_bits.h"
 #include <type_traits>
 #include <vector>
 #if defined(__AVX2__)
@@ -1371,22 +1373,42 @@ inline __m512 load16_as_float(const T* p, __mmask16 m) {
   }
 }
 
+// x[k .. k + 15], times channel_scale[k ..] where given, as x's dtype multiplies: float32, rounded back to bf16 for a
+// bf16 x (torch's bf16 product), so the codes are those of (x * channel_scale) in x's dtype on every route.
 template <typename T>
-void quantize_rows_avx512(const T* x, int64_t M, int64_t K, int8_t* codes, float* scales) {
+inline __m512 load16_scaled(const T* x, const float* channel_scale, int64_t k, __mmask16 mask) {
+  __m512 v = load16_as_float(x + k, mask);
+  if (channel_scale == nullptr) return v;
+  v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(mask, channel_scale + k));
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    jido_bf16::f32x16 f;
+    std::memcpy(&f, &v, sizeof(f));
+    const jido_bf16::u16x16 bits = jido_bf16::round_bits16(f);
+    __m256i b;
+    std::memcpy(&b, &bits, sizeof(b));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+  }
+}
+
+template <typename T>
+void quantize_rows_avx512(const T* x, const float* channel_scale, int64_t M, int64_t K, int8_t* codes,
+                          float* scales) {
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
     for (int64_t m = m0; m < m1; ++m) {
       const T* row = x + m * K;
       __m512 amax = _mm512_setzero_ps();
       for (int64_t k = 0; k < K; k += 16) {
         const __mmask16 mask = K - k >= 16 ? 0xffff : static_cast<__mmask16>((1u << (K - k)) - 1);
-        amax = _mm512_max_ps(amax, _mm512_abs_ps(load16_as_float(row + k, mask)));
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(load16_scaled(row, channel_scale, k, mask)));
       }
       const float d = _mm512_reduce_max_ps(amax) / 127.f;
       scales[m] = d;
       const __m512 id = _mm512_set1_ps(d != 0.f ? 1.f / d : 0.f);
       for (int64_t k = 0; k < K; k += 16) {
         const __mmask16 mask = K - k >= 16 ? 0xffff : static_cast<__mmask16>((1u << (K - k)) - 1);
-        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(load16_as_float(row + k, mask), id));  // to even
+        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(load16_scaled(row, channel_scale, k, mask), id));
         _mm_mask_storeu_epi8(codes + m * K + k, mask, _mm512_cvtsepi32_epi8(q));
       }
     }
@@ -1394,22 +1416,29 @@ void quantize_rows_avx512(const T* x, int64_t M, int64_t K, int8_t* codes, float
 }
 #endif
 
-std::vector<at::Tensor> int8_dot_quantize_per_token(const at::Tensor& x) {
+// channel_scale (float32 [K], optional): x * channel_scale is rounded instead of x (w8a8's smoothing divides x by s).
+std::vector<at::Tensor> int8_dot_quantize_per_token(const at::Tensor& x, const std::optional<at::Tensor>& channel_scale) {
 #if defined(__AVX2__)
   TORCH_CHECK(x.dim() == 2, "x must be [M, K]");
+  const bool scaled = channel_scale.has_value() && channel_scale->defined();
+  TORCH_CHECK(!scaled || (channel_scale->scalar_type() == at::kFloat && channel_scale->is_contiguous() &&
+                          channel_scale->numel() == x.size(1)),
+              "quantize_per_token: channel_scale must be contiguous float32 [K]");
+  const float* cs = scaled ? channel_scale->data_ptr<float>() : nullptr;
 #if defined(__AVX512BW__)
   if (x.is_contiguous() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16)) {
     const int64_t M = x.size(0), K = x.size(1);
     at::Tensor codes = at::empty({M, K}, x.options().dtype(at::kChar));
     at::Tensor scales = at::empty({M}, x.options().dtype(at::kFloat));
     if (x.scalar_type() == at::kFloat)
-      quantize_rows_avx512(x.data_ptr<float>(), M, K, codes.data_ptr<int8_t>(), scales.data_ptr<float>());
+      quantize_rows_avx512(x.data_ptr<float>(), cs, M, K, codes.data_ptr<int8_t>(), scales.data_ptr<float>());
     else
-      quantize_rows_avx512(x.data_ptr<at::BFloat16>(), M, K, codes.data_ptr<int8_t>(), scales.data_ptr<float>());
+      quantize_rows_avx512(x.data_ptr<at::BFloat16>(), cs, M, K, codes.data_ptr<int8_t>(), scales.data_ptr<float>());
     return {codes, scales};
   }
 #endif
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  // The product in x's dtype, as torch computes it, then widened.
+  const at::Tensor xf = (scaled ? x * channel_scale->to(x.scalar_type()) : x).to(at::kFloat).contiguous();
   const int64_t M = xf.size(0), K = xf.size(1), nb = (K + kBlock - 1) / kBlock;
   at::Tensor codes = at::empty({M, K}, xf.options().dtype(at::kChar));
   at::Tensor scales = at::empty({M}, xf.options());
@@ -1575,7 +1604,7 @@ TORCH_LIBRARY(jido_int8_dot, m) {
         "Tensor? bias, int isa, int x_block) -> Tensor");
   m.def("five_bit_linear(Tensor x, Tensor data, Tensor scales, Tensor? mins, int group_size, int K, Tensor? bias, "
         "int isa, int x_block) -> Tensor");
-  m.def("quantize_per_token(Tensor x) -> Tensor[]");
+  m.def("quantize_per_token(Tensor x, Tensor? channel_scale=None) -> Tensor[]");
   m.def("scale_sums(Tensor acc, Tensor x_scales, Tensor w_scales, Tensor? bias) -> Tensor");
   m.def("pack_amx_panels(Tensor data, Tensor scales, Tensor? mins, int group_size, int bits, int K, int x_block, "
         "bool narrow) -> Tensor[]");

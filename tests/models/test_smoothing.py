@@ -1,0 +1,97 @@
+"""w8a8's SmoothQuant smoothing: the factors, a smoothed layer against float64, and the engine's calibration at load."""
+from __future__ import annotations
+
+import pytest
+import torch
+from test_quantized_linear import _write_mixed_llama
+
+from jido.core.sampling_params import SamplingParams
+from jido.engine.llm import LLM
+from jido.layers import int8_dot
+from jido.layers.linear import Linear
+from jido.layers.parameter import default_device_and_dtype
+from jido.layers.quantization import get_quantization_config
+from jido.layers.quantized_linear import smoothing_factors
+from jido.models.named import CACHE_DIR_ENV
+from jido.runner import smoothing
+
+
+def test_smoothing_factors_are_smoothquants_and_one_where_a_channel_has_no_range():
+    x_max = torch.tensor([4.0, 0.0, 0.5, 9.0])
+    weight = torch.tensor([[1.0, 2.0, -0.25, 0.0], [-3.0, 1.0, 0.5, 0.0]])
+    s = smoothing_factors(x_max, weight, alpha=0.75)
+    expected = [4.0**0.75 / 3.0**0.25, 1.0, 0.5**0.75 / 0.5**0.25, 1.0]
+    torch.testing.assert_close(s.double(), torch.tensor(expected, dtype=torch.float64), rtol=1e-6, atol=0)
+
+
+def _w8a8_layer(weight: torch.Tensor) -> Linear:
+    with default_device_and_dtype(torch.device("cpu"), torch.float32):
+        layer = Linear(weight.shape[1], weight.shape[0], quant_config=get_quantization_config("w8a8"))
+    layer.weight.weight_loader(layer.weight, weight)
+    layer.linear_method.process_weights_after_loading(layer)
+    return layer
+
+
+@pytest.mark.parametrize("alpha", [0.5, smoothing.ALPHA])
+def test_a_smoothed_layer_rounds_an_outlier_channels_input_far_better_than_per_token_alone(alpha):
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(48, 64, generator=gen)
+    x = torch.randn(40, 64, generator=gen)
+    x[:, 5] *= 60  # one channel with a range far beyond the others', as Gemma 3's activations have
+    exact = x.double() @ weight.double().t()
+    plain, smoothed = _w8a8_layer(weight), _w8a8_layer(weight)
+    maxima = smoothed.linear_method.observe_inputs(smoothed)
+    torch.testing.assert_close(smoothed(x), x @ weight.t())  # observing runs the float weight
+    smoothed.linear_method.smooth(smoothed, maxima, alpha)
+    assert not hasattr(smoothed, "smoothing_source")
+    error_plain = (plain(x).double() - exact).abs().max()
+    error_smoothed = (smoothed(x).double() - exact).abs().max()
+    assert error_smoothed < error_plain / 3, (error_smoothed, error_plain)
+    # A prefill (40 rows: panels or the int8 GEMM) and a decode row (the rows kernel) multiply x / s, rounded per
+    # token, by the stored codes of W s: float64 of the same rounding.
+    if int8_dot.runs(smoothed.qweight):
+        for rows in (x, x[:1]):
+            expected = int8_dot.int8_dot_linear_reference(rows * smoothed.smooth_inv, smoothed.qweight, per_token=True)
+            torch.testing.assert_close(smoothed(rows).double(), expected, atol=1e-4, rtol=1e-5)
+
+
+def test_the_engine_smooths_every_w8a8_linear_at_load_and_serves_the_same_tokens_after_it(tmp_path, monkeypatch,
+                                                                                           caplog):
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+    path = tmp_path / "mixed.gguf"
+    _write_mixed_llama(path)
+    with caplog.at_level("INFO", logger="jido"):
+        llm = LLM(model=str(path), quantization="w8a8", dtype="float32", kv_cache_memory="4MiB")
+    assert "w8a8: smoothed 4 of 5 linears (SmoothQuant, alpha 0.75)" in caplog.text
+
+    def state(worker) -> dict[str, tuple[bool, bool]]:
+        return {name: (getattr(m, "smooth_inv", None) is not None, hasattr(m, "smoothing_source"))
+                for name, m in worker.runner.model.named_modules() if hasattr(m, "qweight")}
+
+    # The layer's q/k/v, o, gate/up and down; the untied LM head, which the calibration's forward does not run, is
+    # quantized as before. No float source is left.
+    layers = llm.collective_rpc(state)[0]
+    assert {name for name, (smoothed, _) in layers.items() if smoothed} == {
+        "model.layers.0.self_attn.qkv_proj", "model.layers.0.self_attn.o_proj", "model.layers.0.mlp.gate_up_proj",
+        "model.layers.0.mlp.down_proj"}
+    assert "lm_head" in layers and not any(kept for _, kept in layers.values())
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    prompt = {"prompt_token_ids": [1, 261, 262, 263, 260, 259, 261, 262] * 3}
+    first = llm.generate([prompt], params)[0].outputs[0].token_ids
+    others = [{"prompt_token_ids": [1, 259 + i, 263, 260]} for i in range(3)]
+    llm.generate(others + [prompt], params)
+    assert llm.generate([prompt], params)[0].outputs[0].token_ids == first
+
+
+def test_calibration_chunks_come_from_the_end_of_the_pydoc_text_and_fit_the_cache():
+    class Ids:  # a tokenizer of one id per character
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            return [ord(c) for c in text]
+
+    chunks = smoothing.calibration_chunks(Ids(), vocab_size=128, max_tokens=100)
+    assert [len(c) for c in chunks] == [100] * smoothing.NUM_CHUNKS
+    assert all(i < 128 for c in chunks for i in c)
+    from pydoc_data.topics import topics
+    text = "\n\n".join(topics[name].strip() for name in sorted(topics))
+    tail = [ord(c) for c in text if ord(c) < 128][-100 * smoothing.NUM_CHUNKS:]
+    assert sum(chunks, []) == tail
