@@ -3,14 +3,15 @@
 w8a8 rounds each linear's input to int8 per token. Gemma 3's inputs have outlier channels, and per-token rounding
 crushes the other channels under them: +3.6% perplexity for the default model's layer linears in float32 emulation,
 +4.0% through the kernels. SmoothQuant (Xiao et al., 2023) moves part of each channel's range into the weight,
-``x W^T = (x / s)(W s)^T``, ``s`` from the largest ``|x|`` each channel takes on calibration text. vLLM takes w8a8
-checkpoints smoothed offline; jido quantizes at load, so it calibrates at load: a few chunks of text run through
-the model on its float weights, each layer's input maxima recorded, then every layer quantized again with its
-factors (``QuantizedLinearMethod.observe_inputs`` / ``smooth``). Measured on the default model (pydoc perplexity,
-20 chunks of 512): float32 emulation +3.6% -> +0.5% at alpha 0.75 (0.5: +1.7%, 0.65: +1.6%, 0.85: +1.5%;
-benchmarks/results/smoothquant-emulation-2026-12-05-amx.json); through the kernels in bf16 +4.0% -> +1.0% with
-these 2,048 calibration tokens, +1.9% with 4,096 (the maxima grow with the text). Choosing each layer's alpha by its
-rounding error on sampled rows instead measured +1.1%: not kept.
+``x W^T = (x / s)(W s)^T``, ``s`` from the largest ``|x|`` each channel takes on calibration text. vLLM takes
+w8a8 checkpoints smoothed offline; jido quantizes at load, so it calibrates at load: a few chunks of text run
+through the model on its float weights, each layer's input maxima recorded chunk by chunk, then every layer quantized
+again with factors from their mean (``QuantizedLinearMethod.observe_inputs`` / ``smooth``). Measured on the default
+model (pydoc perplexity, 20 chunks of 512): float32 emulation +3.6% -> +0.5% at alpha 0.75 (0.5: +1.7%, 0.65: +1.6%,
+0.85: +1.5%; benchmarks/results/smoothquant-emulation-2026-12-05-amx.json); through the kernels in bf16 +4.0% ->
++1.1% with these 2,048 calibration tokens (2, 6 and 8 chunks: +1.24%, +1.10%, +1.27%). The overall maximum instead of
+the chunks' mean gave +0.98% with 4 chunks but +1.41%, +1.36% and +1.85% with 2, 6 and 8: it grows with the text.
+Choosing each layer's alpha by its rounding error on sampled rows measured no better (+1.1%): not kept.
 
 The text is the tail of Python's pydoc topics (every CPython has it): the perplexity gate
 (`benchmarks/perplexity.py`) scores chunks from the start of the same text, so the two never overlap.
@@ -55,10 +56,10 @@ def calibrate(model: nn.Module, forward: Callable[[list[int]], None], chunks: li
     """Run ``forward`` on each chunk with every pending layer observing its inputs, then smooth them; returns the
     layers smoothed (not those the forward never ran, which keep codes of W itself)."""
     layers = pending_layers(model)
-    maxima = [layer.linear_method.observe_inputs(layer) for layer in layers]
+    seen = [layer.linear_method.observe_inputs(layer) for layer in layers]  # each: the maxima of every step
     for chunk in chunks:
         forward(chunk)
-    return [layer for layer, input_max in zip(layers, maxima) if layer.linear_method.smooth(layer, input_max, alpha)]
+    return [layer for layer, maxima in zip(layers, seen) if layer.linear_method.smooth(layer, maxima, alpha)]
 
 
 def discard(model: nn.Module) -> int:
