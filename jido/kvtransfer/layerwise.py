@@ -15,10 +15,11 @@ class LayerwiseHooks(AttentionBackend):
 
     NOTE: layers are numbered by the order of ``forward`` calls within a step (every model calls attention
     once per layer, first to last); the runner calls :meth:`begin_step` before each forward, with the first
-    layer it runs (a CacheBlend prefill runs its layers in two parts, after the batch's forward).
+    layer it runs (a CacheBlend prefill runs its layers in two parts, after the batch's forward). Until the runner
+    binds its connector (once the KV cache exists) the hooks call nothing: w8a8's calibration forward runs before.
     """
 
-    def __init__(self, inner: AttentionBackend, connector: KVConnectorWorker) -> None:
+    def __init__(self, inner: AttentionBackend, connector: KVConnectorWorker | None) -> None:
         self.inner = inner
         self.connector = connector
         self.name = inner.name
@@ -36,6 +37,8 @@ class LayerwiseHooks(AttentionBackend):
 
     def forward(self, spec: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: torch.Tensor, metadata: Any) -> torch.Tensor:
+        if self.connector is None:
+            return self.inner.forward(spec, q, k, v, kv_cache, metadata)
         layer, self._layer = self._layer, self._layer + 1
         self.connector.wait_for_layer_load(layer)
         out = self.inner.forward(spec, q, k, v, kv_cache, metadata)

@@ -95,3 +95,25 @@ def test_calibration_chunks_come_from_the_end_of_the_pydoc_text_and_fit_the_cach
     text = "\n\n".join(topics[name].strip() for name in sorted(topics))
     tail = [ord(c) for c in text if ord(c) < 128][-100 * smoothing.NUM_CHUNKS:]
     assert sum(chunks, []) == tail
+
+
+def test_w8a8_with_a_kv_connector_calibrates_before_the_connector_is_bound_and_serves_the_same_tokens(
+        tmp_path, monkeypatch, caplog):
+    # The layers' attention runs through the connector's per-layer hooks, which have no connector during the
+    # calibration forward (it is bound once the cache exists): they must stand aside, and a small cache still holds
+    # the calibration's chunks (cut to its blocks).
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+    path = tmp_path / "mixed.gguf"
+    _write_mixed_llama(path)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    prompt = {"prompt_token_ids": [1, 261, 262, 263, 260, 259, 261, 262] * 2}
+    tokens = []
+    for extra in ({}, {"kv_offload": {"cpu": "1MiB"}}):
+        with caplog.at_level("INFO", logger="jido"):
+            llm = LLM(model=str(path), quantization="w8a8", dtype="float32", kv_cache_memory="24KiB", block_size=4,
+                      **extra)
+        assert "w8a8: smoothed 4 of 5 linears" in caplog.text
+        caplog.clear()
+        tokens.append(llm.generate([prompt], params)[0].outputs[0].token_ids)
+        llm.shutdown()
+    assert tokens[0] == tokens[1]
