@@ -9,6 +9,7 @@ from jido.core.kv_cache_spec import KVCacheConfig, KVCacheSpec
 from jido.models.config import ModelArchConfig
 from jido.models.loader import gguf_source, load_config, resolve_model
 from jido.runner.draft_kv import DraftKV
+from jido.runner import smoothing
 from jido.runner.model_runner import load_model, resolve_quantization
 from jido.runner.spec_decode import ProposalStep, ProposerContext
 from jido.sampling.rejection_sampler import Drafts, sample_draft_chain
@@ -125,4 +126,6 @@ def _load_draft(config: SpeculativeConfig, context: ProposerContext) -> tuple[to
     quantization = resolve_quantization(config.quantization, context.device, gguf_source(folder) is not None)
     model = load_model(folder, arch, context.attn_backend, context.device, context.dtype, quantization,
                        context.quantization_group_size)
+    # Under w8a8 the draft stays unsmoothed (it only proposes; the target verifies): no float copy kept for it.
+    smoothing.discard(model)
     return model, arch
