@@ -51,3 +51,25 @@ def test_each_tensor_parallel_rank_holds_half_the_heads_and_the_kv_head_replicat
 def _attention_heads(worker) -> tuple[int, int, int]:
     layer = worker.runner.model.model.layers[0]
     return layer.self_attn.spec.num_heads, layer.self_attn.spec.num_kv_heads, layer.mlp.down_proj.weight.shape[1]
+
+
+def _smoothing_state(worker) -> tuple[int, int]:
+    """(w8a8 linears smoothed, float copies still held) on this rank."""
+    modules = list(worker.runner.model.modules())
+    return (sum(getattr(m, "smooth_inv", None) is not None for m in modules),
+            sum(hasattr(m, "smoothing_source") for m in modules))
+
+
+def test_w8a8_is_smoothed_on_every_tensor_parallel_rank_and_left_unsmoothed_under_pipeline_parallelism(
+        family_folder):
+    # Every TP rank runs the calibration forward (its collectives line up: all ranks initialize their caches); a PP
+    # stage cannot run a forward alone, so it keeps per-token rounding and drops its float copies.
+    for parallel, smoothed in (({"tensor_parallel_size": 2}, True), ({"pipeline_parallel_size": 2}, False)):
+        llm = LLM(str(family_folder("llama")), dtype="float32", kv_cache_memory="4MiB", quantization="w8a8",
+                  **parallel)
+        try:
+            states = llm.collective_rpc(_smoothing_state)
+            assert len(states) == 2 and all((count > 0) == smoothed and held == 0 for count, held in states), states
+            assert all(tokens for tokens in greedy_tokens(llm))
+        finally:
+            llm.shutdown()
