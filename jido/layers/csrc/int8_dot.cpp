@@ -1396,19 +1396,25 @@ template <typename T>
 void quantize_rows_avx512(const T* x, const float* channel_scale, int64_t M, int64_t K, int8_t* codes,
                           float* scales) {
   at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    // A scaled row's products are kept for the second pass (K floats, in L1) rather than computed and rounded twice.
+    std::vector<float> scaled(channel_scale != nullptr ? K + 16 : 0);
+    float* kept = scaled.data();
     for (int64_t m = m0; m < m1; ++m) {
       const T* row = x + m * K;
       __m512 amax = _mm512_setzero_ps();
       for (int64_t k = 0; k < K; k += 16) {
         const __mmask16 mask = K - k >= 16 ? 0xffff : static_cast<__mmask16>((1u << (K - k)) - 1);
-        amax = _mm512_max_ps(amax, _mm512_abs_ps(load16_scaled(row, channel_scale, k, mask)));
+        const __m512 v = load16_scaled(row, channel_scale, k, mask);
+        if (kept != nullptr) _mm512_storeu_ps(kept + k, v);
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
       }
       const float d = _mm512_reduce_max_ps(amax) / 127.f;
       scales[m] = d;
       const __m512 id = _mm512_set1_ps(d != 0.f ? 1.f / d : 0.f);
       for (int64_t k = 0; k < K; k += 16) {
         const __mmask16 mask = K - k >= 16 ? 0xffff : static_cast<__mmask16>((1u << (K - k)) - 1);
-        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(load16_scaled(row, channel_scale, k, mask), id));
+        const __m512 v = kept != nullptr ? _mm512_loadu_ps(kept + k) : load16_as_float(row + k, mask);
+        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, id));
         _mm_mask_storeu_epi8(codes + m * K + k, mask, _mm512_cvtsepi32_epi8(q));
       }
     }
