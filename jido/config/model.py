@@ -8,7 +8,7 @@ from jido.config.size import check_positive_int
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 DTYPES: tuple[str, ...] = get_args(DType)
-Quantization = Literal["none", "gguf", "int8", "int4", "w8a8", "fp8"]
+Quantization = Literal["none", "gguf", "gguf_w8a8", "int8", "int4", "w8a8", "fp8"]
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 
 
@@ -26,7 +26,9 @@ class ModelConfig:
     """Prompt plus output tokens per request (default: the model's limit, capped by what the KV cache holds)."""
     quantization: Quantization | None = None
     """How weights are stored and multiplied: gguf keeps a GGUF file's quantized tensors as stored (int8/int4 codes
-    with the file's scales, the default for a .gguf model on CPU), int8 quantizes weights per output channel at load,
+    with the file's scales, the default for a .gguf model on CPU), gguf_w8a8 the same for decode with prefill-sized
+    steps in w8a8 on CPUs with AMX (an int8 copy of each layer, smoothed at load, in place of gguf's bf16 copy),
+    int8 quantizes weights per output channel at load,
     int4 in groups of quantization_group_size at load, w8a8 int8 weights per output channel with activations
     rounded to int8 per token, fp8 e4m3 weights per output channel and activations per token on a GPU with FP8
     tensor cores (CUDA compute capability 8.9 or newer), none computes with dense weights in dtype (the default for

@@ -177,12 +177,15 @@ class UnquantizedConfig(QuantizationConfig):
 _CONFIGS: dict[str, str] = {
     "none": "jido.layers.quantization:UnquantizedConfig",
     "gguf": "jido.layers.quantized_linear:GGUFConfig",
+    "gguf_w8a8": "jido.layers.quantized_linear:GGUFW8A8Config",
     "int8": "jido.layers.quantized_linear:Int8Config",
     "int4": "jido.layers.quantized_linear:Int4Config",
     "w8a8": "jido.layers.quantized_linear:W8A8Config",
     "fp8": "jido.layers.fp8_linear:Fp8Config",
 }
 QUANTIZATIONS: tuple[str, ...] = tuple(_CONFIGS)
+# The schemes that serve a GGUF file's own codes (the loader hands them over still quantized).
+GGUF_SCHEMES: tuple[str, ...] = ("gguf", "gguf_w8a8")
 
 
 def get_quantization_config(name: str = "none", group_size: int | None = None) -> QuantizationConfig:

@@ -12,6 +12,8 @@ token first). The embedding gathers from the same codes. Two ways in:
 - ``int8`` / ``int4`` / ``w8a8``: a float checkpoint loads as usual and is quantized once loaded (int8
   symmetric per output channel unless a group size is given; int4 asymmetric in groups, 32 by default; w8a8
   int8 per output channel, vLLM's scheme).
+- ``gguf_w8a8``: ``gguf``'s codes for decode, and for prefill-sized steps on AMX a w8a8 copy of each layer (its
+  dequantized weight smoothed, int8 per output channel, x rounded per token) in place of ``gguf``'s bf16 copy.
 """
 from __future__ import annotations
 
@@ -46,6 +48,9 @@ BF16_COPY_MIN_ROWS = 16
 BF16_COPY_MIN_ROWS_AMX = 40
 # The rows the AMX case's copy is packed for: a full step of the default max_num_batched_tokens.
 BF16_COPY_ROWS_HINT_AMX = 2048
+# gguf_w8a8's int8 copy takes over from the GGUF panels where the bf16 copy would: steps of decode size keep the
+# file's codes (and their numbers), prefill-sized ones round x per token.
+PREFILL_W8A8_MIN_ROWS = BF16_COPY_MIN_ROWS_AMX
 
 
 @dataclass(frozen=True)
@@ -100,17 +105,20 @@ class QuantizedLinearMethod(LinearMethod):
     ``bits`` None keeps checkpoint codes as they are (``gguf``); 8 or 4 quantizes a float weight at load.
     ``per_token`` rounds x once per row (``w8a8``) instead of per block of 32.
     ``panel_min_rows``: steps of this many rows or more run on the prepacked panels; a model's one-row decode stays
-    on the rows kernel (see ``int8_dot.PREPACKED_MIN_ROWS``). A draft takes the panels from one row: its codes are
+    on the rows kernel (see ``int8_dot.PREPACKED_MIN_ROWS``). ``prefill_w8a8`` (``gguf_w8a8``): where the AMX int8
+    GEMM runs in a bf16 model, steps of :data:`PREFILL_W8A8_MIN_ROWS` rows or more run as w8a8 on an int8 copy of
+    the dequantized weight, smoothed as w8a8 is (:meth:`smooth`); the codes serve the rest as under ``gguf``. A draft takes the panels from one row: its codes are
     int8 (the panels hold them at the same bytes) or int4, and on AMX tiles its one-row layers ran in 0.6-0.8x the rows
     kernel's time (EAGLE's 16,384-row head 236 against 268 us, its gate/up 44 against 81 us, weights in cache).
     """
 
     def __init__(self, bits: int | None, group_size: int | None, per_token: bool = False,
-                 panel_min_rows: int = int8_dot.PREPACKED_MIN_ROWS) -> None:
+                 panel_min_rows: int = int8_dot.PREPACKED_MIN_ROWS, prefill_w8a8: bool = False) -> None:
         self.bits = bits
         self.group_size = group_size
         self.per_token = per_token
         self.panel_min_rows = panel_min_rows
+        self.prefill_w8a8 = prefill_w8a8
         self.dense = UnquantizedLinearMethod()
 
     def create_weights(
@@ -156,14 +164,13 @@ class QuantizedLinearMethod(LinearMethod):
                     bias: torch.Tensor | None = None) -> torch.Tensor | None:
         # w8a8 steps of many rows on AMX tiles, where the layer was packed gated (it told us its activation). The
         # row count first: every decode step of every MLP asks, and leaves here.
-        if x.shape[0] < int8_dot.AMX_GEMM_MIN_ROWS or x.dtype != torch.bfloat16:
+        if x.shape[0] < self._gemm_min_rows() or x.dtype != torch.bfloat16:
             return None
         gemm = getattr(layer, "qgemm", None)
         act = fused_activation_code(activation)
         if gemm is None or not gemm.gated or act is None:
             return None
-        inv = getattr(layer, "smooth_inv", None)
-        return int8_dot.amx_gemm_gated(x, gemm, act, bias, None if inv is None else inv.float())
+        return int8_dot.amx_gemm_gated(x, gemm, act, bias, getattr(layer, "gemm_channel_scale", None))
 
     def greedy_token_ids(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
         # Where the head's panels run on AMX tiles, at any number of rows: a one-row greedy step then sums as a verify
@@ -204,10 +211,17 @@ class QuantizedLinearMethod(LinearMethod):
         s = smoothing_factors(input_max, source, alpha)
         smoothed = not bool((s == 1).all())
         qweight = quant_kernels.quantize(source.float() * s if smoothed else source.float(), 8, None)
-        layer.smooth_inv = (1 / s).to(source.dtype) if smoothed else None
-        for packing in ("qlinear", "qpanels", "qfive", "qgemm"):
-            layer.__dict__.pop(packing, None)
-        self._pack(layer, qweight, source.dtype)
+        inv = (1 / s).to(source.dtype) if smoothed else None
+        # The GEMMs fold 1 / s into their rounding of x (quantize_per_token's channel_scale, in float32).
+        layer.gemm_channel_scale = None if inv is None else inv.float()
+        if self.prefill_w8a8:  # only the prefill copy: the file's codes serve decode unsmoothed
+            layer.qgemm = self._prefill_gemm(layer, qweight, source.dtype)
+        else:
+            layer.smooth_inv = inv
+            for packing in ("qpanels", "qfive", "qgemm"):
+                layer.__dict__.pop(packing, None)
+            self._pack(layer, qweight, source.dtype)
+        layer.__dict__.pop("qlinear", None)
         self._bind(layer)
         return smoothed
 
@@ -221,19 +235,36 @@ class QuantizedLinearMethod(LinearMethod):
         if self.per_token and from_float:  # kept until the runner smooths the layer (see observe_inputs)
             layer.smoothing_source = layer.weight.detach()
         self._hold(layer, qweight)
-        if not self.per_token and keeps_bf16_copy(model_dtype, qweight.data.device):
-            panels = getattr(layer, "qpanels", None)
-            on_amx = panels is not None and panels.amx
-            # The copy serves prefill-sized steps only where the AMX panels take the rest (see pack_dense).
-            layer.qdense = pack_dense(quant_kernels.dequantize(qweight).to(torch.bfloat16),
-                                      BF16_COPY_ROWS_HINT_AMX if on_amx else 1)
-            layer.qdense_min_rows = BF16_COPY_MIN_ROWS_AMX if on_amx else BF16_COPY_MIN_ROWS
+        if not (self.prefill_w8a8 and self._holds_prefill_gemm(layer, qweight, model_dtype)):
+            self._keep_bf16_copy(layer, model_dtype)
         self._bind(layer)
+
+    def _keep_bf16_copy(self, layer: nn.Module, model_dtype: torch.dtype) -> None:
+        """Where :func:`keeps_bf16_copy` says so (not under w8a8), the layer's codes dequantized into a bf16 copy for
+        prefill-sized steps."""
+        qweight = layer.qweight
+        if self.per_token or not keeps_bf16_copy(model_dtype, qweight.data.device):
+            return
+        panels = getattr(layer, "qpanels", None)
+        on_amx = panels is not None and panels.amx
+        # The copy serves prefill-sized steps only where the AMX panels take the rest (see pack_dense).
+        layer.qdense = pack_dense(quant_kernels.dequantize(qweight).to(torch.bfloat16),
+                                  BF16_COPY_ROWS_HINT_AMX if on_amx else 1)
+        layer.qdense_min_rows = BF16_COPY_MIN_ROWS_AMX if on_amx else BF16_COPY_MIN_ROWS
 
     def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
         # A tied head is the embedding: its gathers read the same qweight, so no dense table is kept.
         if getattr(layer, "qweight", None) is not None:
-            return  # an untied head is a Linear, already processed with the other layers
+            # An untied head is a Linear, already processed with the other layers. Under gguf_w8a8 it was given an
+            # int8 prefill copy, which a head (it reads only the sampled rows) does not get: it goes back to gguf's.
+            source = getattr(layer, "smoothing_source", None)
+            if source is not None and getattr(layer.linear_method, "prefill_w8a8", False) and not self.prefill_w8a8:
+                for name in ("qgemm", "smoothing_source", "qlinear"):
+                    layer.__dict__.pop(name, None)
+                layer.linear_method = self
+                self._keep_bf16_copy(layer, source.dtype)
+                self._bind(layer)
+            return
         qweight = self._quantized(layer)
         if qweight is None:
             self.dense.process_logits_weights_after_loading(layer)
@@ -259,10 +290,27 @@ class QuantizedLinearMethod(LinearMethod):
             if int8_dot.fits_five_bits(qweight):
                 layer.qfive = int8_dot.pack_five_bits(qweight)
             if self.per_token and int8_dot.takes_amx_gemm(qweight):
-                # A bf16 merged gate/up layer whose activation the GEMM applies is packed for that alone (apply_gated).
-                act = fused_activation_code(getattr(layer, "gated_activation", None) or "")
-                gated = act is not None and model_dtype == torch.bfloat16
-                layer.qgemm = int8_dot.pack_amx_gemm(qweight, gated=gated)
+                layer.qgemm = self._prefill_gemm(layer, qweight, model_dtype)
+
+    def _holds_prefill_gemm(self, layer: nn.Module, qweight: QuantizedWeight, model_dtype: torch.dtype) -> bool:
+        """``gguf_w8a8``: give the layer its int8 prefill copy (unsmoothed until the runner calibrates it, from the
+        dequantized weight it keeps as the smoothing source meanwhile), where the AMX int8 GEMM runs in a bf16 model;
+        whether it did."""
+        if model_dtype != torch.bfloat16 or qweight.shape[1] % 64 or not getattr(layer, "qpanels", None) \
+                or not layer.qpanels.amx:
+            return False
+        source = quant_kernels.dequantize(qweight).to(model_dtype)
+        layer.smoothing_source = source
+        layer.qgemm = self._prefill_gemm(layer, quant_kernels.quantize(source.float(), 8, None), model_dtype)
+        return True
+
+    def _prefill_gemm(self, layer: nn.Module, qweight: QuantizedWeight, model_dtype: torch.dtype) -> int8_dot.AmxGemmWeight:
+        # A bf16 merged gate/up layer whose activation the GEMM applies is packed for that alone (apply_gated).
+        act = fused_activation_code(getattr(layer, "gated_activation", None) or "")
+        return int8_dot.pack_amx_gemm(qweight, gated=act is not None and model_dtype == torch.bfloat16)
+
+    def _gemm_min_rows(self) -> int:
+        return PREFILL_W8A8_MIN_ROWS if self.prefill_w8a8 else int8_dot.AMX_GEMM_MIN_ROWS
 
     def _bind(self, layer: nn.Module) -> None:
         """Settle once which kernel a step of each size runs on ``layer`` (as :meth:`apply` would choose: the bf16
@@ -277,16 +325,17 @@ class QuantizedLinearMethod(LinearMethod):
         five, per_token, panel_min_rows = hasattr(layer, "qfive"), self.per_token, self.panel_min_rows
         int_mm = per_token and int8_dot.takes_int_mm(layer.qweight)
         plain_gemm = hasattr(layer, "qgemm") and not layer.qgemm.gated
+        gemm_min_rows = self._gemm_min_rows()
         copy_min_rows = getattr(layer, "qdense_min_rows", None)  # set with the bf16 copy
-        # Set once the layer is smoothed (w8a8): the GEMMs scale x as they round it; the other routes get x * inv.
+        # Set once the layer is smoothed: the GEMMs scale x as they round it; under w8a8 the other routes get x * inv.
         inv = getattr(layer, "smooth_inv", None)
-        channel_scale = None if inv is None else inv.float()
+        channel_scale = getattr(layer, "gemm_channel_scale", None)
 
         def linear(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
             rows = x.shape[0]
             if copy_min_rows is not None and rows >= copy_min_rows and x.dtype == torch.bfloat16:
                 return packed_linear(x, layer.qdense, bias)
-            if plain_gemm and rows >= int8_dot.AMX_GEMM_MIN_ROWS:
+            if plain_gemm and rows >= gemm_min_rows:
                 return int8_dot.amx_gemm_linear(x, layer.qgemm, bias, channel_scale)
             if int_mm and rows >= int8_dot.INT_MM_MIN_ROWS:
                 return int8_dot.int_mm_linear(x, layer.qweight, bias, channel_scale)
@@ -378,6 +427,20 @@ class GGUFConfig(QuantizationConfig):
 
     def get_linear_method(self, layer: nn.Module) -> LinearMethod:
         return QuantizedLinearMethod(bits=None, group_size=None)
+
+
+class GGUFW8A8Config(GGUFConfig):
+    """``gguf``'s codes for decode, w8a8 for prefill: on CPUs with AMX, steps of prefill size run each layer on an
+    int8 copy of its dequantized weight (per output channel, smoothed at load as ``w8a8`` is) with x rounded per
+    token, where ``gguf`` keeps a bf16 copy. Elsewhere the same as ``gguf``."""
+
+    name = "gguf_w8a8"
+
+    def get_linear_method(self, layer: nn.Module) -> LinearMethod:
+        return QuantizedLinearMethod(bits=None, group_size=None, prefill_w8a8=True)
+
+    def get_logits_method(self, head: nn.Module) -> LinearMethod:
+        return QuantizedLinearMethod(bits=None, group_size=None)  # the head reads only sampled rows: no copy
 
 
 class Int8Config(QuantizationConfig):

@@ -20,7 +20,7 @@ from jido.kvtransfer.factory import connector_name, make_worker_connector
 from jido.kvtransfer.layerwise import LayerwiseHooks
 from jido.layers.fp8_linear import MIN_CAPABILITY as MIN_FP8_CAPABILITY
 from jido.layers.parameter import default_device_and_dtype
-from jido.layers.quantization import get_quantization_config, process_weights_after_loading
+from jido.layers.quantization import GGUF_SCHEMES, get_quantization_config, process_weights_after_loading
 from jido.models.config import ModelArchConfig
 from jido.models.loader import CODES_FILE, gguf_source, iter_quantized_weights, iter_weights, load_config
 from jido.models.registry import get_model_class
@@ -73,8 +73,9 @@ def resolve_quantization(quantization: str | None, device: torch.device, from_gg
         ValueError: ``gguf`` asked for a model that is not a GGUF file, a CPU scheme off the CPU, or ``fp8`` anywhere
             but on a GPU with FP8 tensor cores.
     """
-    if quantization == "gguf" and not from_gguf:
-        raise ValueError("quantization 'gguf' needs a .gguf model; for other checkpoints use int8, int4, w8a8 or none")
+    if quantization in GGUF_SCHEMES and not from_gguf:
+        raise ValueError(f"quantization {quantization!r} needs a .gguf model; for other checkpoints use int8, int4, "
+                         "w8a8 or none")
     if quantization == "fp8":
         check_fp8_device(device)
         return quantization
@@ -125,7 +126,7 @@ def load_model(folder: Path, arch: ModelArchConfig, attn_backend: AttentionBacke
     # Built on its device in its dtype: no float32 (or CPU) copy of the whole model is ever made.
     with default_device_and_dtype(device, dtype), building_for(parallel or ModelParallel.single()):
         model = model_class(arch, attn_backend, quant_config)
-    model.load_weights(iter_quantized_weights(folder) if quantization == "gguf" else iter_weights(folder))
+    model.load_weights(iter_quantized_weights(folder) if quantization in GGUF_SCHEMES else iter_weights(folder))
     process_weights_after_loading(model)
     if device.type == "cpu":
         moved = move_weights_to_huge_pages(model)

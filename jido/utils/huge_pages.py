@@ -33,9 +33,11 @@ THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 ARENA_BYTES = 256 << 20
 ALIGN = 64
 MIN_BYTES = 4096  # below a page a tensor gains nothing from moving
-# Module attributes holding weights outside parameters: quantized codes, their prepacked panels, five-bit rows and
-# AMX GEMM packing (jido/layers/quantized_linear.py). Dataclasses of tensors: each tensor field is moved.
-HELD_WEIGHTS = ("qweight", "qpanels", "qfive", "qgemm")
+# Module attributes holding weights outside parameters: quantized codes, their prepacked panels and five-bit rows
+# (jido/layers/quantized_linear.py). Dataclasses of tensors: each tensor field is moved. Not the AMX GEMM's packing
+# (qgemm): prefill-sized steps alone read it, compute-bound, and w8a8's smoothing replaces it once the KV cache
+# exists, so a copy made at load was left behind in its arena (the default model: 100 MB).
+HELD_WEIGHTS = ("qweight", "qpanels", "qfive")
 
 
 def _thp_on() -> bool:

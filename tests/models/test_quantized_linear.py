@@ -219,6 +219,8 @@ def test_gguf_is_the_default_for_a_gguf_model_on_cpu_only():
     assert resolve_quantization("int8", cpu, from_gguf=True) == "int8"
     with pytest.raises(ValueError, match="needs a .gguf model"):
         resolve_quantization("gguf", cpu, from_gguf=False)
+    with pytest.raises(ValueError, match="quantization 'gguf_w8a8' needs a .gguf model"):
+        resolve_quantization("gguf_w8a8", cpu, from_gguf=False)
     with pytest.raises(ValueError, match="quantization 'w8a8' runs on CPU kernels; on cuda use quantization none"):
         resolve_quantization("w8a8", cuda, from_gguf=False)
 
@@ -322,7 +324,7 @@ def _gguf_layer(dtype: torch.dtype, scheme: str = "gguf"):
 
     with default_device_and_dtype(torch.device("cpu"), dtype):
         layer = Linear(64, 48, quant_config=get_quantization_config(scheme))
-    if scheme == "gguf":
+    if scheme.startswith("gguf"):
         layer.weight.weight_loader(layer.weight, _codes(48, 64, 32, offsets=True, seed=5), None)
     else:
         layer.weight.weight_loader(layer.weight, torch.randn(48, 64, generator=torch.Generator().manual_seed(5)))

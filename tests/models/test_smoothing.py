@@ -117,3 +117,79 @@ def test_w8a8_with_a_kv_connector_calibrates_before_the_connector_is_bound_and_s
         tokens.append(llm.generate([prompt], params)[0].outputs[0].token_ids)
         llm.shutdown()
     assert tokens[0] == tokens[1]
+
+
+# --- gguf_w8a8: the file's codes for decode, a smoothed w8a8 copy for prefill-sized steps on AMX ---
+
+@pytest.mark.skipif(not int8_dot.amx_runs(), reason="gguf_w8a8's int8 prefill copy runs on AMX tiles only")
+def test_gguf_w8a8_keeps_the_codes_for_decode_and_rounds_prefill_rows_per_token_on_a_smoothed_int8_copy():
+    from test_quantized_linear import _gguf_layer
+
+    from jido.layers import quant_kernels
+    from jido.layers.quantized_linear import PREFILL_W8A8_MIN_ROWS
+
+    hybrid, gguf = _gguf_layer(torch.bfloat16, "gguf_w8a8"), _gguf_layer(torch.bfloat16)
+    assert not hasattr(hybrid, "qdense") and hybrid.qgemm.shape == (48, 64)
+    source = hybrid.smoothing_source.float()  # the codes dequantized: what the int8 copy is made from
+    torch.testing.assert_close(source, quant_kernels.dequantize(hybrid.qweight).bfloat16().float(), atol=0, rtol=0)
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(PREFILL_W8A8_MIN_ROWS + 8, 64, generator=gen)
+    x[:, 5] *= 60  # an outlier channel
+    x = x.bfloat16()
+    exact = x.double() @ source.double().t()
+
+    def check_decode_rows_match_gguf() -> None:  # the file's codes, untouched, below the threshold
+        for rows in (1, 2, PREFILL_W8A8_MIN_ROWS - 1):
+            torch.testing.assert_close(hybrid(x[:rows]), gguf(x[:rows]), atol=0, rtol=0)
+
+    check_decode_rows_match_gguf()
+    plain = quant_kernels.quantize(source, 8, None)
+    expected = int8_dot.int8_dot_linear_reference(x, plain, per_token=True)
+    torch.testing.assert_close(hybrid(x).double(), expected, atol=0.02 * expected.abs().max().item(), rtol=0.01)
+    def rms_error() -> float:  # over every output: their rounding to bf16 alone would dominate the largest error
+        return (hybrid(x).double() - exact).pow(2).mean().sqrt().item()
+
+    error_plain = rms_error()
+
+    maxima = hybrid.linear_method.observe_inputs(hybrid)
+    torch.testing.assert_close(hybrid(x), x @ source.bfloat16().t())  # observing runs the dequantized weight
+    assert hybrid.linear_method.smooth(hybrid, maxima, smoothing.ALPHA)
+    assert not hasattr(hybrid, "smoothing_source") and getattr(hybrid, "smooth_inv", None) is None
+    check_decode_rows_match_gguf()
+    s = smoothing_factors(maxima[0], source, smoothing.ALPHA)
+    inv = (1 / s).bfloat16()
+    expected = int8_dot.int8_dot_linear_reference(x * inv, quant_kernels.quantize(source * s, 8, None),
+                                                  per_token=True)
+    torch.testing.assert_close(hybrid(x).double(), expected, atol=0.02 * expected.abs().max().item(), rtol=0.01)
+    assert rms_error() < error_plain / 2, (rms_error(), error_plain)
+
+
+def test_gguf_w8a8_in_the_engine_serves_short_prompts_as_gguf_does_and_smooths_where_amx_runs(
+        tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+    path = tmp_path / "mixed.gguf"
+    _write_mixed_llama(path)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    short = {"prompt_token_ids": [1, 261, 262, 263, 260, 259, 261, 262] * 2}  # 16 rows: the codes' route
+    long = {"prompt_token_ids": [1, 261, 262, 263, 260, 259, 261, 262] * 6}  # 48 rows: prefill-sized
+    runs = {}
+    for scheme in ("gguf", "gguf_w8a8"):
+        caplog.clear()
+        with caplog.at_level("INFO", logger="jido"):
+            llm = LLM(model=str(path), quantization=scheme, dtype="bfloat16", kv_cache_memory="4MiB")
+        runs[scheme] = [llm.generate([p], params)[0].outputs[0].token_ids for p in (short, long)]
+        if scheme == "gguf_w8a8":
+            # q/k/v, o and gate/up (K 64); down's K of 96 is no tile multiple: it keeps gguf's bf16 route
+            smoothed = "w8a8: smoothed 3 of 3 linears" in caplog.text  # not the untied LM head
+            assert smoothed == int8_dot.amx_runs(), caplog.text
+            held = llm.collective_rpc(lambda w: sorted(n for n, m in w.runner.model.named_modules()
+                                                       if hasattr(m, "qgemm") or hasattr(m, "smoothing_source")))[0]
+            assert held == (["model.layers.0.mlp.gate_up_proj", "model.layers.0.self_attn.o_proj",
+                             "model.layers.0.self_attn.qkv_proj"] if smoothed else [])
+            others = [{"prompt_token_ids": [1, 259 + i, 263, 260] * 12} for i in range(3)]
+            llm.generate(others + [long], params)
+            assert llm.generate([long], params)[0].outputs[0].token_ids == runs[scheme][1]
+        llm.shutdown()
+    assert runs["gguf_w8a8"][0] == runs["gguf"][0]
+    if not int8_dot.amx_runs():
+        assert runs["gguf_w8a8"] == runs["gguf"]
