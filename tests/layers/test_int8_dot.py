@@ -459,15 +459,16 @@ def test_amx_gemm_gives_the_bits_of_the_int_mm_route(dtype, num_rows, num_cols, 
 
 @pytest.mark.skipif(not int8_dot.amx_runs(), reason="needs AMX-INT8 tiles (and the kernels built)")
 @pytest.mark.parametrize("act,name", [(0, "silu"), (1, "gelu_pytorch_tanh")])
-@pytest.mark.parametrize("intermediate,rows_x", [(2048, 70), (40, 33), (16, 1)])
-def test_amx_gemm_gated_gives_the_bits_of_the_int_mm_route_then_act_and_mul(act, name, intermediate, rows_x) -> None:
+@pytest.mark.parametrize("intermediate,rows_x,k", [(2048, 70, 128), (40, 33, 128), (16, 1, 128), (48, 300, 640)])
+def test_amx_gemm_gated_gives_the_bits_of_the_int_mm_route_then_act_and_mul(act, name, intermediate, rows_x,
+                                                                             k) -> None:
     # gate rows, then up rows: each output is act(gate) * up of the bf16 products, bit for bit; 40 wide, the last
-    # block of 16 half full.
+    # block of 16 half full; K 640 over 300 rows: ten steps a block, rows in several groups of 32.
     from jido.layers.activation import get_gated_activation
 
     gen = torch.Generator().manual_seed(intermediate + rows_x + act)
-    w = qk.quantize(torch.randn(2 * intermediate, 128, generator=gen) * 0.05, 8, None)
-    x = random_x(rows_x, 128, torch.bfloat16, gen) * 4
+    w = qk.quantize(torch.randn(2 * intermediate, k, generator=gen) * 0.05, 8, None)
+    x = random_x(rows_x, k, torch.bfloat16, gen) * 4
     gated = int8_dot.amx_gemm_gated(x, int8_dot.pack_amx_gemm(w, gated=True), act)
     expected = get_gated_activation(name)(int8_dot.int_mm_linear(x, w, None))
     assert gated.shape == (rows_x, intermediate) and torch.equal(gated, expected)
