@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from jido import LLM, SamplingParams
-from jido.bench.corpus import reference_text
 from jido.bench.machine import machine_info, now_iso
+from jido.utils.reference_text import reference_text
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 
 from jido import LLM
-from jido.bench.corpus import reference_text
 from jido.bench.machine import machine_info, now_iso
 from jido.core.outputs import SchedulerOutput
 from jido.kvtransfer.block_io import BlockIO
 from jido.kvtransfer.codecs import make_codec
 from jido.tools.perplexity import PerplexityConfig, evaluate
+from jido.utils.reference_text import reference_text
 
 RESULTS = Path(__file__).parent / "results"
 

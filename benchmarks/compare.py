@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from jido.bench.config import BenchConfig
-from jido.bench.corpus import Corpus, reference_text
+from jido.bench.corpus import Corpus
 from jido.bench.datasets import SampleRequest, sample_requests
 from jido.bench.machine import machine_info, now_iso
 from jido.bench.runner import run_benchmark
@@ -45,6 +45,7 @@ from jido.bench.tokens import make_counter
 from jido.config.model import DTYPES, Quantization
 from jido.models.named import DEFAULT_MODEL, NAMED_MODELS, assemble, cache_root
 from jido.utils.cpu import cpu_info
+from jido.utils.reference_text import reference_text
 
 from compare_report import jido_profile, markdown, ratios, roofline_shares, summarize_repeats, variant_label
 

@@ -16,7 +16,7 @@ import statistics
 import time
 from pathlib import Path
 
-from jido.bench.corpus import reference_text
+from jido.utils.reference_text import reference_text
 from jido.bench.machine import machine_info
 from jido.config import EngineConfig
 from jido.core.sampling_params import SamplingParams

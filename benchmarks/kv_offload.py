@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from jido import LLM, SamplingParams
-from jido.bench.corpus import reference_text
+from jido.utils.reference_text import reference_text
 from jido.bench.machine import describe_machine, machine_info, now_iso
 from jido.kvtransfer.codecs import make_codec
 

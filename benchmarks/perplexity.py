@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jido.bench.corpus import reference_text
+from jido.utils.reference_text import reference_text
 from jido.bench.machine import describe_machine, machine_info, now_iso
 from jido.config import engine_keywords
 

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from jido import LLM, SamplingParams
-from jido.bench.corpus import reference_text
 from jido.bench.machine import describe_machine, machine_info, now_iso
+from jido.utils.reference_text import reference_text
 
 
 def _run(mode: str, args: argparse.Namespace) -> dict:

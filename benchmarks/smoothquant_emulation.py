@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from jido.bench.corpus import reference_text
+from jido.utils.reference_text import reference_text
 from jido.bench.machine import describe_machine, machine_info, now_iso
 from jido.core.sampling_params import SamplingParams
 from jido.layers import quantization

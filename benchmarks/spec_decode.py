@@ -28,12 +28,13 @@ from typing import Any
 
 from jido import LLM, SamplingParams
 from jido.bench.config import BenchConfig
-from jido.bench.corpus import Corpus, reference_text
+from jido.bench.corpus import Corpus
 from jido.bench.datasets import sample_requests
 from jido.bench.machine import machine_info, now_iso
 from jido.bench.tokens import TokenizerJsonCounter
 from jido.models.loader import resolve_model
 from jido.tools.train_draft import held_out_text
+from jido.utils.reference_text import reference_text
 
 RESULTS = Path(__file__).parent / "results"
 FIXTURE = Path(__file__).parent.parent / "tests" / "fixtures" / "gemma3_reference.json"

@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from jido.bench.config import BenchConfig
-from jido.bench.corpus import Corpus, reference_text
+from jido.bench.corpus import Corpus
 from jido.bench.datasets import sample_requests
 from jido.bench.report import failure_lines, format_sweep, format_table, result_path, save_result
 from jido.bench.runner import BenchError, run_benchmark
 from jido.bench.tokens import WordCounter, make_counter
 from jido.utils.cli_args import add_dataclass_arguments, dataclass_kwargs
+from jido.utils.reference_text import reference_text
 
 WORDS_NOTE = (" and punctuation marks, not model tokens: the server has no /tokenize and no --tokenizer was given, "
               "so --random-input-len and the other lengths are approximate")

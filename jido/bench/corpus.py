@@ -1,4 +1,4 @@
-"""Real English text that installs with Python: the language reference behind ``help()`` (pydoc_data)."""
+"""Token-exact prompts cut from a text (the load generator's: the reference text, jido/utils/reference_text.py)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -6,14 +6,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from pydoc_data.topics import topics
-
 from jido.bench.tokens import TokenCounter
-
-
-def reference_text() -> str:
-    """Every pydoc topic in name order: ~465k characters of prose, grammar and examples."""
-    return "\n\n".join(topics[name].strip() for name in sorted(topics))
 
 
 @dataclass

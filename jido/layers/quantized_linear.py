@@ -218,8 +218,6 @@ class QuantizedLinearMethod(LinearMethod):
             layer.qgemm = self._prefill_gemm(layer, qweight, source.dtype)
         else:
             layer.smooth_inv = inv
-            for packing in ("qpanels", "qfive", "qgemm"):
-                layer.__dict__.pop(packing, None)
             self._pack(layer, qweight, source.dtype)
         layer.__dict__.pop("qlinear", None)
         self._bind(layer)
@@ -283,7 +281,10 @@ class QuantizedLinearMethod(LinearMethod):
         self._pack(layer, qweight, model_dtype)
 
     def _pack(self, layer: nn.Module, qweight: QuantizedWeight, model_dtype: torch.dtype) -> None:
-        """``qweight`` as the layer's codes, with the packings its kernels read (see :meth:`_hold`)."""
+        """``qweight`` as the layer's codes, with the packings its kernels read (see :meth:`_hold`), in place of any
+        it held."""
+        for packing in ("qpanels", "qfive", "qgemm"):  # every packing set below
+            layer.__dict__.pop(packing, None)
         layer.qweight = qweight
         if int8_dot.runs(qweight):
             layer.qpanels = int8_dot.pack_panels(qweight, self.per_token)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from jido.attention.backend import AttentionBackend, AttentionMetadata, build_step_metadata
+from jido.attention.backend import AttentionBackend, build_step_metadata
 from jido.attention.kv_quant import SCALE_BYTES, is_quantized, resolve_kv_cache_dtype
 from jido.attention.registry import default_attention_backend, get_attention_backend
 from jido.config import EngineConfig
@@ -256,8 +256,8 @@ class ModelRunner:
                                               num_blocks * self.block_size)
 
         def forward(chunk: list[int]) -> None:
-            ids, positions, fields = smoothing.chunk_forward_inputs(chunk, self.block_size, self.device)
-            groups = [AttentionMetadata(**fields)] * self.num_kv_groups
+            ids, positions, metadata = smoothing.chunk_forward_inputs(chunk, self.block_size, self.device)
+            groups = [metadata] * self.num_kv_groups
             with torch.inference_mode():
                 self.model(ids, positions, self.kv_caches, build_step_metadata(self.attn_backend, groups,
                                                                                self.layer_groups))

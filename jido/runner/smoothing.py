@@ -23,8 +23,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from jido.attention.backend import AttentionMetadata
 from jido.layers.quantized_linear import QuantizedLinearMethod
 from jido.models.tokenizer import Tokenizer
+from jido.utils.reference_text import reference_text
 
 
 ALPHA = 0.75  # the best of 0.5 / 0.65 / 0.75 / 0.85 in the emulation above
@@ -36,9 +38,7 @@ TAIL_CHARS = 60_000  # of the ~465k characters: enough for NUM_CHUNKS chunks in 
 def calibration_chunks(tokenizer: Tokenizer, vocab_size: int, max_tokens: int) -> list[list[int]]:
     """Up to :data:`NUM_CHUNKS` chunks of :data:`CHUNK_TOKENS` token ids (fewer tokens where ``max_tokens`` is
     smaller) from the end of the pydoc topics text, ids outside the model's vocabulary left out."""
-    from pydoc_data.topics import topics
-
-    text = "\n\n".join(topics[name].strip() for name in sorted(topics))[-TAIL_CHARS:]
+    text = reference_text()[-TAIL_CHARS:]
     ids = [i for i in tokenizer.encode(text, add_special_tokens=False) if i < vocab_size]
     size = max(1, min(CHUNK_TOKENS, max_tokens))
     ids = ids[-size * NUM_CHUNKS:]
@@ -71,14 +71,14 @@ def discard(model: nn.Module) -> int:
 
 
 def chunk_forward_inputs(chunk: list[int], block_size: int,
-                         device: torch.device) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """One request's whole prompt as a step: token ids, positions, and the common attention metadata's fields
-    (its blocks 0, 1, ... in order, so token i goes to slot i)."""
+                         device: torch.device) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """One request's whole prompt as a step: token ids, positions, and its attention metadata (its blocks 0, 1, ...
+    in order, so token i goes to slot i)."""
     n = len(chunk)
     num_blocks = -(-n // block_size)
-    fields = dict(query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=device),
-                  seq_lens=torch.tensor([n], dtype=torch.int32, device=device),
-                  block_tables=torch.arange(num_blocks, dtype=torch.int32, device=device)[None],
-                  slot_mapping=torch.arange(n, dtype=torch.int64, device=device), block_size=block_size,
-                  query_lens_list=[n], seq_lens_list=[n])
-    return torch.tensor(chunk, device=device), torch.arange(n, device=device), fields
+    metadata = AttentionMetadata(query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=device),
+                                 seq_lens=torch.tensor([n], dtype=torch.int32, device=device),
+                                 block_tables=torch.arange(num_blocks, dtype=torch.int32, device=device)[None],
+                                 slot_mapping=torch.arange(n, dtype=torch.int64, device=device), block_size=block_size,
+                                 query_lens_list=[n], seq_lens_list=[n])
+    return torch.tensor(chunk, device=device), torch.arange(n, device=device), metadata

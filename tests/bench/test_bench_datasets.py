@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from jido.bench.config import BenchConfig, parse_slos
-from jido.bench.corpus import Corpus, reference_text
+from jido.bench.corpus import Corpus
 from jido.bench.datasets import (CONVERSATION_MAX_INPUT, CONVERSATION_MAX_TOTAL, conversation_lengths,
                                  sample_requests)
 from jido.bench.tokens import TokenizerJsonCounter, WordCounter, count_tokens
+from jido.utils.reference_text import reference_text
 
 
 @pytest.fixture(scope="module")

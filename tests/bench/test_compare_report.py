@@ -59,7 +59,7 @@ def test_each_jido_quantization_is_its_own_entry_serving_with_that_flag(compare,
     assert none.command(8765)[0][-2:] == ["--quantization", "none"]
     with pytest.raises(SystemExit):
         compare.main(["--jido-quantization", "w8a8,int3", "--setup-only"])
-    assert "--jido-quantization takes none, gguf, int8, int4, w8a8" in capsys.readouterr().err
+    assert "--jido-quantization takes none, gguf, gguf_w8a8, int8, int4, w8a8" in capsys.readouterr().err
 
 
 def test_a_second_jido_dtype_is_saved_beside_the_first(compare, tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ from jido.layers.quantization import get_quantization_config
 from jido.layers.quantized_linear import smoothing_factors
 from jido.models.named import CACHE_DIR_ENV
 from jido.runner import smoothing
+from jido.utils.reference_text import reference_text
 
 
 def test_smoothing_factors_are_smoothquants_and_one_where_a_channel_has_no_range():
@@ -91,9 +92,7 @@ def test_calibration_chunks_come_from_the_end_of_the_pydoc_text_and_fit_the_cach
     chunks = smoothing.calibration_chunks(Ids(), vocab_size=128, max_tokens=100)
     assert [len(c) for c in chunks] == [100] * smoothing.NUM_CHUNKS
     assert all(i < 128 for c in chunks for i in c)
-    from pydoc_data.topics import topics
-    text = "\n\n".join(topics[name].strip() for name in sorted(topics))
-    tail = [ord(c) for c in text if ord(c) < 128][-100 * smoothing.NUM_CHUNKS:]
+    tail = [ord(c) for c in reference_text() if ord(c) < 128][-100 * smoothing.NUM_CHUNKS:]
     assert sum(chunks, []) == tail
 
 

@@ -138,7 +138,7 @@ def test_the_plan_runs_what_serve_has_and_reports_the_rest_unavailable():
 def test_serve_options_are_read_from_this_jidos_serve_help():
     options = serve_options()
     assert options["--scheduling-mode"] == ("continuous", "dynamic", "static")
-    assert options["--quantization"] == ("none", "gguf", "int8", "int4", "w8a8", "fp8")
+    assert options["--quantization"] == ("none", "gguf", "gguf_w8a8", "int8", "int4", "w8a8", "fp8")
     assert "--no-enable-chunked-prefill" in options and options["--model"] is None
     assert missing(TECHNIQUES["batching"].setting("dynamic").serve_args, options) is None
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from jido.bench.config import BenchConfig
-from jido.bench.corpus import Corpus, reference_text
+from jido.bench.corpus import Corpus
 from jido.bench.datasets import SampleRequest, sample_requests
 from jido.bench.runner import BenchError, run_benchmark
 from jido.bench.tokens import make_counter
@@ -25,6 +25,7 @@ from jido.tools.ablate.config import AblateConfig
 from jido.tools.ablate.results import Ablation, Arm, run_metrics
 from jido.tools.ablate.serve import ServerStartError, serving
 from jido.tools.ablate.techniques import missing, select
+from jido.utils.reference_text import reference_text
 
 WARMUP_INPUT_LEN, WARMUP_OUTPUT_LEN = 128, 16
 
