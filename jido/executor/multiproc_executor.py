@@ -109,9 +109,13 @@ class MultiprocExecutor(Executor):
             self._fail(f"worker {worker.rank} closed its pipe: {exc!r}")
             raise WorkerError(self._failed) from None
         if status == "error":
-            # A collective fails on the survivors when a peer dies: name the dead worker as the cause.
-            wait([w.process.sentinel for w in self.workers if w is not worker], timeout=_PEER_EXIT_WAIT_S)
-            self.check_health()
+            # A collective fails on the survivors when a peer dies: name the dead worker as the cause. Not a worker
+            # that returned after reporting its own error (it exits with 0; a failed start does that on every rank).
+            peers = [w for w in self.workers if w is not worker]
+            wait([w.process.sentinel for w in peers], timeout=_PEER_EXIT_WAIT_S)
+            for peer in peers:
+                if not peer.process.is_alive() and peer.process.exitcode != 0:
+                    self._fail(f"worker {peer.rank} (pid {peer.process.pid}) exited with code {peer.process.exitcode}")
             self._fail(f"worker {worker.rank} failed: {value}")
             raise WorkerError(self._failed)
         return value

@@ -233,11 +233,11 @@ TYPES = {"attn_q": Q.Q5_0, "attn_k": Q.Q4_0, "attn_v": Q.Q8_0, "attn_output": Q.
          "ffn_up": Q.Q4_0, "ffn_down": Q.Q8_0}
 
 
-def _write_mixed_llama(path: Path) -> None:
+def _write_mixed_llama(path: Path, ffn: int = FFN) -> None:
     rng = np.random.default_rng(0)
     writer = gguf_lib.GGUFWriter(str(path), "llama")
     for add, value in [(writer.add_block_count, 1), (writer.add_context_length, 128),
-                       (writer.add_embedding_length, HIDDEN), (writer.add_feed_forward_length, FFN),
+                       (writer.add_embedding_length, HIDDEN), (writer.add_feed_forward_length, ffn),
                        (writer.add_head_count, HEADS), (writer.add_head_count_kv, KV_HEADS),
                        (writer.add_rope_dimension_count, HEAD_DIM), (writer.add_layer_norm_rms_eps, 1e-5),
                        (writer.add_rope_freq_base, 10000.0), (writer.add_tokenizer_model, "llama"),
@@ -248,7 +248,7 @@ def _write_mixed_llama(path: Path) -> None:
     writer.add_token_types([2, 3, 3] + [6] * 256 + [1] * 5)
     shapes = {"attn_q": (HEADS * HEAD_DIM, HIDDEN), "attn_k": (KV_HEADS * HEAD_DIM, HIDDEN),
               "attn_v": (KV_HEADS * HEAD_DIM, HIDDEN), "attn_output": (HIDDEN, HEADS * HEAD_DIM),
-              "ffn_gate": (FFN, HIDDEN), "ffn_up": (FFN, HIDDEN), "ffn_down": (HIDDEN, FFN)}
+              "ffn_gate": (ffn, HIDDEN), "ffn_up": (ffn, HIDDEN), "ffn_down": (HIDDEN, ffn)}
     for name, shape in shapes.items():
         w = rng.standard_normal(shape).astype(np.float32) * 0.3
         if name in ("attn_q", "attn_k"):

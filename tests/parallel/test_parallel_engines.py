@@ -5,6 +5,8 @@ import pytest
 
 from parallel_prompts import greedy_tokens
 from jido import LLM
+from jido.core.sampling_params import SamplingParams
+from jido.layers import int8_dot
 from tiny_families import FAMILIES
 
 
@@ -54,9 +56,9 @@ def _attention_heads(worker) -> tuple[int, int, int]:
 
 
 def _smoothing_state(worker) -> tuple[int, int]:
-    """(w8a8 linears smoothed, float copies still held) on this rank."""
+    """(linears smoothed, float copies still held) on this rank."""
     modules = list(worker.runner.model.modules())
-    return (sum(getattr(m, "smooth_inv", None) is not None for m in modules),
+    return (sum(getattr(m, "gemm_channel_scale", None) is not None for m in modules),
             sum(hasattr(m, "smoothing_source") for m in modules))
 
 
@@ -73,3 +75,44 @@ def test_w8a8_is_smoothed_on_every_tensor_parallel_rank_and_left_unsmoothed_unde
             assert all(tokens for tokens in greedy_tokens(llm))
         finally:
             llm.shutdown()
+
+
+@pytest.mark.skipif(not int8_dot.amx_runs(), reason="gguf_w8a8's int8 prefill copy runs on AMX tiles only")
+def test_gguf_w8a8_smooths_each_tensor_parallel_ranks_prefill_copies(tmp_path, monkeypatch):
+    # Each rank's shards of the codes, dequantized, get their own smoothed int8 copy; decode keeps the codes.
+    from test_quantized_linear import _write_mixed_llama
+
+    from jido.models.named import CACHE_DIR_ENV
+
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+    path = tmp_path / "mixed.gguf"
+    _write_mixed_llama(path, ffn=128)  # down's Q8_0 groups of 32 split whole over two ranks
+    llm = LLM(str(path), dtype="bfloat16", kv_cache_memory="4MiB", quantization="gguf_w8a8", tensor_parallel_size=2)
+    try:
+        states = llm.collective_rpc(_smoothing_state)
+        assert states == [(3, 0), (3, 0)]  # q/k/v, gate/up and down's half (K 64); o's half has K 32
+        params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+        assert len(llm.generate([{"prompt_token_ids": [1, 261, 262, 263] * 12}], params)[0].outputs[0].token_ids) == 4
+    finally:
+        llm.shutdown()
+
+
+def test_a_start_that_fails_on_every_rank_reports_the_ranks_error_not_its_exit(tmp_path, monkeypatch):
+    # Each rank reports its error and returns (exit code 0): the engine must raise with the error's text. It looked
+    # for a dead peer first, and found the reporting rank itself gone whenever it had exited by then: made certain
+    # here by a pause after that look's wait.
+    import time
+
+    from test_quantized_linear import _write_mixed_llama
+
+    from jido.executor import multiproc_executor
+    from jido.executor.abstract import WorkerError
+    from jido.models.named import CACHE_DIR_ENV
+
+    real_wait = multiproc_executor.wait
+    monkeypatch.setattr(multiproc_executor, "wait", lambda *a, **k: (real_wait(*a, **k), time.sleep(1.0))[0])
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+    path = tmp_path / "mixed.gguf"
+    _write_mixed_llama(path)  # FFN 96: each rank's 48 input columns of down cut through Q8_0's groups of 32
+    with pytest.raises(WorkerError, match="cut through Q8_0's groups of 32: this tensor-parallel size cannot split"):
+        LLM(str(path), dtype="float32", kv_cache_memory="4MiB", tensor_parallel_size=2)
