@@ -105,11 +105,12 @@ class QuantizedLinearMethod(LinearMethod):
     ``bits`` None keeps checkpoint codes as they are (``gguf``); 8 or 4 quantizes a float weight at load.
     ``per_token`` rounds x once per row (``w8a8``) instead of per block of 32.
     ``panel_min_rows``: steps of this many rows or more run on the prepacked panels; a model's one-row decode stays
-    on the rows kernel (see ``int8_dot.PREPACKED_MIN_ROWS``). ``prefill_w8a8`` (``gguf_w8a8``): where the AMX int8
-    GEMM runs in a bf16 model, steps of :data:`PREFILL_W8A8_MIN_ROWS` rows or more run as w8a8 on an int8 copy of
-    the dequantized weight, smoothed as w8a8 is (:meth:`smooth`); the codes serve the rest as under ``gguf``. A draft takes the panels from one row: its codes are
+    on the rows kernel (see ``int8_dot.PREPACKED_MIN_ROWS``). A draft takes the panels from one row: its codes are
     int8 (the panels hold them at the same bytes) or int4, and on AMX tiles its one-row layers ran in 0.6-0.8x the rows
     kernel's time (EAGLE's 16,384-row head 236 against 268 us, its gate/up 44 against 81 us, weights in cache).
+    ``prefill_w8a8`` (``gguf_w8a8``): where the AMX int8 GEMM runs in a bf16 model, steps of
+    :data:`PREFILL_W8A8_MIN_ROWS` rows or more run as w8a8 on an int8 copy of the dequantized weight, smoothed as
+    w8a8 is (:meth:`smooth`); the codes serve the rest as under ``gguf``.
     """
 
     def __init__(self, bits: int | None, group_size: int | None, per_token: bool = False,
@@ -305,7 +306,8 @@ class QuantizedLinearMethod(LinearMethod):
         layer.qgemm = self._prefill_gemm(layer, quant_kernels.quantize(source.float(), 8, None), model_dtype)
         return True
 
-    def _prefill_gemm(self, layer: nn.Module, qweight: QuantizedWeight, model_dtype: torch.dtype) -> int8_dot.AmxGemmWeight:
+    def _prefill_gemm(self, layer: nn.Module, qweight: QuantizedWeight,
+                      model_dtype: torch.dtype) -> int8_dot.AmxGemmWeight:
         # A bf16 merged gate/up layer whose activation the GEMM applies is packed for that alone (apply_gated).
         act = fused_activation_code(getattr(layer, "gated_activation", None) or "")
         return int8_dot.pack_amx_gemm(qweight, gated=act is not None and model_dtype == torch.bfloat16)
