@@ -71,5 +71,5 @@ def test_linear_layers_and_lm_head_go_through_the_configured_method(arch: str, h
 
 def test_unknown_quantization_lists_the_known_ones() -> None:
     assert type(get_quantization_config()).__name__ == "UnquantizedConfig"
-    with pytest.raises(ValueError, match=r"unknown quantization 'gptq'; available: \['fp8', 'gguf', 'int4', 'int8', 'none', 'w8a8'\]"):
+    with pytest.raises(ValueError, match=r"unknown quantization 'gptq'; available: \['fp8', 'gguf', 'gguf_w8a8', 'int4', 'int8', 'none', 'w8a8'\]"):
         get_quantization_config("gptq")
