@@ -233,6 +233,14 @@ TYPES = {"attn_q": Q.Q5_0, "attn_k": Q.Q4_0, "attn_v": Q.Q8_0, "attn_output": Q.
          "ffn_up": Q.Q4_0, "ffn_down": Q.Q8_0}
 
 
+def mixed_llama_for_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ffn: int = FFN) -> Path:
+    """The tiny mixed GGUF written into ``tmp_path``, with the engine's model cache (its converted folder) there too."""
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+    path = tmp_path / "mixed.gguf"
+    _write_mixed_llama(path, ffn)
+    return path
+
+
 def _write_mixed_llama(path: Path, ffn: int = FFN) -> None:
     rng = np.random.default_rng(0)
     writer = gguf_lib.GGUFWriter(str(path), "llama")
@@ -277,9 +285,7 @@ def test_gguf_weights_arrive_as_codes_of_their_stored_types(tmp_path):
 
 def test_gguf_codes_as_stored_score_and_generate_like_the_dequantized_checkpoint(tmp_path, monkeypatch, caplog,
                                                                                 exact_x):
-    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
-    path = tmp_path / "mixed.gguf"
-    _write_mixed_llama(path)
+    path = mixed_llama_for_engine(tmp_path, monkeypatch)
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, prompt_logprobs=0)
     prompt = [1, 261, 262, 263, 260, 259, 261, 262] * 3
     runs = {}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_quantized_linear import _write_mixed_llama
+from test_quantized_linear import mixed_llama_for_engine
 
 from jido.core.sampling_params import SamplingParams
 from jido.engine.llm import LLM
@@ -12,7 +12,6 @@ from jido.layers.linear import Linear
 from jido.layers.parameter import default_device_and_dtype
 from jido.layers.quantization import get_quantization_config
 from jido.layers.quantized_linear import smoothing_factors
-from jido.models.named import CACHE_DIR_ENV
 from jido.runner import smoothing
 from jido.utils.reference_text import reference_text
 
@@ -58,9 +57,7 @@ def test_a_smoothed_layer_rounds_an_outlier_channels_input_far_better_than_per_t
 
 def test_the_engine_smooths_every_w8a8_linear_at_load_and_serves_the_same_tokens_after_it(tmp_path, monkeypatch,
                                                                                            caplog):
-    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
-    path = tmp_path / "mixed.gguf"
-    _write_mixed_llama(path)
+    path = mixed_llama_for_engine(tmp_path, monkeypatch)
     with caplog.at_level("INFO", logger="jido"):
         llm = LLM(model=str(path), quantization="w8a8", dtype="float32", kv_cache_memory="4MiB")
     assert "w8a8: smoothed 4 of 5 linears (SmoothQuant, alpha 0.75)" in caplog.text
@@ -101,9 +98,7 @@ def test_w8a8_with_a_kv_connector_calibrates_before_the_connector_is_bound_and_s
     # The layers' attention runs through the connector's per-layer hooks, which have no connector during the
     # calibration forward (it is bound once the cache exists): they must stand aside, and a small cache still holds
     # the calibration's chunks (cut to its blocks).
-    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
-    path = tmp_path / "mixed.gguf"
-    _write_mixed_llama(path)
+    path = mixed_llama_for_engine(tmp_path, monkeypatch)
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     prompt = {"prompt_token_ids": [1, 261, 262, 263, 260, 259, 261, 262] * 2}
     tokens = []
@@ -145,6 +140,7 @@ def test_gguf_w8a8_keeps_the_codes_for_decode_and_rounds_prefill_rows_per_token_
     plain = quant_kernels.quantize(source, 8, None)
     expected = int8_dot.int8_dot_linear_reference(x, plain, per_token=True)
     torch.testing.assert_close(hybrid(x).double(), expected, atol=0.02 * expected.abs().max().item(), rtol=0.01)
+
     def rms_error() -> float:  # over every output: their rounding to bf16 alone would dominate the largest error
         return (hybrid(x).double() - exact).pow(2).mean().sqrt().item()
 
@@ -165,9 +161,7 @@ def test_gguf_w8a8_keeps_the_codes_for_decode_and_rounds_prefill_rows_per_token_
 
 def test_gguf_w8a8_in_the_engine_serves_short_prompts_as_gguf_does_and_smooths_where_amx_runs(
         tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
-    path = tmp_path / "mixed.gguf"
-    _write_mixed_llama(path)
+    path = mixed_llama_for_engine(tmp_path, monkeypatch)
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     short = {"prompt_token_ids": [1, 261, 262, 263, 260, 259, 261, 262] * 2}  # 16 rows: the codes' route
     long = {"prompt_token_ids": [1, 261, 262, 263, 260, 259, 261, 262] * 6}  # 48 rows: prefill-sized

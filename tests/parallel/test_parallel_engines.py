@@ -80,13 +80,9 @@ def test_w8a8_is_smoothed_on_every_tensor_parallel_rank_and_left_unsmoothed_unde
 @pytest.mark.skipif(not int8_dot.amx_runs(), reason="gguf_w8a8's int8 prefill copy runs on AMX tiles only")
 def test_gguf_w8a8_smooths_each_tensor_parallel_ranks_prefill_copies(tmp_path, monkeypatch):
     # Each rank's shards of the codes, dequantized, get their own smoothed int8 copy; decode keeps the codes.
-    from test_quantized_linear import _write_mixed_llama
+    from test_quantized_linear import mixed_llama_for_engine
 
-    from jido.models.named import CACHE_DIR_ENV
-
-    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
-    path = tmp_path / "mixed.gguf"
-    _write_mixed_llama(path, ffn=128)  # down's Q8_0 groups of 32 split whole over two ranks
+    path = mixed_llama_for_engine(tmp_path, monkeypatch, ffn=128)  # down's Q8_0 groups of 32 split whole over 2 ranks
     llm = LLM(str(path), dtype="bfloat16", kv_cache_memory="4MiB", quantization="gguf_w8a8", tensor_parallel_size=2)
     try:
         states = llm.collective_rpc(_smoothing_state)
@@ -103,16 +99,13 @@ def test_a_start_that_fails_on_every_rank_reports_the_ranks_error_not_its_exit(t
     # here by a pause after that look's wait.
     import time
 
-    from test_quantized_linear import _write_mixed_llama
+    from test_quantized_linear import mixed_llama_for_engine
 
     from jido.executor import multiproc_executor
     from jido.executor.abstract import WorkerError
-    from jido.models.named import CACHE_DIR_ENV
 
     real_wait = multiproc_executor.wait
     monkeypatch.setattr(multiproc_executor, "wait", lambda *a, **k: (real_wait(*a, **k), time.sleep(1.0))[0])
-    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
-    path = tmp_path / "mixed.gguf"
-    _write_mixed_llama(path)  # FFN 96: each rank's 48 input columns of down cut through Q8_0's groups of 32
+    path = mixed_llama_for_engine(tmp_path, monkeypatch)  # FFN 96: each rank's 48 columns of down cut Q8_0's 32s
     with pytest.raises(WorkerError, match="cut through Q8_0's groups of 32: this tensor-parallel size cannot split"):
         LLM(str(path), dtype="float32", kv_cache_memory="4MiB", tensor_parallel_size=2)
