@@ -254,16 +254,7 @@ class QuantizedLinearMethod(LinearMethod):
     def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
         # A tied head is the embedding: its gathers read the same qweight, so no dense table is kept.
         if getattr(layer, "qweight", None) is not None:
-            # An untied head is a Linear, already processed with the other layers. Under gguf_w8a8 it was given an
-            # int8 prefill copy, which a head (it reads only the sampled rows) does not get: it goes back to gguf's.
-            source = getattr(layer, "smoothing_source", None)
-            if source is not None and getattr(layer.linear_method, "prefill_w8a8", False) and not self.prefill_w8a8:
-                for name in ("qgemm", "smoothing_source", "qlinear"):
-                    layer.__dict__.pop(name, None)
-                layer.linear_method = self
-                self._keep_bf16_copy(layer, source.dtype)
-                self._bind(layer)
-            return
+            return  # an untied head is a Linear, already processed with the other layers
         qweight = self._quantized(layer)
         if qweight is None:
             self.dense.process_logits_weights_after_loading(layer)
@@ -443,7 +434,12 @@ class GGUFW8A8Config(GGUFConfig):
         return QuantizedLinearMethod(bits=None, group_size=None, prefill_w8a8=True)
 
     def get_logits_method(self, head: nn.Module) -> LinearMethod:
-        return QuantizedLinearMethod(bits=None, group_size=None)  # the head reads only sampled rows: no copy
+        # The head reads only the sampled rows: gguf's route. An untied head is a Linear built with this config's
+        # layer method; it takes gguf's before its weights load, so no prefill copy is made for it.
+        method = QuantizedLinearMethod(bits=None, group_size=None)
+        if isinstance(getattr(head, "linear_method", None), QuantizedLinearMethod):
+            head.linear_method = method
+        return method
 
 
 class Int8Config(QuantizationConfig):
