@@ -81,8 +81,7 @@ class MultiprocExecutor(Executor):
         if self._failed is None:
             for worker in self.workers:
                 if not worker.process.is_alive():
-                    self._fail(f"worker {worker.rank} (pid {worker.process.pid}) exited with code "
-                               f"{worker.process.exitcode}")
+                    self._fail(_exited(worker))
         if self._failed is not None:
             raise WorkerError(self._failed)
 
@@ -115,7 +114,7 @@ class MultiprocExecutor(Executor):
             wait([w.process.sentinel for w in peers], timeout=_PEER_EXIT_WAIT_S)
             for peer in peers:
                 if not peer.process.is_alive() and peer.process.exitcode != 0:
-                    self._fail(f"worker {peer.rank} (pid {peer.process.pid}) exited with code {peer.process.exitcode}")
+                    self._fail(_exited(peer))
             self._fail(f"worker {worker.rank} failed: {value}")
             raise WorkerError(self._failed)
         return value
@@ -134,6 +133,10 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def _exited(worker: _WorkerHandle) -> str:
+    return f"worker {worker.rank} (pid {worker.process.pid}) exited with code {worker.process.exitcode}"
 
 
 def threads_per_worker(num_workers: int) -> int:
