@@ -70,8 +70,8 @@ def resolve_quantization(quantization: str | None, device: torch.device, from_gg
     The GGUF kernels are CPU kernels; on CUDA a GGUF model is dequantized to dtype unless asked otherwise.
 
     Raises:
-        ValueError: ``gguf`` asked for a model that is not a GGUF file, a CPU scheme off the CPU, or ``fp8`` anywhere
-            but on a GPU with FP8 tensor cores.
+        ValueError: ``gguf`` or ``gguf_w8a8`` asked for a model that is not a GGUF file, a CPU scheme off the CPU, or
+            ``fp8`` anywhere but on a GPU with FP8 tensor cores.
     """
     if quantization in GGUF_SCHEMES and not from_gguf:
         raise ValueError(f"quantization {quantization!r} needs a .gguf model; for other checkpoints use int8, int4, "
