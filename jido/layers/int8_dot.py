@@ -265,9 +265,35 @@ def int_mm_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None
     Prefill is compute-bound, and oneDNN's int8 GEMM ran twice bf16's rate on a 2-core Zen 4 with AVX-512 VNNI
     (0.85 against 0.42 T ops/s at 2,000 x 640 x 4,096), where the panel kernel ran about bf16's.
     """
+    return _int_mm(x, w, bias, -1, channel_scale)
+
+
+def int_mm_gated(x: torch.Tensor, w: QuantizedWeight, act: int, bias: torch.Tensor | None = None,
+                 channel_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``act(gate) * up`` of a bf16 ``x`` times a merged gate/up weight (gate rows first) that :func:`takes_int_mm`
+    (``act`` 0 SiLU, 1 GELU's tanh form): bit for bit :func:`int_mm_linear` and then ``act_and_mul``, the sums scaled
+    into the activation's product in one pass (:func:`int_mm_fuses_gated` must hold)."""
+    if x.dtype != torch.bfloat16 or not int_mm_fuses_gated():
+        raise ValueError("int_mm_gated takes bf16 x, on a CPU with AVX-512 BF16")
+    return _int_mm(x, w, bias, act, channel_scale)
+
+
+@functools.cache
+def int_mm_fuses_gated() -> bool:
+    """Whether :func:`int_mm_gated` runs here (its bf16 epilogue needs AVX-512 BF16)."""
+    ops = load_int8_dot_ops()
+    return ops is not None and bool(ops.scale_sums_to_bf16_runs())
+
+
+def _int_mm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, act: int,
+            channel_scale: torch.Tensor | None) -> torch.Tensor:
+    """x rounded per token, times ``w`` by ``torch._int_mm``; for bf16 x on a CPU with AVX-512 BF16 the sums scaled
+    straight into bf16 (with ``act`` >= 0 into the gated product), else into float32 and then x's dtype."""
     ops = load_int8_dot_ops()
     codes, x_scales = ops.quantize_per_token(x, channel_scale)
     sums = torch._int_mm(codes, w.data.t())
+    if x.dtype == torch.bfloat16 and int_mm_fuses_gated():
+        return ops.scale_sums(sums, x_scales, w.scales.reshape(-1), bias, True, act)
     return ops.scale_sums(sums, x_scales, w.scales.reshape(-1), bias).to(x.dtype)
 
 

@@ -433,6 +433,38 @@ def test_int_mm_linear_equals_float64_math_on_the_rounded_activations(dtype, num
     assert torch.all((y.double() - ref).abs() <= rounding * magnitude + 1e-6)
 
 
+@pytest.mark.skipif(not int8_dot.int_mm_fuses_gated(), reason="needs AVX-512 BF16 (and the kernels built)")
+@pytest.mark.parametrize("num_cols", [83, 4096])
+def test_scale_sums_into_bf16_gives_the_bits_of_float32_then_bf16(num_cols) -> None:
+    # One pass from the int32 sums to bf16 rounds as torch rounds the float32 result; 83 columns: a masked tail.
+    gen = torch.Generator().manual_seed(num_cols)
+    ops = int8_dot.load_int8_dot_ops()
+    sums = torch.randint(-2**24, 2**24, (37, num_cols), generator=gen, dtype=torch.int32)
+    x_scales, w_scales = torch.rand(37, generator=gen) * 0.1, torch.rand(num_cols, generator=gen) * 0.01
+    for bias in (None, torch.randn(num_cols, generator=gen)):
+        expected = ops.scale_sums(sums, x_scales, w_scales, bias).to(torch.bfloat16)
+        assert torch.equal(ops.scale_sums(sums, x_scales, w_scales, bias, True, -1), expected)
+
+
+@pytest.mark.skipif(not int8_dot.int_mm_fuses_gated(), reason="needs AVX-512 BF16 (and the kernels built)")
+@pytest.mark.parametrize("act,name", [(0, "silu"), (1, "gelu_pytorch_tanh")])
+@pytest.mark.parametrize("intermediate,rows_x,k", [(40, 64, 96), (2048, 70, 640)])
+def test_int_mm_gated_gives_the_bits_of_the_int_mm_route_then_act_and_mul(act, name, intermediate, rows_x, k) -> None:
+    # gate rows, then up rows; 40 wide: the last 16 columns of each half masked
+    from jido.layers.activation import get_gated_activation
+
+    gen = torch.Generator().manual_seed(intermediate + act)
+    w = qk.quantize(torch.randn(2 * intermediate, k, generator=gen) * 0.05, 8, None)
+    x = random_x(rows_x, k, torch.bfloat16, gen) * 4
+    inv = (1 / torch.linspace(0.5, 3, k)).bfloat16().float()  # a smoothed layer's channel scale
+    for channel_scale in (None, inv):
+        gated = int8_dot.int_mm_gated(x, w, act, None, channel_scale)
+        expected = get_gated_activation(name)(int8_dot.int_mm_linear(x, w, None, channel_scale))
+        assert gated.shape == (rows_x, intermediate) and torch.equal(gated, expected)
+    with pytest.raises(ValueError, match="bf16 x"):
+        int8_dot.int_mm_gated(x.float(), w, act)
+
+
 @pytest.mark.skipif(not int8_dot.amx_runs(), reason="needs AMX-INT8 tiles (and the kernels built)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("num_rows,num_cols,rows_x", [(70, 64, 1), (32, 128, 31), (100, 640, 33), (640, 2048, 130),
