@@ -51,6 +51,8 @@ BF16_COPY_ROWS_HINT_AMX = 2048
 # gguf_w8a8's int8 copy takes over from the GGUF panels where the bf16 copy would: steps of decode size keep the
 # file's codes (and their numbers), prefill-sized ones round x per token.
 PREFILL_W8A8_MIN_ROWS = BF16_COPY_MIN_ROWS_AMX
+# Without AMX the copy runs on oneDNN's int8 GEMM (int_mm_linear) from int8_dot.INT_MM_MIN_ROWS, and the bf16 copy
+# keeps the steps between BF16_COPY_MIN_ROWS and that, as under gguf.
 
 
 @dataclass(frozen=True)
@@ -108,9 +110,10 @@ class QuantizedLinearMethod(LinearMethod):
     on the rows kernel (see ``int8_dot.PREPACKED_MIN_ROWS``). A draft takes the panels from one row: its codes are
     int8 (the panels hold them at the same bytes) or int4, and on AMX tiles its one-row layers ran in 0.6-0.8x the rows
     kernel's time (EAGLE's 16,384-row head 236 against 268 us, its gate/up 44 against 81 us, weights in cache).
-    ``prefill_w8a8`` (``gguf_w8a8``): where the AMX int8 GEMM runs in a bf16 model, steps of
-    :data:`PREFILL_W8A8_MIN_ROWS` rows or more run as w8a8 on an int8 copy of the dequantized weight, smoothed as
-    w8a8 is (:meth:`smooth`); the codes serve the rest as under ``gguf``.
+    ``prefill_w8a8`` (``gguf_w8a8``): in a bf16 model where the int8 kernels run, prefill-sized steps run as w8a8 on
+    an int8 copy of the dequantized weight, smoothed as w8a8 is (:meth:`smooth`): on AMX tiles from
+    :data:`PREFILL_W8A8_MIN_ROWS` rows (``qgemm``), elsewhere on oneDNN's int8 GEMM from ``int8_dot.INT_MM_MIN_ROWS``
+    (``qint_mm``); the codes (and a bf16 copy, where ``gguf`` keeps one) serve the rest as under ``gguf``.
     """
 
     def __init__(self, bits: int | None, group_size: int | None, per_token: bool = False,
@@ -163,15 +166,33 @@ class QuantizedLinearMethod(LinearMethod):
 
     def apply_gated(self, layer: nn.Module, x: torch.Tensor, activation: str,
                     bias: torch.Tensor | None = None) -> torch.Tensor | None:
-        # w8a8 steps of many rows on AMX tiles, where the layer was packed gated (it told us its activation). The
-        # row count first: every decode step of every MLP asks, and leaves here.
-        if x.shape[0] < self._gemm_min_rows() or x.dtype != torch.bfloat16:
+        # w8a8 steps of many rows: on AMX tiles where the layer was packed gated (it told us its activation), else on
+        # torch._int_mm with the activation applied as its sums are scaled. The row count first: every decode step of
+        # every MLP asks, and leaves here.
+        rows = x.shape[0]
+        if rows < self._gemm_min_rows() or x.dtype != torch.bfloat16:
             return None
-        gemm = getattr(layer, "qgemm", None)
         act = fused_activation_code(activation)
-        if gemm is None or not gemm.gated or act is None:
+        if act is None:
             return None
-        return int8_dot.amx_gemm_gated(x, gemm, act, bias, getattr(layer, "gemm_channel_scale", None))
+        channel_scale = getattr(layer, "gemm_channel_scale", None)
+        gemm = getattr(layer, "qgemm", None)
+        if gemm is not None:
+            return int8_dot.amx_gemm_gated(x, gemm, act, bias, channel_scale) if gemm.gated else None
+        weight = self._int_mm_weight(layer)
+        if weight is None or rows < int8_dot.INT_MM_MIN_ROWS or not int8_dot.int_mm_fuses_gated():
+            return None
+        return int8_dot.int_mm_gated(x, weight, act, bias, channel_scale)
+
+    def _int_mm_weight(self, layer: nn.Module) -> QuantizedWeight | None:
+        """The weight a step of many rows multiplies on ``torch._int_mm``: ``gguf_w8a8``'s prefill copy, or ``w8a8``'s
+        codes; None where the layer has neither, or while a calibration observes every step through :meth:`apply`."""
+        if "observing" in layer.__dict__:
+            return None
+        if hasattr(layer, "qint_mm"):
+            return layer.qint_mm
+        qweight = getattr(layer, "qweight", None)
+        return qweight if self.per_token and qweight is not None and int8_dot.takes_int_mm(qweight) else None
 
     def greedy_token_ids(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
         # Where the head's panels run on AMX tiles, at any number of rows: a one-row greedy step then sums as a verify
@@ -191,6 +212,7 @@ class QuantizedLinearMethod(LinearMethod):
             return None
         step_maxima: list[torch.Tensor] = []
         layer.__dict__.pop("qgemm", None)
+        layer.observing = True  # the int_mm route's fused gate/up steps aside too (_int_mm_weight)
 
         def observed(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
             step_maxima.append(x.detach().abs().amax(dim=0).float().cpu())
@@ -208,6 +230,7 @@ class QuantizedLinearMethod(LinearMethod):
         again; returns whether the layer was smoothed."""
         source = layer.smoothing_source
         del layer.smoothing_source
+        layer.__dict__.pop("observing", None)
         input_max = torch.stack(step_maxima).mean(dim=0) if step_maxima else torch.zeros(source.shape[1])
         s = smoothing_factors(input_max, source, alpha)
         smoothed = not bool((s == 1).all())
@@ -216,7 +239,7 @@ class QuantizedLinearMethod(LinearMethod):
         # The GEMMs fold 1 / s into their rounding of x (quantize_per_token's channel_scale, in float32).
         layer.gemm_channel_scale = None if inv is None else inv.float()
         if self.prefill_w8a8:  # only the prefill copy: the file's codes serve decode unsmoothed
-            layer.qgemm = self._prefill_gemm(layer, qweight, source.dtype)
+            self._set_prefill_copy(layer, qweight, source.dtype)
         else:
             layer.smooth_inv = inv
             self._pack(layer, qweight, source.dtype)
@@ -234,7 +257,9 @@ class QuantizedLinearMethod(LinearMethod):
         if self.per_token and from_float:  # kept until the runner smooths the layer (see observe_inputs)
             layer.smoothing_source = layer.weight.detach()
         self._hold(layer, qweight)
-        if not (self.prefill_w8a8 and self._holds_prefill_gemm(layer, qweight, model_dtype)):
+        if self.prefill_w8a8:
+            self._keep_prefill_copy(layer, qweight, model_dtype)
+        if not hasattr(layer, "qgemm"):  # on AMX the int8 copy serves every step the bf16 copy would
             self._keep_bf16_copy(layer, model_dtype)
         self._bind(layer)
 
@@ -275,7 +300,7 @@ class QuantizedLinearMethod(LinearMethod):
     def _pack(self, layer: nn.Module, qweight: QuantizedWeight, model_dtype: torch.dtype) -> None:
         """``qweight`` as the layer's codes, with the packings its kernels read (see :meth:`_hold`), in place of any
         it held."""
-        for packing in ("qpanels", "qfive", "qgemm"):  # every packing set below
+        for packing in ("qpanels", "qfive", "qgemm", "qint_mm"):  # every packing set here or by _set_prefill_copy
             layer.__dict__.pop(packing, None)
         layer.qweight = qweight
         if int8_dot.runs(qweight):
@@ -285,17 +310,24 @@ class QuantizedLinearMethod(LinearMethod):
             if self.per_token and int8_dot.takes_amx_gemm(qweight):
                 layer.qgemm = self._prefill_gemm(layer, qweight, model_dtype)
 
-    def _holds_prefill_gemm(self, layer: nn.Module, qweight: QuantizedWeight, model_dtype: torch.dtype) -> bool:
+    def _keep_prefill_copy(self, layer: nn.Module, qweight: QuantizedWeight, model_dtype: torch.dtype) -> None:
         """``gguf_w8a8``: give the layer its int8 prefill copy (unsmoothed until the runner calibrates it, from the
-        dequantized weight it keeps as the smoothing source meanwhile), where the AMX int8 GEMM runs in a bf16 model;
-        whether it did."""
-        if model_dtype != torch.bfloat16 or qweight.shape[1] % 64 or not getattr(layer, "qpanels", None) \
-                or not layer.qpanels.amx:
-            return False
+        dequantized weight it keeps as the smoothing source meanwhile) in a bf16 model where the int8 kernels run (on
+        AMX tiles, for a K that is a multiple of 64)."""
+        panels = getattr(layer, "qpanels", None)
+        if model_dtype != torch.bfloat16 or panels is None or (panels.amx and qweight.shape[1] % 64):
+            return
         source = quant_kernels.dequantize(qweight).to(model_dtype)
         layer.smoothing_source = source
-        layer.qgemm = self._prefill_gemm(layer, quant_kernels.quantize(source.float(), 8, None), model_dtype)
-        return True
+        self._set_prefill_copy(layer, quant_kernels.quantize(source.float(), 8, None), model_dtype)
+
+    def _set_prefill_copy(self, layer: nn.Module, qweight: QuantizedWeight, model_dtype: torch.dtype) -> None:
+        """``gguf_w8a8``'s int8 copy ``qweight`` (per output channel), packed for the AMX GEMM where the layer's panels
+        run on tiles (``qgemm``), else as it is for ``torch._int_mm`` (``qint_mm``)."""
+        if layer.qpanels.amx:
+            layer.qgemm = self._prefill_gemm(layer, qweight, model_dtype)
+        else:
+            layer.qint_mm = qweight
 
     def _prefill_gemm(self, layer: nn.Module, qweight: QuantizedWeight,
                       model_dtype: torch.dtype) -> int8_dot.AmxGemmWeight:
@@ -307,8 +339,9 @@ class QuantizedLinearMethod(LinearMethod):
         return PREFILL_W8A8_MIN_ROWS if self.prefill_w8a8 else int8_dot.AMX_GEMM_MIN_ROWS
 
     def _bind(self, layer: nn.Module) -> None:
-        """Settle once which kernel a step of each size runs on ``layer`` (as :meth:`apply` would choose: the bf16
-        copy where the layer keeps one; under ``w8a8``, steps of many rows as one int8 GEMM: on AMX tiles from
+        """Settle once which kernel a step of each size runs on ``layer`` (as :meth:`apply` would choose; under
+        ``gguf_w8a8`` without AMX, steps from ``int8_dot.INT_MM_MIN_ROWS`` rows on ``qint_mm``; the bf16 copy where
+        the layer keeps one; under ``w8a8``, steps of many rows as one int8 GEMM: on AMX tiles from
         ``int8_dot.AMX_GEMM_MIN_ROWS`` rows, ``amx_gemm_linear``, where the layer keeps ``qgemm``, else from
         ``int8_dot.INT_MM_MIN_ROWS``, ``int_mm_linear``), as ``layer.qlinear(x, bias)``. A one-row decode of Gemma 3
         270M runs 73 linears a step, and choosing per call (attribute probes that miss, the kernels' checks) cost ~4 us
@@ -318,6 +351,7 @@ class QuantizedLinearMethod(LinearMethod):
             return  # the int8 kernels do not run here: apply's other routes
         five, per_token, panel_min_rows = hasattr(layer, "qfive"), self.per_token, self.panel_min_rows
         int_mm = per_token and int8_dot.takes_int_mm(layer.qweight)
+        prefill_int_mm = hasattr(layer, "qint_mm")
         plain_gemm = hasattr(layer, "qgemm") and not layer.qgemm.gated
         gemm_min_rows = self._gemm_min_rows()
         copy_min_rows = getattr(layer, "qdense_min_rows", None)  # set with the bf16 copy
@@ -327,6 +361,8 @@ class QuantizedLinearMethod(LinearMethod):
 
         def linear(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
             rows = x.shape[0]
+            if prefill_int_mm and rows >= int8_dot.INT_MM_MIN_ROWS and x.dtype == torch.bfloat16:
+                return int8_dot.int_mm_linear(x, layer.qint_mm, bias, channel_scale)
             if copy_min_rows is not None and rows >= copy_min_rows and x.dtype == torch.bfloat16:
                 return packed_linear(x, layer.qdense, bias)
             if plain_gemm and rows >= gemm_min_rows:
@@ -424,9 +460,10 @@ class GGUFConfig(QuantizationConfig):
 
 
 class GGUFW8A8Config(GGUFConfig):
-    """``gguf``'s codes for decode, w8a8 for prefill: on CPUs with AMX, steps of prefill size run each layer on an
-    int8 copy of its dequantized weight (per output channel, smoothed at load as ``w8a8`` is) with x rounded per
-    token, where ``gguf`` keeps a bf16 copy. Elsewhere the same as ``gguf``."""
+    """``gguf``'s codes for decode, w8a8 for prefill: in a bf16 model where jido's int8 kernels run, steps of prefill
+    size run each layer on an int8 copy of its dequantized weight (per output channel, smoothed at load as ``w8a8``
+    is) with x rounded per token: on AMX tiles from 40 rows, elsewhere on oneDNN's int8 GEMM from 64. Everywhere else
+    the same as ``gguf``."""
 
     name = "gguf_w8a8"
 

@@ -450,8 +450,8 @@ def weight_bytes(model: torch.nn.Module, prepacked: bool = True) -> int:
     """Bytes of the model's weights as held: parameters, buffers, quantized codes and the packed copies beside them.
 
     Without ``prepacked``, what a one-row decode step reads: the codes (or their five-bit rows, ``qfive``, where a
-    layer has them), without the panels, AMX GEMM packing and bf16 copies beside them (``qpanels``, ``qgemm``,
-    ``qdense``).
+    layer has them), without the panels, int8 prefill copies and bf16 copies beside them (``qpanels``, ``qgemm``,
+    ``qint_mm``, ``qdense``).
     """
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     for module in model.modules():
@@ -474,6 +474,9 @@ def _held_beside(module: torch.nn.Module, prepacked: bool) -> list[torch.Tensor]
     gemm = getattr(module, "qgemm", None)
     if gemm is not None and prepacked:
         held += [gemm.packed, gemm.scales]
+    int_mm = getattr(module, "qint_mm", None)  # gguf_w8a8's int8 prefill copy without AMX
+    if int_mm is not None and prepacked:
+        held += [int_mm.data, int_mm.scales]
     if prepacked:
         held.append(getattr(module, "qdense", None))
     return [t for t in held if isinstance(t, torch.Tensor)]

@@ -161,6 +161,31 @@ def test_w8a8_on_amx_tiles_gives_the_logits_of_the_int_mm_route(arch, dtype, mon
     assert torch.equal(_run_steps(on_tiles, (prompt,))["a"], _run_steps(on_int_mm, (prompt,))["a"])
 
 
+@pytest.mark.skipif(not int8_dot.int_mm_fuses_gated(), reason="needs AVX-512 BF16 (and the kernels built)")
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_w8a8_bf16_on_int_mm_applies_the_mlp_activation_as_it_scales_the_sums_with_the_same_logits(arch, monkeypatch):
+    # Without AMX tiles a bf16 gate/up step of many rows runs torch._int_mm with act(gate) * up made as its sums are
+    # scaled: the same bits as scaling into bf16 and then act_and_mul.
+    monkeypatch.setattr(int8_dot, "takes_amx_gemm", lambda w: False)
+    hf, dense = tiny_models(arch)
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = type(dense)(dense.config, dense.model.layers[0].self_attn.backend,
+                            quant_config=get_quantization_config("w8a8", None)).eval()
+    finally:
+        torch.set_default_dtype(torch.float32)
+    model.load_weights(hf.state_dict().items())
+    process_weights_after_loading(model)
+    gen = torch.Generator().manual_seed(6)
+    prompt = {"a": torch.randint(3, 128, (int8_dot.INT_MM_MIN_ROWS + 6,), generator=gen).tolist()}
+    fused, calls = int8_dot.int_mm_gated, []
+    monkeypatch.setattr(int8_dot, "int_mm_gated", lambda *a, **k: calls.append(1) or fused(*a, **k))
+    logits = _run_steps(model, (prompt,))["a"]
+    assert len(calls) == model.config.num_layers
+    monkeypatch.setattr(int8_dot, "int_mm_fuses_gated", lambda: False)
+    assert torch.equal(logits, _run_steps(model, (prompt,))["a"]) and len(calls) == model.config.num_layers
+
+
 def _run_steps(model, steps: tuple[dict[str, list[int]], ...]) -> dict[str, torch.Tensor]:
     """The logits of the last of ``steps`` run one after another on a fresh paged cache."""
     runner = TinyPagedRunner(model)

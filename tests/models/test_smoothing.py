@@ -113,27 +113,46 @@ def test_w8a8_with_a_kv_connector_calibrates_before_the_connector_is_bound_and_s
     assert tokens[0] == tokens[1]
 
 
-# --- gguf_w8a8: the file's codes for decode, a smoothed w8a8 copy for prefill-sized steps on AMX ---
+# --- gguf_w8a8: the file's codes for decode, a smoothed w8a8 copy for prefill-sized steps ---
 
-@pytest.mark.skipif(not int8_dot.amx_runs(), reason="gguf_w8a8's int8 prefill copy runs on AMX tiles only")
-def test_gguf_w8a8_keeps_the_codes_for_decode_and_rounds_prefill_rows_per_token_on_a_smoothed_int8_copy():
+def _prefill_route(monkeypatch, route: str) -> int:
+    """Make the int8 kernels take ``route`` (``amx``: the AMX int8 GEMM, skipped where it does not run; ``int_mm``:
+    oneDNN's int8 GEMM, as on a CPU without AMX); the rows from which gguf_w8a8's prefill copy runs."""
+    from jido.layers.quantized_linear import PREFILL_W8A8_MIN_ROWS
+
+    if int8_dot.load_int8_dot_ops() is None:
+        pytest.skip("the int8 kernels do not build here")
+    if route == "amx":
+        if not int8_dot.amx_runs():
+            pytest.skip("the AMX int8 GEMM does not run here")
+        return PREFILL_W8A8_MIN_ROWS
+    monkeypatch.setattr(int8_dot, "amx_runs", lambda: False)
+    return int8_dot.INT_MM_MIN_ROWS
+
+
+@pytest.mark.parametrize("route", ["amx", "int_mm"])
+def test_gguf_w8a8_keeps_the_codes_for_decode_and_rounds_prefill_rows_per_token_on_a_smoothed_int8_copy(
+        monkeypatch, route):
     from test_quantized_linear import _gguf_layer
 
     from jido.layers import quant_kernels
-    from jido.layers.quantized_linear import PREFILL_W8A8_MIN_ROWS
 
+    min_rows = _prefill_route(monkeypatch, route)
     hybrid, gguf = _gguf_layer(torch.bfloat16, "gguf_w8a8"), _gguf_layer(torch.bfloat16)
-    assert not hasattr(hybrid, "qdense") and hybrid.qgemm.shape == (48, 64)
+    if route == "amx":  # the int8 copy takes every step the bf16 copy would
+        assert not hasattr(hybrid, "qdense") and hybrid.qgemm.shape == (48, 64)
+    else:  # the bf16 copy (where gguf keeps one) still takes the steps below int_mm's
+        assert hybrid.qint_mm.shape == (48, 64) and hasattr(hybrid, "qdense") == hasattr(gguf, "qdense")
     source = hybrid.smoothing_source.float()  # the codes dequantized: what the int8 copy is made from
     torch.testing.assert_close(source, quant_kernels.dequantize(hybrid.qweight).bfloat16().float(), atol=0, rtol=0)
     gen = torch.Generator().manual_seed(9)
-    x = torch.randn(PREFILL_W8A8_MIN_ROWS + 8, 64, generator=gen)
+    x = torch.randn(min_rows + 8, 64, generator=gen)
     x[:, 5] *= 60  # an outlier channel
     x = x.bfloat16()
     exact = x.double() @ source.double().t()
 
-    def check_decode_rows_match_gguf() -> None:  # the file's codes, untouched, below the threshold
-        for rows in (1, 2, PREFILL_W8A8_MIN_ROWS - 1):
+    def check_decode_rows_match_gguf() -> None:  # gguf's routes, untouched, below the threshold
+        for rows in (1, 2, 16, min_rows - 1):
             torch.testing.assert_close(hybrid(x[:rows]), gguf(x[:rows]), atol=0, rtol=0)
 
     check_decode_rows_match_gguf()
@@ -159,12 +178,20 @@ def test_gguf_w8a8_keeps_the_codes_for_decode_and_rounds_prefill_rows_per_token_
     assert rms_error() < error_plain / 2, (rms_error(), error_plain)
 
 
-def test_gguf_w8a8_in_the_engine_serves_short_prompts_as_gguf_does_and_smooths_where_amx_runs(
-        tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("route", ["amx", "int_mm"])
+def test_gguf_w8a8_in_the_engine_serves_short_prompts_as_gguf_does_and_smooths_its_prefill_copies(
+        tmp_path, monkeypatch, caplog, route):
+    _prefill_route(monkeypatch, route)
     path = mixed_llama_for_engine(tmp_path, monkeypatch)
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-    short = {"prompt_token_ids": [1, 261, 262, 263, 260, 259, 261, 262] * 2}  # 16 rows: the codes' route
-    long = {"prompt_token_ids": [1, 261, 262, 263, 260, 259, 261, 262] * 6}  # 48 rows: prefill-sized
+    short = {"prompt_token_ids": [1, 261, 262, 263, 260, 259, 261, 262] * 2}  # 16 rows: gguf's routes
+    long = {"prompt_token_ids": [1, 261, 262, 263, 260, 259, 261, 262] * 9}  # 72 rows: prefill-sized on either
+    # q/k/v, o and gate/up (K 64); on AMX tiles down's K of 96 is no tile multiple: it keeps gguf's bf16 route
+    copies = ["model.layers.0.mlp.gate_up_proj", "model.layers.0.self_attn.o_proj",
+              "model.layers.0.self_attn.qkv_proj"]
+    if route == "int_mm":
+        copies.insert(0, "model.layers.0.mlp.down_proj")
+    copy_attr = "qgemm" if route == "amx" else "qint_mm"
     runs = {}
     for scheme in ("gguf", "gguf_w8a8"):
         caplog.clear()
@@ -172,17 +199,22 @@ def test_gguf_w8a8_in_the_engine_serves_short_prompts_as_gguf_does_and_smooths_w
             llm = LLM(model=str(path), quantization=scheme, dtype="bfloat16", kv_cache_memory="4MiB")
         runs[scheme] = [llm.generate([p], params)[0].outputs[0].token_ids for p in (short, long)]
         if scheme == "gguf_w8a8":
-            # q/k/v, o and gate/up (K 64); down's K of 96 is no tile multiple: it keeps gguf's bf16 route
-            smoothed = "w8a8: smoothed 3 of 3 linears" in caplog.text  # not the untied LM head
-            assert smoothed == int8_dot.amx_runs(), caplog.text
+            n = len(copies)
+            assert f"w8a8: smoothed {n} of {n} linears" in caplog.text, caplog.text  # not the untied LM head
             held = llm.collective_rpc(lambda w: sorted(n for n, m in w.runner.model.named_modules()
-                                                       if hasattr(m, "qgemm") or hasattr(m, "smoothing_source")))[0]
-            assert held == (["model.layers.0.mlp.gate_up_proj", "model.layers.0.self_attn.o_proj",
-                             "model.layers.0.self_attn.qkv_proj"] if smoothed else [])
-            others = [{"prompt_token_ids": [1, 259 + i, 263, 260] * 12} for i in range(3)]
+                                                       if hasattr(m, copy_attr) and not hasattr(m, "smoothing_source")))
+            assert held[0] == copies
+            others = [{"prompt_token_ids": [1, 259 + i, 263, 260] * 18} for i in range(3)]
             llm.generate(others + [long], params)
             assert llm.generate([long], params)[0].outputs[0].token_ids == runs[scheme][1]
         llm.shutdown()
     assert runs["gguf_w8a8"][0] == runs["gguf"][0]
-    if not int8_dot.amx_runs():
-        assert runs["gguf_w8a8"] == runs["gguf"]
+
+
+def test_gguf_w8a8_in_a_float32_model_is_gguf():
+    from test_quantized_linear import _gguf_layer
+
+    layer = _gguf_layer(torch.float32, "gguf_w8a8")
+    assert not any(hasattr(layer, a) for a in ("qgemm", "qint_mm", "smoothing_source"))
+    x = torch.randn(80, 64, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(layer(x), _gguf_layer(torch.float32)(x), atol=0, rtol=0)

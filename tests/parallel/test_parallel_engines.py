@@ -77,7 +77,7 @@ def test_w8a8_is_smoothed_on_every_tensor_parallel_rank_and_left_unsmoothed_unde
             llm.shutdown()
 
 
-@pytest.mark.skipif(not int8_dot.amx_runs(), reason="gguf_w8a8's int8 prefill copy runs on AMX tiles only")
+@pytest.mark.skipif(int8_dot.load_int8_dot_ops() is None, reason="the int8 kernels do not build here")
 def test_gguf_w8a8_smooths_each_tensor_parallel_ranks_prefill_copies(tmp_path, monkeypatch):
     # Each rank's shards of the codes, dequantized, get their own smoothed int8 copy; decode keeps the codes.
     from test_quantized_linear import mixed_llama_for_engine
@@ -86,7 +86,9 @@ def test_gguf_w8a8_smooths_each_tensor_parallel_ranks_prefill_copies(tmp_path, m
     llm = LLM(str(path), dtype="bfloat16", kv_cache_memory="4MiB", quantization="gguf_w8a8", tensor_parallel_size=2)
     try:
         states = llm.collective_rpc(_smoothing_state)
-        assert states == [(3, 0), (3, 0)]  # q/k/v, gate/up and down's half (K 64); o's half has K 32
+        # q/k/v, gate/up and down's half (K 64); on AMX tiles o's half (K 32) is no tile multiple
+        copies = 3 if int8_dot.amx_runs() else 4
+        assert states == [(copies, 0), (copies, 0)]
         params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
         assert len(llm.generate([{"prompt_token_ids": [1, 261, 262, 263] * 12}], params)[0].outputs[0].token_ids) == 4
     finally:
