@@ -26,8 +26,8 @@ class ModelConfig:
     """Prompt plus output tokens per request (default: the model's limit, capped by what the KV cache holds)."""
     quantization: Quantization | None = None
     """How weights are stored and multiplied: gguf keeps a GGUF file's quantized tensors as stored (int8/int4 codes
-    with the file's scales, the default for a .gguf model on CPU), gguf_w8a8 the same for decode with prefill-sized
-    steps in w8a8 on CPUs with AMX (an int8 copy of each layer, smoothed at load, in place of gguf's bf16 copy),
+    with the file's scales), gguf_w8a8 the same for decode with prefill-sized steps in w8a8 in a bf16 model (an int8
+    copy of each layer, smoothed at load; the default for a .gguf model on CPU, gguf for a pipeline stage or draft),
     int8 quantizes weights per output channel at load,
     int4 in groups of quantization_group_size at load, w8a8 int8 weights per output channel with activations
     rounded to int8 per token, fp8 e4m3 weights per output channel and activations per token on a GPU with FP8
