@@ -96,16 +96,20 @@ def test_every_row_gets_the_same_result_alone_and_in_any_step() -> None:
 @pytest.mark.parametrize("codes", [(-128, 128), (0, 16), (-16, 16)], ids=["signed", "int4", "five_bit"])
 def test_a_verify_step_of_five_to_eight_rows_gives_each_row_the_bits_of_a_long_step(codes) -> None:
     # Steps of up to 8 rows run in one pass over each panel; signed codes (widened every quad) take 5-7 rows in
-    # one block that keeps its outputs in memory. Every row must get exactly what it gets in a step of 12 rows,
-    # which runs in blocks of 4.
+    # one block that keeps its outputs in memory. Every row must get exactly what it gets in a step of 20 rows,
+    # which runs in blocks of 8 (signed codes under VNNI: the rows' quads interleaved, QuantizedX::qu8) and then 4.
     gen = torch.Generator().manual_seed(13)
     for num_rows, num_cols, group_size in ((70, 96, 32), (9, 640, 32), (16, 160, None)):
         w = random_weight(num_rows, num_cols, group_size, 8, with_mins=num_rows != 9, gen=gen, codes=codes)
         packed = int8_dot.pack_panels(w)
-        x = random_x(12, num_cols, torch.float32, gen)
+        x = random_x(20, num_cols, torch.float32, gen)
         long_step = int8_dot.panel_linear(x, packed)
         for rows in range(2, 9):
             assert torch.equal(int8_dot.panel_linear(x[:rows].contiguous(), packed), long_step[:rows]), (num_rows, rows)
+        for first in (8, 16):  # the second block of 8 and the last 4, each alone
+            rows = min(8, 20 - first)
+            alone = int8_dot.panel_linear(x[first:first + rows].contiguous(), packed)
+            assert torch.equal(alone, long_step[first:first + rows]), (num_rows, first)
 
 
 def test_the_decode_path_gives_each_output_bit_for_bit_what_the_one_row_kernel_gives() -> None:

@@ -90,6 +90,9 @@ struct QuantizedX {
   const float* sums;
   int64_t M, nb, num_groups;
   const uint8_t* qu = nullptr;  // q + 128 (q ^ 0x80) for the VNNI panel kernel of signed codes; nullptr: not made
+  // qu of each whole group of 8 rows, interleaved by column quad ([M / 8][nb * 8][8][4]): one pointer reaches all 8
+  // rows' quads (offset_pair_rows8); made with qu for steps of more than kPanelRowsOnce rows
+  const uint8_t* qu8 = nullptr;
 };
 
 struct Weight {
@@ -273,7 +276,7 @@ struct RoundedX {
   at::Tensor q;  // int8 [M * nb * 32]
   std::vector<float> d, sums;
   QuantizedX view;
-  std::vector<uint8_t> qu;
+  std::vector<uint8_t> qu, qu8;
 };
 
 // x: contiguous float32, or bf16 (widened a row at a time here: the same floats, without a float copy of x).
@@ -326,6 +329,15 @@ RoundedX round_x(const at::Tensor& xf, int64_t group_size, bool per_token, bool 
     r.qu.resize(M * nb * kBlock);
     for (size_t i = 0; i < r.qu.size(); ++i) r.qu[i] = static_cast<uint8_t>(q[i]) ^ 0x80;
     r.view.qu = r.qu.data();
+    if (M > kPanelRowsOnce) {
+      const int64_t quads = nb * kBlock / 4, groups = M / 8;
+      r.qu8.resize(groups * quads * 32);
+      for (int64_t g = 0; g < groups; ++g)
+        for (int64_t row = 0; row < 8; ++row)
+          for (int64_t j = 0; j < quads; ++j)
+            std::memcpy(&r.qu8[(g * quads + j) * 32 + row * 4], &r.qu[(g * 8 + row) * nb * kBlock + 4 * j], 4);
+      r.view.qu8 = r.qu8.data();
+    }
   }
   return r;
 }
@@ -491,7 +503,7 @@ void sweep_panels(int64_t N, const QuantizedX& x, float* out, int64_t scratch_by
     Panel panel[kPanelGroup];
     PanelFn dot[kPanelGroup];
     alignas(32) float tile[kPanelRowsOnce * kPanel];
-    const int64_t step = x.M <= kPanelRowsOnce ? x.M : kPanelRows;
+    const int64_t step = x.M <= kPanelRowsOnce ? x.M : x.qu8 != nullptr ? 8 : kPanelRows;
     for (int64_t set = s0; set < s1; ++set) {
       const int64_t p0 = set * kPanelGroup, count = std::min(kPanelGroup, num_panels - p0);
       for (int64_t i = 0; i < count; ++i) dot[i] = get(scratch.data(), p0 + i, i, &panel[i]);
@@ -2122,8 +2134,55 @@ JIDO_INLINE void offset_pair_rows(const Panel& a, const Panel& b, const Quantize
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, acc[r]);
 }
 
+// offset_pair_rows<8> on x's interleaved copy (QuantizedX::qu8; m0 a multiple of 8): the 8 broadcasts of a quad
+// come from one pointer, where 8 row pointers left too few registers for the loop (16 and 32 rows of the LM head
+// ran slower in blocks of 8 than of 4 that way).
+JIDO_INLINE void offset_pair_rows8(const Panel& a, const Panel& b, const QuantizedX& x, int64_t m0, float* out,
+                                   int64_t ldo) {
+  constexpr int R = 8;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const uint8_t* xi = x.qu8 + (m0 / 8) * x.nb * kBlock * 8;
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t c = 0; c < a.num_chunks; ++c) {
+    const int64_t j_end = std::min(a.quads, (c + 1) * a.chunk_quads);
+    __m512i sum[R], code_sum = _mm512_setzero_si512();
+    for (int r = 0; r < R; ++r) sum[r] = _mm512_setzero_si512();
+    for (int64_t j = c * a.chunk_quads; j < j_end; ++j) {
+      const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.codes + j * kPanel * 4));
+      const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.codes + j * kPanel * 4));
+      const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(qa), qb, 1);
+      code_sum = _mm512_dpbusd_epi32(code_sum, ones, q);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        int32_t quad;
+        std::memcpy(&quad, xi + j * 32 + 4 * r, sizeof(quad));
+        sum[r] = _mm512_dpbusd_epi32(sum[r], _mm512_set1_epi32(quad), q);
+      }
+    }
+    const __m512i offset = _mm512_slli_epi32(code_sum, 7);
+    const __m512 ws = join_ps(_mm256_loadu_ps(a.scales + c * kPanel), _mm256_loadu_ps(b.scales + c * kPanel));
+    const int64_t xb = (c * a.chunk_quads * 4) / kBlock;
+    for (int r = 0; r < R; ++r) {
+      const __m512 dx = _mm512_set1_ps(x.d[(m0 + r) * x.nb + xb]);
+      const __m512i exact = _mm512_sub_epi32(sum[r], offset);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(ws, dx), acc[r]);
+    }
+  }
+  if (a.mins) {
+    for (int64_t g = 0; g < a.num_groups; ++g) {
+      const __m512 mins = join_ps(_mm256_loadu_ps(a.mins + g * kPanel), _mm256_loadu_ps(b.mins + g * kPanel));
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(x.sums[(m0 + r) * x.num_groups + g]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, acc[r]);
+}
+
 inline void offset_pair_dot(const Panel& a, const Panel& b, const QuantizedX& x, int64_t m0, int64_t rows,
                             float* out, int64_t ldo) {
+  if (rows == 8 && x.qu8 != nullptr && m0 % 8 == 0)
+    return offset_pair_rows8(a, b, x, m0, out, ldo);
   row_blocks(rows, [&](auto block, int64_t r) {
     offset_pair_rows<decltype(block)::value>(a, b, x, m0 + r, out + r * ldo, ldo);
   });
