@@ -2092,12 +2092,21 @@ JIDO_INLINE __m512 join_ps(__m256 a, __m256 b) {
 // off in int32: exactly the sums panel_rows<R, false, 1> gets from |q| against x with q's signs, without its two
 // sign instructions per row and quad, and one broadcast of x serves 16 outputs (panel a's 8, then b's 8, written
 // to out[0..16)). Each lane's float operations are panel_rows' in the same order, so the outputs are its bits.
-template <int R>
+// Interleaved (R 8, m0 a multiple of 8): x's quads from its interleaved copy (QuantizedX::qu8), all 8 rows' from
+// one pointer, where 8 row pointers left too few registers for the loop (16 and 32 rows of the LM head ran slower
+// in blocks of 8 than of 4 that way; from one pointer, 8-13% faster on a Zen 4).
+template <int R, bool Interleaved = false>
 JIDO_INLINE void offset_pair_rows(const Panel& a, const Panel& b, const QuantizedX& x, int64_t m0, float* out,
                                   int64_t ldo) {
+  static_assert(!Interleaved || R == 8, "the interleaved copy holds rows in groups of 8");
   __m512 acc[R];
-  const uint8_t* xr[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps(), xr[r] = x.qu + (m0 + r) * x.nb * kBlock;
+  const uint8_t* xr[Interleaved ? 1 : R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  if constexpr (Interleaved) {
+    xr[0] = x.qu8 + (m0 / 8) * x.nb * kBlock * 8;
+  } else {
+    for (int r = 0; r < R; ++r) xr[r] = x.qu + (m0 + r) * x.nb * kBlock;
+  }
   const __m512i ones = _mm512_set1_epi8(1);
   for (int64_t c = 0; c < a.num_chunks; ++c) {
     const int64_t j_end = std::min(a.quads, (c + 1) * a.chunk_quads);
@@ -2108,10 +2117,11 @@ JIDO_INLINE void offset_pair_rows(const Panel& a, const Panel& b, const Quantize
       const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.codes + j * kPanel * 4));
       const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(qa), qb, 1);
       code_sum = _mm512_dpbusd_epi32(code_sum, ones, q);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         int32_t quad;
-        std::memcpy(&quad, xr[r] + 4 * j, sizeof(quad));
+        if constexpr (Interleaved) std::memcpy(&quad, xr[0] + 32 * j + 4 * r, sizeof(quad));
+        else std::memcpy(&quad, xr[r] + 4 * j, sizeof(quad));
         sum[r] = _mm512_dpbusd_epi32(sum[r], _mm512_set1_epi32(quad), q);
       }
     }
@@ -2134,55 +2144,10 @@ JIDO_INLINE void offset_pair_rows(const Panel& a, const Panel& b, const Quantize
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, acc[r]);
 }
 
-// offset_pair_rows<8> on x's interleaved copy (QuantizedX::qu8; m0 a multiple of 8): the 8 broadcasts of a quad
-// come from one pointer, where 8 row pointers left too few registers for the loop (16 and 32 rows of the LM head
-// ran slower in blocks of 8 than of 4 that way).
-JIDO_INLINE void offset_pair_rows8(const Panel& a, const Panel& b, const QuantizedX& x, int64_t m0, float* out,
-                                   int64_t ldo) {
-  constexpr int R = 8;
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  const uint8_t* xi = x.qu8 + (m0 / 8) * x.nb * kBlock * 8;
-  const __m512i ones = _mm512_set1_epi8(1);
-  for (int64_t c = 0; c < a.num_chunks; ++c) {
-    const int64_t j_end = std::min(a.quads, (c + 1) * a.chunk_quads);
-    __m512i sum[R], code_sum = _mm512_setzero_si512();
-    for (int r = 0; r < R; ++r) sum[r] = _mm512_setzero_si512();
-    for (int64_t j = c * a.chunk_quads; j < j_end; ++j) {
-      const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.codes + j * kPanel * 4));
-      const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.codes + j * kPanel * 4));
-      const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(qa), qb, 1);
-      code_sum = _mm512_dpbusd_epi32(code_sum, ones, q);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        int32_t quad;
-        std::memcpy(&quad, xi + j * 32 + 4 * r, sizeof(quad));
-        sum[r] = _mm512_dpbusd_epi32(sum[r], _mm512_set1_epi32(quad), q);
-      }
-    }
-    const __m512i offset = _mm512_slli_epi32(code_sum, 7);
-    const __m512 ws = join_ps(_mm256_loadu_ps(a.scales + c * kPanel), _mm256_loadu_ps(b.scales + c * kPanel));
-    const int64_t xb = (c * a.chunk_quads * 4) / kBlock;
-    for (int r = 0; r < R; ++r) {
-      const __m512 dx = _mm512_set1_ps(x.d[(m0 + r) * x.nb + xb]);
-      const __m512i exact = _mm512_sub_epi32(sum[r], offset);
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(ws, dx), acc[r]);
-    }
-  }
-  if (a.mins) {
-    for (int64_t g = 0; g < a.num_groups; ++g) {
-      const __m512 mins = join_ps(_mm256_loadu_ps(a.mins + g * kPanel), _mm256_loadu_ps(b.mins + g * kPanel));
-      for (int r = 0; r < R; ++r)
-        acc[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(x.sums[(m0 + r) * x.num_groups + g]), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, acc[r]);
-}
-
 inline void offset_pair_dot(const Panel& a, const Panel& b, const QuantizedX& x, int64_t m0, int64_t rows,
                             float* out, int64_t ldo) {
   if (rows == 8 && x.qu8 != nullptr && m0 % 8 == 0)
-    return offset_pair_rows8(a, b, x, m0, out, ldo);
+    return offset_pair_rows<8, true>(a, b, x, m0, out, ldo);
   row_blocks(rows, [&](auto block, int64_t r) {
     offset_pair_rows<decltype(block)::value>(a, b, x, m0 + r, out + r * ldo, ldo);
   });
