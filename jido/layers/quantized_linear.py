@@ -49,10 +49,10 @@ BF16_COPY_MIN_ROWS_AMX = 40
 # The rows the AMX case's copy is packed for: a full step of the default max_num_batched_tokens.
 BF16_COPY_ROWS_HINT_AMX = 2048
 # gguf_w8a8's int8 copy takes over from the GGUF panels where the bf16 copy would: steps of decode size keep the
-# file's codes (and their numbers), prefill-sized ones round x per token.
+# file's codes (and their numbers), prefill-sized ones round x per token. That is on AMX tiles; without AMX the copy
+# runs on oneDNN's int8 GEMM (int_mm_linear) from int8_dot.INT_MM_MIN_ROWS, and the bf16 copy keeps the steps
+# between BF16_COPY_MIN_ROWS and that, as under gguf.
 PREFILL_W8A8_MIN_ROWS = BF16_COPY_MIN_ROWS_AMX
-# Without AMX the copy runs on oneDNN's int8 GEMM (int_mm_linear) from int8_dot.INT_MM_MIN_ROWS, and the bf16 copy
-# keeps the steps between BF16_COPY_MIN_ROWS and that, as under gguf.
 
 
 @dataclass(frozen=True)
