@@ -8,9 +8,11 @@ from jido import LLM, SamplingParams
 from jido.utils.cpu import cpu_info
 
 # benchmarks/bf16_accuracy.py measured bf16's error in the gap between float32's top two logits on these
-# prompts: at most 0.26 (medians 0.03-0.08), AVX-512 BF16 EPYC, 2026-12-01. A bf16 run may choose differently only
-# where float32's gap is below that error; twice the maximum leaves room for other CPUs' summation orders.
-BF16_GAP_ERROR = 0.5
+# prompts: at most 0.26 (medians 0.03-0.08), AVX-512 BF16 EPYC, 2026-12-01; on a Zen 4 on 2026-12-06 at most 0.52
+# with quantization gguf and 0.63 with the default gguf_w8a8, whose int8 prefill of the two long prompts moves their
+# gaps by up to 0.53 / 0.63 against gguf's 0.33 / 0.29 (medians 0.05-0.53). A bf16 run may choose differently only
+# where float32's gap is below that error; 1.0 leaves room for other CPUs' summation orders.
+BF16_GAP_ERROR = 1.0
 
 pytestmark = pytest.mark.skipif(not cpu_info().has_native_bf16,
                                 reason="bf16 is emulated on this CPU (no AVX-512 BF16 or AMX): minutes per token")
