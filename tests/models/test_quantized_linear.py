@@ -142,16 +142,7 @@ def test_w8a8_on_amx_tiles_gives_the_logits_of_the_int_mm_route(arch, dtype, mon
 
     def build(amx: bool) -> torch.nn.Module:
         monkeypatch.setattr(int8_dot, "takes_amx_gemm", takes_amx_gemm if amx else lambda w: False)
-        hf, dense = tiny_models(arch)
-        torch.set_default_dtype(dtype)  # as the engine builds a model: its parameters made in the model's dtype
-        try:
-            model = type(dense)(dense.config, dense.model.layers[0].self_attn.backend,
-                                quant_config=get_quantization_config("w8a8", None)).eval()
-        finally:
-            torch.set_default_dtype(torch.float32)
-        model.load_weights(hf.state_dict().items())
-        process_weights_after_loading(model)
-        return model
+        return _w8a8_model(arch, dtype)
 
     on_tiles, on_int_mm = build(True), build(False)
     gemms = [m.qgemm for m in on_tiles.modules() if hasattr(m, "qgemm")]
@@ -167,15 +158,7 @@ def test_w8a8_bf16_on_int_mm_applies_the_mlp_activation_as_it_scales_the_sums_wi
     # Without AMX tiles a bf16 gate/up step of many rows runs torch._int_mm with act(gate) * up made as its sums are
     # scaled: the same bits as scaling into bf16 and then act_and_mul.
     monkeypatch.setattr(int8_dot, "takes_amx_gemm", lambda w: False)
-    hf, dense = tiny_models(arch)
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        model = type(dense)(dense.config, dense.model.layers[0].self_attn.backend,
-                            quant_config=get_quantization_config("w8a8", None)).eval()
-    finally:
-        torch.set_default_dtype(torch.float32)
-    model.load_weights(hf.state_dict().items())
-    process_weights_after_loading(model)
+    model = _w8a8_model(arch, torch.bfloat16)
     gen = torch.Generator().manual_seed(6)
     prompt = {"a": torch.randint(3, 128, (int8_dot.INT_MM_MIN_ROWS + 6,), generator=gen).tolist()}
     fused, calls = int8_dot.int_mm_gated, []
@@ -184,6 +167,20 @@ def test_w8a8_bf16_on_int_mm_applies_the_mlp_activation_as_it_scales_the_sums_wi
     assert len(calls) == model.config.num_layers
     monkeypatch.setattr(int8_dot, "int_mm_fuses_gated", lambda: False)
     assert torch.equal(logits, _run_steps(model, (prompt,))["a"]) and len(calls) == model.config.num_layers
+
+
+def _w8a8_model(arch: str, dtype: torch.dtype) -> torch.nn.Module:
+    """The tiny ``arch`` model under w8a8, built as the engine builds it: its parameters made in ``dtype``."""
+    hf, dense = tiny_models(arch)
+    torch.set_default_dtype(dtype)
+    try:
+        model = type(dense)(dense.config, dense.model.layers[0].self_attn.backend,
+                            quant_config=get_quantization_config("w8a8", None)).eval()
+    finally:
+        torch.set_default_dtype(torch.float32)
+    model.load_weights(hf.state_dict().items())
+    process_weights_after_loading(model)
+    return model
 
 
 def _run_steps(model, steps: tuple[dict[str, list[int]], ...]) -> dict[str, torch.Tensor]:

@@ -199,8 +199,8 @@ def test_gguf_w8a8_in_the_engine_serves_short_prompts_as_gguf_does_and_smooths_i
             llm = LLM(model=str(path), quantization=scheme, dtype="bfloat16", kv_cache_memory="4MiB")
         runs[scheme] = [llm.generate([p], params)[0].outputs[0].token_ids for p in (short, long)]
         if scheme == "gguf_w8a8":
-            n = len(copies)
-            assert f"w8a8: smoothed {n} of {n} linears" in caplog.text, caplog.text  # not the untied LM head
+            count = len(copies)
+            assert f"w8a8: smoothed {count} of {count} linears" in caplog.text, caplog.text  # not the untied LM head
             held = llm.collective_rpc(lambda w: sorted(n for n, m in w.runner.model.named_modules()
                                                        if hasattr(m, copy_attr) and not hasattr(m, "smoothing_source")))
             assert held[0] == copies

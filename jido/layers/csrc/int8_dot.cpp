@@ -91,7 +91,7 @@ struct QuantizedX {
   int64_t M, nb, num_groups;
   const uint8_t* qu = nullptr;  // q + 128 (q ^ 0x80) for the VNNI panel kernel of signed codes; nullptr: not made
   // qu of each whole group of 8 rows, interleaved by column quad ([M / 8][nb * 8][8][4]): one pointer reaches all 8
-  // rows' quads (offset_pair_rows8); made with qu for steps of more than kPanelRowsOnce rows
+  // rows' quads (offset_pair_rows<8, true>); made with qu for steps of more than kPanelRowsOnce rows
   const uint8_t* qu8 = nullptr;
 };
 
