@@ -168,9 +168,9 @@ class QuantizedLinearMethod(LinearMethod):
                     bias: torch.Tensor | None = None) -> torch.Tensor | None:
         # w8a8 steps of many rows: on AMX tiles where the layer was packed gated (it told us its activation), else on
         # torch._int_mm with the activation applied as its sums are scaled. The row count first: every decode step of
-        # every MLP asks, and leaves here.
+        # every MLP asks, and leaves here. A layer under calibration takes every step through apply (observe_inputs).
         rows = x.shape[0]
-        if rows < self._gemm_min_rows() or x.dtype != torch.bfloat16:
+        if rows < self._gemm_min_rows() or x.dtype != torch.bfloat16 or "observing" in layer.__dict__:
             return None
         act = fused_activation_code(activation)
         if act is None:
@@ -186,9 +186,7 @@ class QuantizedLinearMethod(LinearMethod):
 
     def _int_mm_weight(self, layer: nn.Module) -> QuantizedWeight | None:
         """The weight a step of many rows multiplies on ``torch._int_mm``: ``gguf_w8a8``'s prefill copy, or ``w8a8``'s
-        codes; None where the layer has neither, or while a calibration observes every step through :meth:`apply`."""
-        if "observing" in layer.__dict__:
-            return None
+        codes; None where the layer has neither."""
         if hasattr(layer, "qint_mm"):
             return layer.qint_mm
         qweight = getattr(layer, "qweight", None)
@@ -205,14 +203,14 @@ class QuantizedLinearMethod(LinearMethod):
     def observe_inputs(self, layer: nn.Module) -> list[torch.Tensor] | None:
         """Start recording, step by step, the largest ``|x|`` of each input channel (into the returned list, a float32
         ``[in_features]`` tensor a step) while the layer runs on its float weight (the smoothing source w8a8 keeps
-        from load); None for a layer without one. The layer's fused gate/up GEMM steps aside meanwhile, so every step
-        comes through :meth:`apply`. End it with :meth:`smooth`."""
+        from load); None for a layer without one. The layer's fused gate/up routes step aside meanwhile (``observing``,
+        read by :meth:`apply_gated`), so every step comes through :meth:`apply`. End it with :meth:`smooth`, which
+        remakes the int8 packings."""
         source = getattr(layer, "smoothing_source", None)
         if source is None:
             return None
         step_maxima: list[torch.Tensor] = []
-        layer.__dict__.pop("qgemm", None)
-        layer.observing = True  # the int_mm route's fused gate/up steps aside too (_int_mm_weight)
+        layer.observing = True
 
         def observed(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
             step_maxima.append(x.detach().abs().amax(dim=0).float().cpu())
