@@ -13,6 +13,7 @@ from jido.parallel.group import CommStats
 from jido.parallel.state import ModelParallel, destroy_model_parallel, init_model_parallel
 from jido.runner.model_runner import ModelRunner, resolve_device
 from jido.runner.pipeline_runner import PipelineModelRunner
+from jido.utils.malloc_policy import keep_freed_blocks
 
 
 class Worker:
@@ -52,6 +53,8 @@ class Worker:
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         self.runner.initialize_kv_cache(kv_cache_config)
+        if self.runner.device.type == "cpu":  # from here on steps, not the load, make the large blocks
+            keep_freed_blocks()
 
     def capture_model(self, max_model_len: int) -> None:
         self.runner.capture_model(max_model_len)
