@@ -33,11 +33,15 @@ def time_decode(llm: LLM, batch: int, context: int, steps: int) -> dict:
     """Median decode step of ``batch`` requests whose contexts are ``context`` tokens, and its split."""
     engine = llm.llm_engine
     engine.reset_prefix_cache()
-    params = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
-    for i in range(batch):
+    # Room for every request to be decoding at once: chunked prefill finishes the prompts some steps apart, and the
+    # first ones decode meanwhile (with only steps + 2 tokens, a short run's first requests ended before the last
+    # began and the wait below never ended). What is left after the timed steps is aborted.
+    params = SamplingParams(temperature=0, max_tokens=steps + 2 + batch * context, ignore_eos=True)
+    request_ids = [f"step-{time.perf_counter_ns()}-{i}" for i in range(batch)]
+    for i, request_id in enumerate(request_ids):
         # Distinct prompts (no prefix-cache hits): token ids cycle through the vocabulary's ordinary range.
         prompt = [2] + [1000 + (i * 7919 + j * 31) % 200000 for j in range(context - 1)]
-        engine.add_request(f"step-{time.perf_counter_ns()}-{i}", prompt, params)
+        engine.add_request(request_id, prompt, params)
     while engine.get_scheduler_stats().num_waiting or not _all_decoding(engine, batch):
         engine.step()
     times, split = [], {p: [] for p in PHASES}
@@ -48,6 +52,7 @@ def time_decode(llm: LLM, batch: int, context: int, steps: int) -> dict:
         stats = engine.last_iteration_stats
         for phase in PHASES:
             split[phase].append(getattr(stats, f"{phase}_s", 0.0))  # older versions lack "prepare"
+    engine.abort_request(request_ids)
     while engine.has_unfinished_requests():
         engine.step()
     return {"step_ms": 1e3 * statistics.median(times),
