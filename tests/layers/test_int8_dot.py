@@ -112,6 +112,27 @@ def test_a_verify_step_of_five_to_eight_rows_gives_each_row_the_bits_of_a_long_s
             assert torch.equal(alone, long_step[first:first + rows]), (num_rows, first)
 
 
+@pytest.mark.skipif(not int8_dot.runs(qk.quantize(torch.randn(8, 32), 8, 32))
+                    or not int8_dot.load_int8_dot_ops().supported(int8_dot.ISAS.index("avx512_vnni")),
+                    reason="needs the kernels built and AVX-512 VNNI")
+@pytest.mark.parametrize("codes", [(-128, 128), (0, 16), (-16, 16), (-64, 64), (0, 128)],
+                         ids=["signed", "int4", "five_bit", "six_bit", "seven_bit"])
+def test_vnni_panel_pairs_give_each_output_the_bits_of_the_avx2_panels(codes) -> None:
+    # Under VNNI two panels of signed codes, or two of unsigned ones (any span), run as one 16-wide pair in blocks
+    # of 4 or interleaved 8 rows; AVX2 runs each panel alone, unsigned codes with int16 pair sums widened in time.
+    ops, vnni, avx2 = int8_dot.load_int8_dot_ops(), int8_dot.ISAS.index("avx512_vnni"), int8_dot.ISAS.index("avx2")
+    gen = torch.Generator().manual_seed(17)
+    for num_rows, num_cols, group_size, with_mins in ((70, 640, 32, True), (48, 96, 32, False), (40, 160, None, True)):
+        w = random_weight(num_rows, num_cols, group_size, 8, with_mins=with_mins, gen=gen, codes=codes)
+        packed = {isa: ops.pack_panels(w.data, w.scales, w.mins, w.group_size, 8, num_cols, isa, int8_dot.BLOCK)
+                  for isa in (vnni, avx2)}
+        for rows in (2, 5, 8, 13, 20, 32):
+            x = random_x(rows, num_cols, torch.float32, gen)
+            out = {isa: ops.panel_linear(x, *packed[isa], num_rows, num_cols, w.group_size, None, isa, int8_dot.BLOCK)
+                   for isa in (vnni, avx2)}
+            assert torch.equal(out[vnni], out[avx2]), (codes, num_rows, num_cols, rows)
+
+
 def test_the_decode_path_gives_each_output_bit_for_bit_what_the_one_row_kernel_gives() -> None:
     # At one row of x, rows n and n + N/2 go together (two_rows_dot); in a step of two rows each row runs the
     # row-at-a-time kernel. Both do the same float operations per output in the same order.

@@ -91,8 +91,9 @@ struct QuantizedX {
   int64_t M, nb, num_groups;
   const uint8_t* qu = nullptr;  // q + 128 (q ^ 0x80) for the VNNI panel kernel of signed codes; nullptr: not made
   // qu of each whole group of 8 rows, interleaved by column quad ([M / 8][nb * 8][8][4]): one pointer reaches all 8
-  // rows' quads (offset_pair_rows<8, true>); made with qu for steps of more than kPanelRowsOnce rows
+  // rows' quads (pair_rows<8, true>); made with qu for steps of more than kPanelRowsOnce rows
   const uint8_t* qu8 = nullptr;
+  const int8_t* q8 = nullptr;  // q interleaved as qu8 is (pairs of unsigned codes, which take x as it is)
 };
 
 struct Weight {
@@ -280,6 +281,7 @@ struct RoundedX {
   std::vector<float> d, sums;
   QuantizedX view;
   std::vector<uint8_t> qu, qu8;
+  std::vector<int8_t> q8;
 };
 
 // x: contiguous float32, or bf16 (widened a row at a time here: the same floats, without a float copy of x).
@@ -335,11 +337,16 @@ RoundedX round_x(const at::Tensor& xf, int64_t group_size, bool per_token, bool 
     if (M > kPanelRowsOnce) {
       const int64_t quads = nb * kBlock / 4, groups = M / 8;
       r.qu8.resize(groups * quads * 32);
+      r.q8.resize(groups * quads * 32);
       for (int64_t g = 0; g < groups; ++g)
         for (int64_t row = 0; row < 8; ++row)
-          for (int64_t j = 0; j < quads; ++j)
-            std::memcpy(&r.qu8[(g * quads + j) * 32 + row * 4], &r.qu[(g * 8 + row) * nb * kBlock + 4 * j], 4);
+          for (int64_t j = 0; j < quads; ++j) {
+            const int64_t to = (g * quads + j) * 32 + row * 4, from = (g * 8 + row) * nb * kBlock + 4 * j;
+            std::memcpy(&r.qu8[to], &r.qu[from], 4);
+            std::memcpy(&r.q8[to], &q[from], 4);
+          }
       r.view.qu8 = r.qu8.data();
+      r.view.q8 = r.q8.data();
     }
   }
   return r;
@@ -486,14 +493,27 @@ int64_t panel_chunk(const Weight& w, int64_t x_block) {
   return chunk >= w.K ? w.nb * kBlock : chunk;  // one chunk over the padded row: whole quads, a multiple of 8
 }
 
-// Whether panels i and i + 1 of a set run as one pair (vnni::offset_pair_dot): both signed codes under VNNI, both
-// whole (`left` outputs from panel i's first on), both with a mins' term or neither. A panel left unpaired keeps
-// the sign kernel: the integer sums, and so the outputs, are the same.
+// Under VNNI, the kind of pair a panel's kernel joins (vnni::pair_dot): signed codes, or unsigned codes of any
+// span (vpdpbusd sums their products in int32, with no int16 step to widen); 0: none (not VNNI).
+inline int pair_kind(PanelFn dot) {
+  if (dot == &vnni::panel_dot<false, 1>) return 1;
+  if (dot == &vnni::panel_dot<true, 8> || dot == &vnni::panel_dot<true, 4> || dot == &vnni::panel_dot<true, 2> ||
+      dot == &vnni::panel_dot<true, 1>)
+    return 2;
+  return 0;
+}
+
+// Whether panels i and i + 1 of a set run as one pair (vnni::pair_dot): both signed codes or both unsigned under
+// VNNI, both whole (`left` outputs from panel i's first on), both with a mins' term or neither. A panel left
+// unpaired keeps its own kernel: the integer sums, and so the outputs, are the same.
 inline bool pairs_with_next(const PanelFn* dot, const Panel* panel, int64_t i, int64_t count, int64_t left) {
-  const PanelFn signed_vnni = &vnni::panel_dot<false, 1>;
-  return i + 1 < count && left >= 2 * kPanel && dot[i] == signed_vnni && dot[i + 1] == signed_vnni &&
+  const int kind = pair_kind(dot[i]);
+  return i + 1 < count && left >= 2 * kPanel && kind != 0 && pair_kind(dot[i + 1]) == kind &&
          (panel[i].mins == nullptr) == (panel[i + 1].mins == nullptr);
 }
+
+// Bytes of x (a byte a column) up to which a pair of panels runs every row of x in one visit (sweep_panels).
+constexpr int64_t kPairAllRowsBytes = 16 << 10;
 
 // Panels as `get(set scratch, panel index, &panel)` gives them (packed there, or prepacked), swept in sets of
 // kPanelGroup, each set against every row of x, the sets split over threads.
@@ -507,6 +527,7 @@ void sweep_panels(int64_t N, const QuantizedX& x, float* out, int64_t scratch_by
     PanelFn dot[kPanelGroup];
     alignas(32) float tile[kPanelRowsOnce * kPanel];
     const int64_t step = x.M <= kPanelRowsOnce ? x.M : x.qu8 != nullptr ? 8 : kPanelRows;
+    const bool all_rows = x.M * x.nb * kBlock <= kPairAllRowsBytes;
     for (int64_t set = s0; set < s1; ++set) {
       const int64_t p0 = set * kPanelGroup, count = std::min(kPanelGroup, num_panels - p0);
       for (int64_t i = 0; i < count; ++i) dot[i] = get(scratch.data(), p0 + i, i, &panel[i]);
@@ -515,14 +536,17 @@ void sweep_panels(int64_t N, const QuantizedX& x, float* out, int64_t scratch_by
         for (int64_t i = 0; i < count; ++i) {
           const int64_t n0 = (p0 + i) * kPanel, width = std::min(kPanel, N - n0);
           if (pairs_with_next(dot, panel, i, count, N - n0)) {
-            // A pair runs every block of rows of x when the first block reaches it: its codes (10 KiB at Gemma 3's
-            // K) come from memory once and stay in L1, and its first block asks the next pair's in (Panel::ahead).
-            // Measured on the LM head (Zen 4, 2 threads, codes in huge pages): 2 / 8 / 16 rows 8.9 / 12.6 / 16.7 ->
-            // 7.9 / 10.9 / 15.0 ms; 32 rows unchanged (26-29 ms).
-            if (m == 0)
+            // Where x's rows fit in half of L1 (kPairAllRowsBytes), a pair runs every block of rows of x when the
+            // first block reaches it: its codes come from memory once and stay in L1. Either way its first block
+            // asks the next pair's codes in (Panel::ahead).
+            if (all_rows && m == 0) {
               for (int64_t mm = 0; mm < x.M; mm += step)
-                vnni::offset_pair_dot(panel[i], panel[i + 1], x, mm, std::min(step, x.M - mm), out + mm * N + n0, N,
-                                      mm == 0);
+                vnni::pair_dot(pair_kind(dot[i]) == 2, panel[i], panel[i + 1], x, mm, std::min(step, x.M - mm),
+                               out + mm * N + n0, N, mm == 0);
+            } else if (!all_rows) {
+              vnni::pair_dot(pair_kind(dot[i]) == 2, panel[i], panel[i + 1], x, m, rows_here, out + m * N + n0, N,
+                             m == 0);
+            }
             ++i;
           } else if (width == kPanel) {
             dot[i](panel[i], x, m, rows_here, out + m * N + n0, N);
@@ -2106,8 +2130,12 @@ JIDO_INLINE __m512 join_ps(__m256 a, __m256 b) {
 // Interleaved (R 8, m0 a multiple of 8): x's quads from its interleaved copy (QuantizedX::qu8), all 8 rows' from
 // one pointer, where 8 row pointers left too few registers for the loop (16 and 32 rows of the LM head ran slower
 // in blocks of 8 than of 4 that way; from one pointer, 8-13% faster on a Zen 4).
-template <int R, bool Interleaved = false>
-JIDO_INLINE void offset_pair_rows(const Panel& a, const Panel& b, const QuantizedX& x, int64_t m0, float* out,
+// Unsigned: two panels of unsigned codes (Q4_K, Q5_0 shifted, Q6_K: the layers' codes), which are vpdpbusd's
+// unsigned operand as stored, against x as it is (QuantizedX::q, q8), with no offset to take off; their mins' term
+// follows as panel_rows' does. Against panel_rows<R, true, Widen>: the same int32 sums (it widens int16 pair sums
+// in time; vpdpbusd has none), the same float operations, so the same bits.
+template <int R, bool Interleaved = false, bool Unsigned = false>
+JIDO_INLINE void pair_rows(const Panel& a, const Panel& b, const QuantizedX& x, int64_t m0, float* out,
                                   int64_t ldo, bool ask_ahead) {
   // the next pair's codes, a line of each panel every second quad (a quad of a panel is 32 bytes)
   const uint8_t* ahead_a = ask_ahead && b.ahead != nullptr ? a.ahead : nullptr;
@@ -2116,10 +2144,12 @@ JIDO_INLINE void offset_pair_rows(const Panel& a, const Panel& b, const Quantize
   __m512 acc[R];
   const uint8_t* xr[Interleaved ? 1 : R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const uint8_t* xq = Unsigned ? reinterpret_cast<const uint8_t*>(Interleaved ? x.q8 : x.q)
+                               : Interleaved ? x.qu8 : x.qu;
   if constexpr (Interleaved) {
-    xr[0] = x.qu8 + (m0 / 8) * x.nb * kBlock * 8;
+    xr[0] = xq + (m0 / 8) * x.nb * kBlock * 8;
   } else {
-    for (int r = 0; r < R; ++r) xr[r] = x.qu + (m0 + r) * x.nb * kBlock;
+    for (int r = 0; r < R; ++r) xr[r] = xq + (m0 + r) * x.nb * kBlock;
   }
   const __m512i ones = _mm512_set1_epi8(1);
   for (int64_t c = 0; c < a.num_chunks; ++c) {
@@ -2130,7 +2160,7 @@ JIDO_INLINE void offset_pair_rows(const Panel& a, const Panel& b, const Quantize
       const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.codes + j * kPanel * 4));
       const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.codes + j * kPanel * 4));
       const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(qa), qb, 1);
-      code_sum = _mm512_dpbusd_epi32(code_sum, ones, q);
+      if constexpr (!Unsigned) code_sum = _mm512_dpbusd_epi32(code_sum, ones, q);
       if (ahead_a != nullptr && j % 2 == 0) {
         _mm_prefetch(reinterpret_cast<const char*>(ahead_a + j * kPanel * 4), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(ahead_b + j * kPanel * 4), _MM_HINT_T0);
@@ -2140,7 +2170,8 @@ JIDO_INLINE void offset_pair_rows(const Panel& a, const Panel& b, const Quantize
         int32_t quad;
         if constexpr (Interleaved) std::memcpy(&quad, xr[0] + 32 * j + 4 * r, sizeof(quad));
         else std::memcpy(&quad, xr[r] + 4 * j, sizeof(quad));
-        sum[r] = _mm512_dpbusd_epi32(sum[r], _mm512_set1_epi32(quad), q);
+        sum[r] = Unsigned ? _mm512_dpbusd_epi32(sum[r], q, _mm512_set1_epi32(quad))
+                          : _mm512_dpbusd_epi32(sum[r], _mm512_set1_epi32(quad), q);
       }
     }
     const __m512i offset = _mm512_slli_epi32(code_sum, 7);
@@ -2148,7 +2179,7 @@ JIDO_INLINE void offset_pair_rows(const Panel& a, const Panel& b, const Quantize
     const int64_t xb = (c * a.chunk_quads * 4) / kBlock;
     for (int r = 0; r < R; ++r) {
       const __m512 dx = _mm512_set1_ps(x.d[(m0 + r) * x.nb + xb]);
-      const __m512i exact = _mm512_sub_epi32(sum[r], offset);
+      const __m512i exact = Unsigned ? sum[r] : _mm512_sub_epi32(sum[r], offset);
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(ws, dx), acc[r]);
     }
   }
@@ -2162,13 +2193,22 @@ JIDO_INLINE void offset_pair_rows(const Panel& a, const Panel& b, const Quantize
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, acc[r]);
 }
 
-inline void offset_pair_dot(const Panel& a, const Panel& b, const QuantizedX& x, int64_t m0, int64_t rows,
-                            float* out, int64_t ldo, bool ask_ahead) {
-  if (rows == 8 && x.qu8 != nullptr && m0 % 8 == 0)
-    return offset_pair_rows<8, true>(a, b, x, m0, out, ldo, ask_ahead);
+template <bool Unsigned>
+void pair_rows_dot(const Panel& a, const Panel& b, const QuantizedX& x, int64_t m0, int64_t rows, float* out,
+                   int64_t ldo, bool ask_ahead) {
+  if (rows == 8 && (Unsigned ? x.q8 != nullptr : x.qu8 != nullptr) && m0 % 8 == 0)
+    return pair_rows<8, true, Unsigned>(a, b, x, m0, out, ldo, ask_ahead);
   row_blocks(rows, [&](auto block, int64_t r) {
-    offset_pair_rows<decltype(block)::value>(a, b, x, m0 + r, out + r * ldo, ldo, ask_ahead && r == 0);
+    constexpr int R = decltype(block)::value;
+    pair_rows<R, false, Unsigned>(a, b, x, m0 + r, out + r * ldo, ldo, ask_ahead && r == 0);
   });
+}
+
+// A pair of panels (both signed codes, or with `unsigned_codes` both unsigned) against `rows` rows of x from m0.
+inline void pair_dot(bool unsigned_codes, const Panel& a, const Panel& b, const QuantizedX& x, int64_t m0,
+                     int64_t rows, float* out, int64_t ldo, bool ask_ahead) {
+  unsigned_codes ? pair_rows_dot<true>(a, b, x, m0, rows, out, ldo, ask_ahead)
+                 : pair_rows_dot<false>(a, b, x, m0, rows, out, ldo, ask_ahead);
 }
 #endif  // JIDO_INT8_DOT_VNNI
 
