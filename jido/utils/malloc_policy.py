@@ -15,7 +15,6 @@ grows by a few blocks before holes merge and it settles (a 40 MiB block made ove
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import logging
 
@@ -30,10 +29,9 @@ KEEP_BYTES = 256 << 20
 
 @functools.cache
 def _mallopt() -> ctypes._CFuncPtr | None:
-    name = ctypes.util.find_library("c")
+    # The process's own symbols, as huge_pages reaches madvise: find_library would run ldconfig in a subprocess.
     try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc (musl has no mallopt), or not Linux
         return None
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int

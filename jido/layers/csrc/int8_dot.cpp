@@ -537,16 +537,12 @@ void sweep_panels(int64_t N, const QuantizedX& x, float* out, int64_t scratch_by
           const int64_t n0 = (p0 + i) * kPanel, width = std::min(kPanel, N - n0);
           if (pairs_with_next(dot, panel, i, count, N - n0)) {
             // Where x's rows fit in half of L1 (kPairAllRowsBytes), a pair runs every block of rows of x when the
-            // first block reaches it: its codes come from memory once and stay in L1. Either way its first block
-            // asks the next pair's codes in (Panel::ahead).
-            if (all_rows && m == 0) {
-              for (int64_t mm = 0; mm < x.M; mm += step)
-                vnni::pair_dot(pair_kind(dot[i]) == 2, panel[i], panel[i + 1], x, mm, std::min(step, x.M - mm),
-                               out + mm * N + n0, N, mm == 0);
-            } else if (!all_rows) {
-              vnni::pair_dot(pair_kind(dot[i]) == 2, panel[i], panel[i + 1], x, m, rows_here, out + m * N + n0, N,
-                             m == 0);
-            }
+            // first block reaches it (the later blocks find it done): its codes come from memory once and stay in
+            // L1. Either way its first block asks the next pair's codes in (Panel::ahead).
+            const int64_t m_end = all_rows ? (m == 0 ? x.M : m) : m + rows_here;
+            for (int64_t mm = m; mm < m_end; mm += step)
+              vnni::pair_dot(pair_kind(dot[i]) == 2, panel[i], panel[i + 1], x, mm, std::min(step, x.M - mm),
+                             out + mm * N + n0, N, mm == 0);
             ++i;
           } else if (width == kPanel) {
             dot[i](panel[i], x, m, rows_here, out + m * N + n0, N);
@@ -2135,8 +2131,8 @@ JIDO_INLINE __m512 join_ps(__m256 a, __m256 b) {
 // follows as panel_rows' does. Against panel_rows<R, true, Widen>: the same int32 sums (it widens int16 pair sums
 // in time; vpdpbusd has none), the same float operations, so the same bits.
 template <int R, bool Interleaved = false, bool Unsigned = false>
-JIDO_INLINE void pair_rows(const Panel& a, const Panel& b, const QuantizedX& x, int64_t m0, float* out,
-                                  int64_t ldo, bool ask_ahead) {
+JIDO_INLINE void pair_rows(const Panel& a, const Panel& b, const QuantizedX& x, int64_t m0, float* out, int64_t ldo,
+                           bool ask_ahead) {
   // the next pair's codes, a line of each panel every second quad (a quad of a panel is 32 bytes)
   const uint8_t* ahead_a = ask_ahead && b.ahead != nullptr ? a.ahead : nullptr;
   const uint8_t* ahead_b = ahead_a != nullptr ? b.ahead : nullptr;
