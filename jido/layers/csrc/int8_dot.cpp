@@ -91,7 +91,8 @@ struct QuantizedX {
   int64_t M, nb, num_groups;
   const uint8_t* qu = nullptr;  // q + 128 (q ^ 0x80) for the VNNI panel kernel of signed codes; nullptr: not made
   // qu of each whole group of 8 rows, interleaved by column quad ([M / 8][nb * 8][8][4]): one pointer reaches all 8
-  // rows' quads (pair_rows<8, true>); made with qu for steps of more than kPanelRowsOnce rows
+  // rows' quads (pair_rows<8, true>); made with qu for steps of 8 rows or more (8 rows: one
+  // interleaved block, 14-17% faster on the LM head than two of 4)
   const uint8_t* qu8 = nullptr;
   const int8_t* q8 = nullptr;  // q interleaved as qu8 is (pairs of unsigned codes, which take x as it is)
 };
@@ -128,8 +129,8 @@ struct Panel {
   const float* mins;  // nullptr: no mins' term (no mins and no shift)
   int64_t quads;  // column quads, nb * 8
   int64_t chunk_quads, num_chunks, num_groups;
-  // The codes of the panel two on, where they are packed already (prepacked panels): a pair of panels asks the next
-  // pair's into cache while its first block of rows runs. nullptr: none.
+  // Codes a pair of panels asks into cache while it runs, where they are packed already (prepacked panels): those of
+  // the pair that runs after it (sweep_panels). nullptr: none.
   const uint8_t* ahead = nullptr;
 };
 
@@ -144,6 +145,21 @@ inline void prefetch_row(const Weight& w, int64_t n) {
 using RowsFn = void (*)(const Weight&, const QuantizedX&, int64_t, int64_t, float*);
 // (panel, x, first row of x, rows, out + first output column, N)
 using PanelFn = void (*)(const Panel&, const QuantizedX&, int64_t, int64_t, float*, int64_t);
+
+// The visits of a pair of panels (its blocks of rows) share the asking in of Panel::ahead's codes, a line of each
+// panel every second quad (a quad of a panel is 32 bytes): a visit asks at the quads j with (j & mask) == at.
+// AheadShare{}: none.
+struct AheadShare {
+  int64_t mask = 0, at = -1;
+
+  // Visit `part` of `parts`: the largest power of two of visits that is at most `parts` asks one line in that many
+  // each, the others none, so each line is asked once.
+  static AheadShare of(int64_t part, int64_t parts) {
+    int64_t shared = 1;
+    while (2 * shared <= parts) shared *= 2;
+    return part < shared ? AheadShare{2 * shared - 1, 2 * part} : AheadShare{};
+  }
+};
 
 #if defined(__AVX2__)
 #define JIDO_INT8_DOT_PASS 1
@@ -171,7 +187,14 @@ namespace vnni {
 JIDO_INLINE __m256i dot_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
 // vpdpbusd sums four products into int32 lanes without an int16 stage: nothing to widen.
 JIDO_INLINE __m256i first_pairs(__m256i u, __m256i s) { return dot_u8s8(u, s); }
+// NOTE: in asm, the sum updated in place, as avx2's add_pairs: from the intrinsic GCC 12 copied each of the 8 sums of
+// an interleaved block of rows (pair_rows) to another register and back once per quad, and spilled one. The blocks of
+// 1-4 rows keep the intrinsic: in asm they ran 4-6% slower (8 rows as 4 + 4 on the LM head).
 JIDO_INLINE __m256i add_pairs(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+JIDO_INLINE __m512i add_quads(__m512i acc, __m512i u, __m512i s) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+  return acc;
+}
 JIDO_INLINE __m256i widen_pairs(__m256i acc) { return acc; }
 #define JIDO_INT8_DOT_VNNI 1
 #include __FILE__
@@ -334,7 +357,7 @@ RoundedX round_x(const at::Tensor& xf, int64_t group_size, bool per_token, bool 
     r.qu.resize(M * nb * kBlock);
     for (size_t i = 0; i < r.qu.size(); ++i) r.qu[i] = static_cast<uint8_t>(q[i]) ^ 0x80;
     r.view.qu = r.qu.data();
-    if (M > kPanelRowsOnce) {
+    if (M >= 8) {
       const int64_t quads = nb * kBlock / 4, groups = M / 8;
       r.qu8.resize(groups * quads * 32);
       r.q8.resize(groups * quads * 32);
@@ -515,7 +538,8 @@ inline bool pairs_with_next(const PanelFn* dot, const Panel* panel, int64_t i, i
 // Bytes of x (a byte a column) up to which a pair of panels runs every row of x in one visit (sweep_panels).
 constexpr int64_t kPairAllRowsBytes = 16 << 10;
 
-// Panels as `get(set scratch, panel index, &panel)` gives them (packed there, or prepacked), swept in sets of
+// Panels as `get(set scratch, panel index, index in the set, how many panels on its Panel::ahead lies, &panel)` gives
+// them (packed there, or prepacked), swept in sets of
 // kPanelGroup, each set against every row of x, the sets split over threads.
 template <class GetPanel>
 void sweep_panels(int64_t N, const QuantizedX& x, float* out, int64_t scratch_bytes, GetPanel get) {
@@ -528,9 +552,15 @@ void sweep_panels(int64_t N, const QuantizedX& x, float* out, int64_t scratch_by
     alignas(32) float tile[kPanelRowsOnce * kPanel];
     const int64_t step = x.M <= kPanelRowsOnce ? x.M : x.qu8 != nullptr ? 8 : kPanelRows;
     const bool all_rows = x.M * x.nb * kBlock <= kPairAllRowsBytes;
+    const int64_t whole_blocks = step > 0 ? x.M / step : 0;  // blocks of `step` rows (the rest asks nothing ahead)
+    // The codes a pair asks in (Panel::ahead): with every block of rows in one visit, the next pair's; else those of
+    // the same pair of the next set, which this set's whole blocks of rows ask in a share each (pair_rows), so they
+    // arrive while the whole set computes. Asked only by the first block, they had to come at 64 bytes every 9
+    // vpdpbusd, ~26 GB/s a core on a Zen 4, more than a core's share of its 43.5 GB/s.
+    const int64_t ahead = all_rows ? 2 : kPanelGroup;
     for (int64_t set = s0; set < s1; ++set) {
       const int64_t p0 = set * kPanelGroup, count = std::min(kPanelGroup, num_panels - p0);
-      for (int64_t i = 0; i < count; ++i) dot[i] = get(scratch.data(), p0 + i, i, &panel[i]);
+      for (int64_t i = 0; i < count; ++i) dot[i] = get(scratch.data(), p0 + i, i, ahead, &panel[i]);
       for (int64_t m = 0; m < x.M; m += step) {
         const int64_t rows_here = std::min(step, x.M - m);
         for (int64_t i = 0; i < count; ++i) {
@@ -538,11 +568,12 @@ void sweep_panels(int64_t N, const QuantizedX& x, float* out, int64_t scratch_by
           if (pairs_with_next(dot, panel, i, count, N - n0)) {
             // Where x's rows fit in half of L1 (kPairAllRowsBytes), a pair runs every block of rows of x when the
             // first block reaches it (the later blocks find it done): its codes come from memory once and stay in
-            // L1. Either way its first block asks the next pair's codes in (Panel::ahead).
+            // L1.
             const int64_t m_end = all_rows ? (m == 0 ? x.M : m) : m + rows_here;
             for (int64_t mm = m; mm < m_end; mm += step)
               vnni::pair_dot(pair_kind(dot[i]) == 2, panel[i], panel[i + 1], x, mm, std::min(step, x.M - mm),
-                             out + mm * N + n0, N, mm == 0);
+                             out + mm * N + n0, N,
+                             mm / step < whole_blocks ? AheadShare::of(mm / step, whole_blocks) : AheadShare{});
             ++i;
           } else if (width == kPanel) {
             dot[i](panel[i], x, m, rows_here, out + m * N + n0, N);
@@ -565,7 +596,7 @@ void panels(const Weight& w, const QuantizedX& x, int64_t x_block, int64_t isa, 
   const int64_t codes_bytes = kPanel * kpad, scales_bytes = num_chunks * kPanel * 4, mins_bytes = w.num_groups * kPanel * 4;
   const int64_t per_panel = codes_bytes + scales_bytes + mins_bytes;
   sweep_panels(w.N, x, out, codes_bytes + kPanelGroup * per_panel,
-               [&](uint8_t* scratch, int64_t p, int64_t i, Panel* panel) {
+               [&](uint8_t* scratch, int64_t p, int64_t i, int64_t, Panel* panel) {
                  uint8_t* pc = scratch + codes_bytes + i * per_panel;
                  float* ps = reinterpret_cast<float*>(pc + codes_bytes);
                  float* pm = reinterpret_cast<float*>(pc + codes_bytes + scales_bytes);
@@ -643,12 +674,12 @@ void prepacked_panels(const Weight& w, const at::Tensor& codes, const at::Tensor
   const float* sp = scales.data_ptr<float>();
   const float* mnp = mins.numel() > 0 ? mins.data_ptr<float>() : nullptr;
   const int64_t num_panels = codes.size(0);
-  sweep_panels(w.N, x, out, 0, [&](uint8_t*, int64_t p, int64_t, Panel* panel) {
+  sweep_panels(w.N, x, out, 0, [&](uint8_t*, int64_t p, int64_t, int64_t ahead, Panel* panel) {
     bool unsigned_codes = false;
     const PanelFn dot = pick_panel(mp[2 * p], isa, &unsigned_codes);
     *panel = Panel{cp + p * kPanel * kpad, sp + p * num_chunks * kPanel,
                    mp[2 * p + 1] ? mnp + p * w.num_groups * kPanel : nullptr, kpad / 4, chunk / 4, num_chunks,
-                   w.num_groups, p + 2 < num_panels ? cp + (p + 2) * kPanel * kpad : nullptr};
+                   w.num_groups, p + ahead < num_panels ? cp + (p + ahead) * kPanel * kpad : nullptr};
     return dot;
   });
 }
@@ -2132,9 +2163,8 @@ JIDO_INLINE __m512 join_ps(__m256 a, __m256 b) {
 // in time; vpdpbusd has none), the same float operations, so the same bits.
 template <int R, bool Interleaved = false, bool Unsigned = false>
 JIDO_INLINE void pair_rows(const Panel& a, const Panel& b, const QuantizedX& x, int64_t m0, float* out, int64_t ldo,
-                           bool ask_ahead) {
-  // the next pair's codes, a line of each panel every second quad (a quad of a panel is 32 bytes)
-  const uint8_t* ahead_a = ask_ahead && b.ahead != nullptr ? a.ahead : nullptr;
+                           AheadShare share) {
+  const uint8_t* ahead_a = share.at >= 0 && b.ahead != nullptr ? a.ahead : nullptr;
   const uint8_t* ahead_b = ahead_a != nullptr ? b.ahead : nullptr;
   static_assert(!Interleaved || R == 8, "the interleaved copy holds rows in groups of 8");
   __m512 acc[R];
@@ -2156,8 +2186,11 @@ JIDO_INLINE void pair_rows(const Panel& a, const Panel& b, const QuantizedX& x, 
       const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.codes + j * kPanel * 4));
       const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.codes + j * kPanel * 4));
       const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(qa), qb, 1);
-      if constexpr (!Unsigned) code_sum = _mm512_dpbusd_epi32(code_sum, ones, q);
-      if (ahead_a != nullptr && j % 2 == 0) {
+      if constexpr (!Unsigned)
+        code_sum = Interleaved ? add_quads(code_sum, ones, q) : _mm512_dpbusd_epi32(code_sum, ones, q);
+      // Blocks of 1-7 rows ask every line (a share, AheadShare::of(0, 1), only when they are x's one block of rows) by
+      // the cheapest test: the share's cost steps of 2-6 rows on the layers' codes 5-10%.
+      if (ahead_a != nullptr && (Interleaved ? (j & share.mask) == share.at : j % 2 == 0)) {
         _mm_prefetch(reinterpret_cast<const char*>(ahead_a + j * kPanel * 4), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(ahead_b + j * kPanel * 4), _MM_HINT_T0);
       }
@@ -2166,8 +2199,9 @@ JIDO_INLINE void pair_rows(const Panel& a, const Panel& b, const QuantizedX& x, 
         int32_t quad;
         if constexpr (Interleaved) std::memcpy(&quad, xr[0] + 32 * j + 4 * r, sizeof(quad));
         else std::memcpy(&quad, xr[r] + 4 * j, sizeof(quad));
-        sum[r] = Unsigned ? _mm512_dpbusd_epi32(sum[r], q, _mm512_set1_epi32(quad))
-                          : _mm512_dpbusd_epi32(sum[r], _mm512_set1_epi32(quad), q);
+        const __m512i xq = _mm512_set1_epi32(quad);
+        if constexpr (Interleaved) sum[r] = Unsigned ? add_quads(sum[r], q, xq) : add_quads(sum[r], xq, q);
+        else sum[r] = Unsigned ? _mm512_dpbusd_epi32(sum[r], q, xq) : _mm512_dpbusd_epi32(sum[r], xq, q);
       }
     }
     const __m512i offset = _mm512_slli_epi32(code_sum, 7);
@@ -2191,20 +2225,20 @@ JIDO_INLINE void pair_rows(const Panel& a, const Panel& b, const QuantizedX& x, 
 
 template <bool Unsigned>
 void pair_rows_dot(const Panel& a, const Panel& b, const QuantizedX& x, int64_t m0, int64_t rows, float* out,
-                   int64_t ldo, bool ask_ahead) {
+                   int64_t ldo, AheadShare share) {
   if (rows == 8 && (Unsigned ? x.q8 != nullptr : x.qu8 != nullptr) && m0 % 8 == 0)
-    return pair_rows<8, true, Unsigned>(a, b, x, m0, out, ldo, ask_ahead);
+    return pair_rows<8, true, Unsigned>(a, b, x, m0, out, ldo, share);
   row_blocks(rows, [&](auto block, int64_t r) {
     constexpr int R = decltype(block)::value;
-    pair_rows<R, false, Unsigned>(a, b, x, m0 + r, out + r * ldo, ldo, ask_ahead && r == 0);
+    pair_rows<R, false, Unsigned>(a, b, x, m0 + r, out + r * ldo, ldo, r == 0 ? share : AheadShare{});
   });
 }
 
 // A pair of panels (both signed codes, or with `unsigned_codes` both unsigned) against `rows` rows of x from m0.
 inline void pair_dot(bool unsigned_codes, const Panel& a, const Panel& b, const QuantizedX& x, int64_t m0,
-                     int64_t rows, float* out, int64_t ldo, bool ask_ahead) {
-  unsigned_codes ? pair_rows_dot<true>(a, b, x, m0, rows, out, ldo, ask_ahead)
-                 : pair_rows_dot<false>(a, b, x, m0, rows, out, ldo, ask_ahead);
+                     int64_t rows, float* out, int64_t ldo, AheadShare share) {
+  unsigned_codes ? pair_rows_dot<true>(a, b, x, m0, rows, out, ldo, share)
+                 : pair_rows_dot<false>(a, b, x, m0, rows, out, ldo, share);
 }
 #endif  // JIDO_INT8_DOT_VNNI
 
