@@ -46,12 +46,20 @@ BF16_COPY_MIN_ROWS = 16
 # memory, took 10.2 ms on the AMX panels against 12.5 on the bf16 copies at 16 rows, 15.4 against 16.3 at 32, 22.4
 # against 19.5 at 48 (benchmarks/results/amx-panels-2026-12-04.md).
 BF16_COPY_MIN_ROWS_AMX = 40
+# Without AMX, steps of BF16_COPY_MIN_ROWS up to PANEL_MAX_ROWS_VNNI rows stay on the panels (AVX-512 VNNI pairs)
+# where x rounded (a byte a column) is at most PANEL_X_MAX_BYTES_VNNI. Measured on a Zen 4 EPYC (2 threads, one
+# process, the default model's 18 layers of each kind; benchmarks/panels_vs_copy.py), panels' time over the copy's
+# at 16 / 24 / 32 / 48 rows: qkv (K 640) 0.77 / 0.87 / 0.81 / 0.95, gate/up (K 640) 0.70 / 0.74 / 0.84 / 0.92,
+# o (K 1,024) 0.92 / 0.94 / 1.08 / 1.15, down (K 2,048, groups of 16) 1.03 / 1.14 / 1.14 / 1.26
+# (benchmarks/results/panels-vs-copy-2026-12-06-zen4.md).
+PANEL_X_MAX_BYTES_VNNI = 20 << 10
+PANEL_MAX_ROWS_VNNI = 32
 # The rows the AMX case's copy is packed for: a full step of the default max_num_batched_tokens.
 BF16_COPY_ROWS_HINT_AMX = 2048
 # gguf_w8a8's int8 copy takes over from the GGUF panels where the bf16 copy would: steps of decode size keep the
 # file's codes (and their numbers), prefill-sized ones round x per token. That is on AMX tiles; without AMX the copy
 # runs on oneDNN's int8 GEMM (int_mm_linear) from int8_dot.INT_MM_MIN_ROWS, and the bf16 copy keeps the steps
-# between BF16_COPY_MIN_ROWS and that, as under gguf.
+# from bf16_copy_min_rows up to that, as under gguf.
 PREFILL_W8A8_MIN_ROWS = BF16_COPY_MIN_ROWS_AMX
 
 
@@ -272,7 +280,7 @@ class QuantizedLinearMethod(LinearMethod):
         # The copy serves prefill-sized steps only where the AMX panels take the rest (see pack_dense).
         layer.qdense = pack_dense(quant_kernels.dequantize(qweight).to(torch.bfloat16),
                                   BF16_COPY_ROWS_HINT_AMX if on_amx else 1)
-        layer.qdense_min_rows = BF16_COPY_MIN_ROWS_AMX if on_amx else BF16_COPY_MIN_ROWS
+        layer.qdense_min_rows = bf16_copy_min_rows(qweight.shape[1], on_amx)
 
     def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
         # A tied head is the embedding: its gathers read the same qweight, so no dense table is kept.
@@ -397,9 +405,18 @@ def smoothing_factors(input_max: torch.Tensor, weight: torch.Tensor, alpha: floa
     return torch.where((x_max > 0) & (w_max > 0) & torch.isfinite(s), s, torch.ones_like(s))
 
 
+def bf16_copy_min_rows(in_features: int, on_amx: bool) -> int:
+    """The fewest rows a step multiplies a layer's bf16 copy at rather than its panels: :data:`BF16_COPY_MIN_ROWS_AMX`
+    on AMX tiles, else :data:`BF16_COPY_MIN_ROWS`, or past it up to :data:`PANEL_MAX_ROWS_VNNI` rows while the
+    step's x rounded fits :data:`PANEL_X_MAX_BYTES_VNNI`."""
+    if on_amx:
+        return BF16_COPY_MIN_ROWS_AMX
+    return max(BF16_COPY_MIN_ROWS, min(PANEL_MAX_ROWS_VNNI, PANEL_X_MAX_BYTES_VNNI // in_features) + 1)
+
+
 def keeps_bf16_copy(model_dtype: torch.dtype, device: torch.device) -> bool:
     """Whether a quantized layer also keeps its weight dequantized to bf16 in oneDNN's layout, for steps of
-    :data:`BF16_COPY_MIN_ROWS` rows or more (:data:`BF16_COPY_MIN_ROWS_AMX` where its panels run on AMX tiles): in
+    :func:`bf16_copy_min_rows` rows or more (from 16 on vector units, 40 where its panels run on AMX tiles): in
     a bf16 model on a CPU that multiplies bf16 natively (AMX or AVX-512 BF16), where oneDNN's bf16 matmul ran
     prefill faster than the int8 panels: 5-9x with AMX (2.3 TFLOP/s on 2 cores); on a Zen 4 EPYC without AMX, the
     default model's 72 layer matmuls took 19.5 against 27.5 ms at 16 rows, 85 against 140 at 128, 1.13 against 2.57 s

@@ -367,10 +367,11 @@ def test_with_a_bf16_copy_steps_from_its_row_threshold_multiply_it_and_fewer_row
     monkeypatch.setattr(quantized_linear, "keeps_bf16_copy", lambda dtype, device: dtype == torch.bfloat16)
     layer = _gguf_layer(torch.bfloat16)
     assert layer.qdense.is_mkldnn and not hasattr(layer, "weight")
-    # 16 rows where the panels run on vector units, 40 where they run on AMX tiles (faster than the copy below it)
+    # 40 rows where the panels run on AMX tiles (faster than the copy below it); on vector units 16, or up to 32 while
+    # x's rows fit 20 KiB (this layer's 64 columns do)
     amx = hasattr(layer, "qpanels") and layer.qpanels.amx
     threshold = layer.qdense_min_rows
-    assert threshold == (quantized_linear.BF16_COPY_MIN_ROWS_AMX if amx else quantized_linear.BF16_COPY_MIN_ROWS)
+    assert threshold == (quantized_linear.BF16_COPY_MIN_ROWS_AMX if amx else 33)
     bf16_weight = quant_kernels.dequantize(layer.qweight).bfloat16().double()
     for rows in (1, threshold - 1, threshold, 48):
         x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows)).bfloat16()
@@ -384,6 +385,13 @@ def test_with_a_bf16_copy_steps_from_its_row_threshold_multiply_it_and_fewer_row
     # The copy is what a step of many rows reads: bf16 sums of the same x stay within bf16's rounding of it.
     many = torch.randn(threshold, 64, generator=torch.Generator().manual_seed(0)).bfloat16()
     torch.testing.assert_close(layer(many).double(), many.double() @ bf16_weight.t(), atol=0.05, rtol=2**-7)
+
+
+def test_vector_panels_keep_steps_past_16_rows_while_x_fits_20_kib_and_amx_ones_up_to_40_rows():
+    # Gemma 3 270M's layers: qkv and gate/up (640 columns) stay on the panels to 32 rows, o (1,024) to 20, down
+    # (2,048) to 15; a narrow layer stops at 32 rows all the same.
+    assert [quantized_linear.bf16_copy_min_rows(k, on_amx=False) for k in (640, 1024, 2048, 64)] == [33, 21, 16, 33]
+    assert quantized_linear.bf16_copy_min_rows(640, on_amx=True) == quantized_linear.BF16_COPY_MIN_ROWS_AMX == 40
 
 
 def test_a_bf16_copy_is_kept_only_where_asked_and_never_under_w8a8(monkeypatch):
