@@ -187,10 +187,10 @@ namespace vnni {
 JIDO_INLINE __m256i dot_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
 // vpdpbusd sums four products into int32 lanes without an int16 stage: nothing to widen.
 JIDO_INLINE __m256i first_pairs(__m256i u, __m256i s) { return dot_u8s8(u, s); }
+JIDO_INLINE __m256i add_pairs(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
 // NOTE: in asm, the sum updated in place, as avx2's add_pairs: from the intrinsic GCC 12 copied each of the 8 sums of
 // an interleaved block of rows (pair_rows) to another register and back once per quad, and spilled one. The blocks of
 // 1-4 rows keep the intrinsic: in asm they ran 4-6% slower (8 rows as 4 + 4 on the LM head).
-JIDO_INLINE __m256i add_pairs(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
 JIDO_INLINE __m512i add_quads(__m512i acc, __m512i u, __m512i s) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
   return acc;
