@@ -31,17 +31,22 @@ CSRC = Path("jido/layers/csrc")
 KINDS = {"q8": (-127, 128, 32, False), "q4k": (0, 16, 32, True), "q6k": (-32, 32, 16, False)}
 
 
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, check=True, capture_output=True, text=True).stdout
+
+
 def build_revision(rev: str) -> object:
-    """torch.ops.jido_int8_dot_ab: the kernels as ``rev`` has them, their namespace renamed."""
-    source = subprocess.run(["git", "show", f"{rev}:{CSRC / 'int8_dot.cpp'}"], cwd=REPO, check=True,
-                            capture_output=True, text=True).stdout
-    folder = Path(tempfile.mkdtemp(prefix="int8_dot_ab-"))
-    for header in (REPO / CSRC).glob("*.h"):  # the local headers it includes
-        (folder / header.name).write_text(header.read_text(encoding="utf-8"), encoding="utf-8")
-    path = folder / "int8_dot.cpp"
-    path.write_text(source.replace("jido_int8_dot", "jido_int8_dot_ab"), encoding="utf-8")
-    if not load_ops_library("jido_int8_dot_ab", path, f"int8_dot at {rev}", "nothing"):
-        raise SystemExit(f"could not build int8_dot.cpp at {rev}")
+    """torch.ops.jido_int8_dot_ab: the kernels as ``rev`` has them (with the headers beside them at ``rev``), their
+    namespace renamed. The build is cached by content, as the tree's is, so the sources go once it is loaded."""
+    with tempfile.TemporaryDirectory(prefix="int8_dot_ab-") as folder:
+        for name in _git("ls-tree", "--name-only", rev, f"{CSRC}/").split():
+            if name.endswith(".h"):
+                (Path(folder) / Path(name).name).write_text(_git("show", f"{rev}:{name}"), encoding="utf-8")
+        path = Path(folder) / "int8_dot.cpp"
+        source = _git("show", f"{rev}:{CSRC / 'int8_dot.cpp'}")
+        path.write_text(source.replace("jido_int8_dot", "jido_int8_dot_ab"), encoding="utf-8")
+        if not load_ops_library("jido_int8_dot_ab", path, f"int8_dot at {rev}", "nothing"):
+            raise SystemExit(f"could not build int8_dot.cpp at {rev}")
     return torch.ops.jido_int8_dot_ab
 
 
@@ -63,7 +68,7 @@ def main() -> None:
     data = torch.randint(lo, hi, (args.n, args.k), dtype=torch.int8, generator=gen)
     scales = torch.rand(args.n, args.k // group, generator=gen) * 0.01
     mins = torch.rand(args.n, args.k // group, generator=gen) * 0.01 if with_mins else None
-    isa = int8_dot.ISAS.index(int8_dot.dot_isa(int8_dot.cpu_info()))
+    isa = int8_dot._isa_index()
     packs = {name: op.pack_panels(data, scales, mins, group, 8, args.k, isa, 0) for name, op in ops.items()}
 
     def run(name: str, x: torch.Tensor) -> torch.Tensor:
