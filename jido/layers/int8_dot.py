@@ -181,6 +181,17 @@ def panel_linear(x: torch.Tensor, panels: PackedPanels, bias: torch.Tensor | Non
                             _isa_index(), x_block)
 
 
+def panel_argmax(x: torch.Tensor, panels: PackedPanels, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Each row's ``argmax`` of ``panel_linear(x, panels, bias)`` ([M] int64: the first column of the largest value,
+    or of the first NaN, as ``torch.argmax`` takes it from those logits, rounded to x's dtype) from vector panels,
+    without the outputs: a greedy step's LM head then neither writes its logits nor reads them back."""
+    if panels.amx:
+        raise ValueError("panel_argmax takes vector panels; AMX panels have amx_panel_argmax")
+    n, k = panels.shape
+    return load_int8_dot_ops().panel_argmax(x, panels.codes, panels.scales, panels.mins, panels.meta, n, k,
+                                            panels.group_size, bias, _isa_index(), 0 if panels.per_token else BLOCK)
+
+
 def amx_panel_argmax(x: torch.Tensor, panels: PackedPanels, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Each row's ``argmax`` of ``panel_linear(x.float(), panels, bias)`` ([M] int64: the first column of the largest
     value, or of the first NaN, as ``torch.argmax``) from AMX panels, without the outputs: a greedy step's LM head

@@ -61,6 +61,9 @@ BF16_COPY_ROWS_HINT_AMX = 2048
 # runs on oneDNN's int8 GEMM (int_mm_linear) from int8_dot.INT_MM_MIN_ROWS, and the bf16 copy keeps the steps
 # from bf16_copy_min_rows up to that, as under gguf.
 PREFILL_W8A8_MIN_ROWS = BF16_COPY_MIN_ROWS_AMX
+# The kernels a bound layer (see QuantizedLinearMethod._bind) runs a step on: gguf_w8a8's int8 prefill copy, the bf16
+# copy, the AMX int8 GEMM, oneDNN's int8 GEMM on w8a8's codes, the prepacked panels, five-bit rows, the rows kernel.
+_ON_PREFILL_INT_MM, _ON_BF16_COPY, _ON_AMX_GEMM, _ON_INT_MM, _ON_PANELS, _ON_FIVE_BITS, _ON_ROWS = range(7)
 
 
 @dataclass(frozen=True)
@@ -203,10 +206,12 @@ class QuantizedLinearMethod(LinearMethod):
     def greedy_token_ids(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
         # Where the head's panels run on AMX tiles, at any number of rows: a one-row greedy step then sums as a verify
         # step's rows do, and skips the rows kernel's logits (the sampler's part of a step 0.42 -> 0.22 ms).
+        # Elsewhere, where the step's rows run on the vector panels (see _bind).
         panels = getattr(layer, "qpanels", None)
-        if panels is None or not panels.amx:
-            return None
-        return int8_dot.amx_panel_argmax(hidden, panels)
+        if panels is not None and panels.amx:
+            return int8_dot.amx_panel_argmax(hidden, panels)
+        argmax = getattr(layer, "qargmax", None)
+        return None if argmax is None else argmax(hidden)
 
     def observe_inputs(self, layer: nn.Module) -> list[torch.Tensor] | None:
         """Start recording, step by step, the largest ``|x|`` of each input channel (into the returned list, a float32
@@ -365,25 +370,47 @@ class QuantizedLinearMethod(LinearMethod):
         inv = getattr(layer, "smooth_inv", None)
         channel_scale = getattr(layer, "gemm_channel_scale", None)
 
-        def linear(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-            rows = x.shape[0]
-            if prefill_int_mm and rows >= int8_dot.INT_MM_MIN_ROWS and x.dtype == torch.bfloat16:
-                return int8_dot.int_mm_linear(x, layer.qint_mm, bias, channel_scale)
-            if copy_min_rows is not None and rows >= copy_min_rows and x.dtype == torch.bfloat16:
-                return packed_linear(x, layer.qdense, bias)
+        def route(rows: int, dtype: torch.dtype) -> int:
+            """The kernel a step of ``rows`` rows in ``dtype`` runs on: one of the ``_ON_*`` codes."""
+            bf16 = dtype == torch.bfloat16
+            if prefill_int_mm and rows >= int8_dot.INT_MM_MIN_ROWS and bf16:
+                return _ON_PREFILL_INT_MM
+            if copy_min_rows is not None and rows >= copy_min_rows and bf16:
+                return _ON_BF16_COPY
             if plain_gemm and rows >= gemm_min_rows:
-                return int8_dot.amx_gemm_linear(x, layer.qgemm, bias, channel_scale)
+                return _ON_AMX_GEMM
             if int_mm and rows >= int8_dot.INT_MM_MIN_ROWS:
+                return _ON_INT_MM
+            if rows >= panel_min_rows:
+                return _ON_PANELS
+            return _ON_FIVE_BITS if five and rows == 1 else _ON_ROWS
+
+        def linear(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+            on = route(x.shape[0], x.dtype)
+            if on == _ON_PREFILL_INT_MM:
+                return int8_dot.int_mm_linear(x, layer.qint_mm, bias, channel_scale)
+            if on == _ON_BF16_COPY:
+                return packed_linear(x, layer.qdense, bias)
+            if on == _ON_AMX_GEMM:
+                return int8_dot.amx_gemm_linear(x, layer.qgemm, bias, channel_scale)
+            if on == _ON_INT_MM:
                 return int8_dot.int_mm_linear(x, layer.qweight, bias, channel_scale)
             if inv is not None:
                 x = x * inv
-            if rows >= panel_min_rows:
+            if on == _ON_PANELS:
                 return int8_dot.panel_linear(x, layer.qpanels, bias)
-            if five and rows == 1:
+            if on == _ON_FIVE_BITS:
                 return int8_dot.five_bit_linear(x, layer.qfive, bias, per_token)
             return int8_dot.int8_dot_linear(x, layer.qweight, bias, per_token)
 
-        layer.qlinear = linear
+        def argmax(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
+            """Each row's argmax of ``linear(x, bias)`` where that runs on vector panels (their kernel gives it
+            without the outputs); else None. AMX panels have their own (see greedy_token_ids)."""
+            if inv is not None or layer.qpanels.amx or route(x.shape[0], x.dtype) != _ON_PANELS:
+                return None
+            return int8_dot.panel_argmax(x, layer.qpanels, bias)
+
+        layer.qlinear, layer.qargmax = linear, argmax
 
     def _quantized(self, layer: nn.Module) -> QuantizedWeight | None:
         staged: dict[str | None, QuantizedCodes] = getattr(layer, "staged_codes", {})

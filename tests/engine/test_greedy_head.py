@@ -1,5 +1,6 @@
 """Greedy steps whose rows need nothing but each row's argmax take it from the LM head's kernel, without logits, where
-the kernel can (AMX panels, any number of rows): the very tokens of the logits path."""
+the kernel can (AMX panels, any number of rows; vector panels, the steps of rows that run on them): the very tokens of
+the logits path."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,7 @@ from tiny_model_folder import BOS_ID, write_tiny_model_folder
 from jido import LLM, SamplingParams
 from jido.layers import int8_dot
 
-pytestmark = pytest.mark.skipif(not int8_dot.amx_runs(), reason="the head's argmax kernel runs on AMX panels")
+pytestmark = pytest.mark.skipif(int8_dot.load_int8_dot_ops() is None, reason="the head's argmax runs on int8 panels")
 
 PROMPTS = [[BOS_ID, 5 + i, 9, 17 + 2 * i, 40 - i] for i in range(5)]
 

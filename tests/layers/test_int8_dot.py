@@ -243,6 +243,37 @@ def test_prepacked_panels_give_bit_for_bit_what_the_panel_kernel_packing_per_cal
             assert torch.equal(int8_dot.panel_linear(x, packed, bias), expected), (num_rows, num_cols, group_size, rows)
 
 
+@pytest.mark.parametrize("codes", [(-128, 128), (0, 16)], ids=["signed", "unsigned"])
+def test_panel_argmax_is_torch_argmax_of_the_logits_panel_linear_gives(codes) -> None:
+    # Over many panels (both threads' sets, a last partial panel), ties (duplicated weight rows: the first column must
+    # win, wherever the copies fall), columns tied by the bias, and NaN outputs (the first NaN wins).
+    gen = torch.Generator().manual_seed(23)
+    for num_rows, per_token in [(4099, False), (1000, True), (40, False)]:
+        w = random_weight(num_rows, 96, 32, 8, with_mins=codes[0] >= 0, gen=gen, codes=codes)
+        w.data[num_rows - 1] = w.data[7]  # row 7 and the last: equal outputs in every row of x
+        w.scales[num_rows - 1] = w.scales[7]
+        if w.mins is not None:
+            w.mins[num_rows - 1] = w.mins[7]
+        packed = int8_dot.pack_panels(w, per_token, amx=False)
+        bias = torch.randn(num_rows, generator=gen)
+        bias[num_rows - 1] = bias[7]
+        for rows in (2, 8, 16, 17, 39):
+            for dtype in (torch.float32, torch.bfloat16):
+                for b in (None, bias):
+                    x = random_x(rows, 96, dtype, gen)
+                    expected = int8_dot.panel_linear(x, packed, b).float().argmax(dim=-1)
+                    assert torch.equal(int8_dot.panel_argmax(x, packed, b), expected), (num_rows, rows, dtype)
+        tied = bias.clone()
+        tied[10:20] = bias.max() + 1e6  # outputs dominated by the bias: the first of the tied columns
+        x = torch.zeros(3, 96)
+        assert int8_dot.panel_argmax(x, packed, tied).tolist() == [10] * 3
+        tied[15] = tied[10] * (1 + 2 ** -10)  # larger in float32, the same logit in bf16
+        assert int8_dot.panel_argmax(x, packed, tied).tolist() == [15] * 3
+        assert int8_dot.panel_argmax(x.bfloat16(), packed, tied).tolist() == [10] * 3
+        tied[[25, 35]] = float("nan")  # NaN outputs: argmax takes the first of them
+        assert int8_dot.panel_argmax(x, packed, tied).tolist() == [25] * 3
+
+
 @pytest.mark.skipif(not int8_dot.amx_runs(), reason="needs AMX-INT8 tiles (and the kernels built)")
 @pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("bits", [8, 4])

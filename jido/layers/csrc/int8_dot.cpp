@@ -538,18 +538,112 @@ inline bool pairs_with_next(const PanelFn* dot, const Panel* panel, int64_t i, i
 // Bytes of x (a byte a column) up to which a pair of panels runs every row of x in one visit (sweep_panels).
 constexpr int64_t kPairAllRowsBytes = 16 << 10;
 
+// Each row's running argmax over the outputs a thread's sets of panels made (sweep_panels with an ArgmaxParts): per
+// lane of 8, the largest value and its column (the first of equals: a thread's columns come in order), and the first
+// NaN's column (-1: none yet); merged over lanes and threads by best_column.
+struct RowMax {
+  alignas(32) float value[kPanel];
+  alignas(32) int32_t column[kPanel];
+  int64_t first_nan;
+
+  RowMax() : first_nan(-1) {
+    std::fill(value, value + kPanel, -std::numeric_limits<float>::infinity());
+    std::fill(column, column + kPanel, -1);
+  }
+};
+
+// Row m's column of the largest output over every part's lanes: the first NaN's if any, else the first of the largest
+// values (0 where every output is -inf), as torch.argmax picks it. `Best` holds value[], column[] and first_nan.
+template <class Best>
+int64_t best_column(const std::vector<std::vector<Best>>& parts, int64_t m) {
+  int64_t nan = -1, column = -1;
+  float value = -std::numeric_limits<float>::infinity();
+  for (const std::vector<Best>& part : parts) {
+    const Best& row = part[m];
+    if (row.first_nan >= 0 && (nan < 0 || row.first_nan < nan)) nan = row.first_nan;
+    for (size_t i = 0; i < std::size(row.column); ++i) {
+      if (row.column[i] < 0) continue;
+      if (row.value[i] > value || (row.value[i] == value && row.column[i] < column))
+        value = row.value[i], column = row.column[i];
+    }
+  }
+  return nan >= 0 ? nan : std::max<int64_t>(column, 0);
+}
+
+// The threads' RowMax rows of a sweep (one vector per range of sets), and what each output goes through first: the
+// bias (float32 [N], or nullptr) added, then with `bf16` a rounding to bf16, so each value compared is the logit
+// panel_linear's caller reads (its float32 outputs plus the bias, in x's dtype).
+struct ArgmaxParts {
+  const float* bias;
+  bool bf16;
+  std::mutex lock;
+  std::vector<std::vector<RowMax>> parts;
+};
+
+// v rounded to the nearest bf16 (ties to even) and widened back, as jido_bf16::round_bits; NaN lanes are left as they
+// are (still NaN, which is all the argmax asks of them).
+inline __m256 rounded_to_bf16(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))),
+                                     _mm256_set1_epi32(static_cast<int32_t>(0xffff0000u)));
+  return _mm256_blendv_ps(_mm256_castsi256_ps(r), v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+// Rows [0, M) of a set's outputs (tile, `width` columns a row, row stride ld; columns n0.. of the weight) into each
+// row's RowMax.
+inline void take_set(const float* tile, int64_t M, int64_t width, int64_t ld, int64_t n0, const ArgmaxParts& how,
+                     RowMax* best) {
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t m = 0; m < M; ++m) {
+    RowMax& row = best[m];
+    __m256 value = _mm256_load_ps(row.value);
+    __m256i column = _mm256_load_si256(reinterpret_cast<const __m256i*>(row.column));
+    for (int64_t c = 0; c < width; c += kPanel) {
+      alignas(32) float part[kPanel];
+      const float* src = tile + m * ld + c;
+      if (c + kPanel > width) {  // the weight's last columns: the rest of the vector never wins
+        std::fill(part, part + kPanel, -std::numeric_limits<float>::infinity());
+        std::memcpy(part, src, (width - c) * sizeof(float));
+        src = part;
+      }
+      __m256 v = _mm256_loadu_ps(src);
+      if (how.bias != nullptr) {
+        alignas(32) float b[kPanel] = {};
+        std::memcpy(b, how.bias + n0 + c, std::min(kPanel, width - c) * sizeof(float));
+        v = _mm256_add_ps(v, _mm256_load_ps(b));
+      }
+      if (how.bf16) v = rounded_to_bf16(v);
+      const __m256 larger = _mm256_cmp_ps(v, value, _CMP_GT_OQ);
+      value = _mm256_blendv_ps(value, v, larger);
+      const __m256i at = _mm256_add_epi32(lanes, _mm256_set1_epi32(static_cast<int32_t>(n0 + c)));
+      column = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(column), _mm256_castsi256_ps(at), larger));
+      const int nan = _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+      if (nan && row.first_nan < 0) row.first_nan = n0 + c + __builtin_ctz(nan);
+    }
+    _mm256_store_ps(row.value, value);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(row.column), column);
+  }
+}
+
 // Panels as `get(set scratch, panel index, index in the set, how many panels on its Panel::ahead lies, &panel)` gives
-// them (packed there, or prepacked), swept in sets of
-// kPanelGroup, each set against every row of x, the sets split over threads.
+// them (packed there, or prepacked), swept in sets of kPanelGroup, each set against every row of x, the sets split
+// over threads. The outputs go to out [M, N]; or, with `argmax`, each set's to a tile, whose rows go into the rows'
+// running argmax once the set has met every row of x (a greedy step's logits are never written).
 template <class GetPanel>
-void sweep_panels(int64_t N, const QuantizedX& x, float* out, int64_t scratch_bytes, GetPanel get) {
+void sweep_panels(int64_t N, const QuantizedX& x, float* out, int64_t scratch_bytes, GetPanel get,
+                  ArgmaxParts* argmax = nullptr) {
   const int64_t num_panels = (N + kPanel - 1) / kPanel;
   const int64_t num_sets = (num_panels + kPanelGroup - 1) / kPanelGroup;
+  constexpr int64_t kSetColumns = kPanelGroup * kPanel;
   at::parallel_for(0, num_sets, 1, [&](int64_t s0, int64_t s1) {
     std::vector<uint8_t> scratch(scratch_bytes);
     Panel panel[kPanelGroup];
     PanelFn dot[kPanelGroup];
     alignas(32) float tile[kPanelRowsOnce * kPanel];
+    std::vector<float> set_outputs(argmax != nullptr ? x.M * kSetColumns : 0);
+    std::vector<RowMax> best(argmax != nullptr ? x.M : 0);
+    const int64_t ld = argmax != nullptr ? kSetColumns : N;
     const int64_t step = x.M <= kPanelRowsOnce ? x.M : x.qu8 != nullptr ? 8 : kPanelRows;
     const bool all_rows = x.M * x.nb * kBlock <= kPairAllRowsBytes;
     const int64_t whole_blocks = step > 0 ? x.M / step : 0;  // blocks of `step` rows (the rest asks nothing ahead)
@@ -560,6 +654,10 @@ void sweep_panels(int64_t N, const QuantizedX& x, float* out, int64_t scratch_by
     const int64_t ahead = all_rows ? 2 : kPanelGroup;
     for (int64_t set = s0; set < s1; ++set) {
       const int64_t p0 = set * kPanelGroup, count = std::min(kPanelGroup, num_panels - p0);
+      // output (row m, column n0) of this set
+      const auto out_at = [&](int64_t m, int64_t n0) {
+        return argmax != nullptr ? set_outputs.data() + m * ld + (n0 - p0 * kPanel) : out + m * ld + n0;
+      };
       for (int64_t i = 0; i < count; ++i) dot[i] = get(scratch.data(), p0 + i, i, ahead, &panel[i]);
       for (int64_t m = 0; m < x.M; m += step) {
         const int64_t rows_here = std::min(step, x.M - m);
@@ -572,18 +670,25 @@ void sweep_panels(int64_t N, const QuantizedX& x, float* out, int64_t scratch_by
             const int64_t m_end = all_rows ? (m == 0 ? x.M : m) : m + rows_here;
             for (int64_t mm = m; mm < m_end; mm += step)
               vnni::pair_dot(pair_kind(dot[i]) == 2, panel[i], panel[i + 1], x, mm, std::min(step, x.M - mm),
-                             out + mm * N + n0, N,
+                             out_at(mm, n0), ld,
                              mm / step < whole_blocks ? AheadShare::of(mm / step, whole_blocks) : AheadShare{});
             ++i;
           } else if (width == kPanel) {
-            dot[i](panel[i], x, m, rows_here, out + m * N + n0, N);
+            dot[i](panel[i], x, m, rows_here, out_at(m, n0), ld);
           } else {  // the last panel of an N that is not a multiple of 8: through a tile
             dot[i](panel[i], x, m, rows_here, tile, kPanel);
             for (int64_t r = 0; r < rows_here; ++r)
-              std::memcpy(out + (m + r) * N + n0, tile + r * kPanel, width * sizeof(float));
+              std::memcpy(out_at(m + r, n0), tile + r * kPanel, width * sizeof(float));
           }
         }
       }
+      if (argmax != nullptr)
+        take_set(set_outputs.data(), x.M, std::min(kSetColumns, N - p0 * kPanel), ld, p0 * kPanel, *argmax,
+                 best.data());
+    }
+    if (argmax != nullptr) {
+      const std::lock_guard<std::mutex> hold(argmax->lock);
+      argmax->parts.push_back(std::move(best));
     }
   });
 }
@@ -666,7 +771,8 @@ void check_panels(const Weight& w, int64_t x_block, int64_t rows, const at::Tens
 }
 
 void prepacked_panels(const Weight& w, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
-                      const at::Tensor& meta, const QuantizedX& x, int64_t x_block, int64_t isa, float* out) {
+                      const at::Tensor& meta, const QuantizedX& x, int64_t x_block, int64_t isa, float* out,
+                      ArgmaxParts* argmax = nullptr) {
   check_panels(w, x_block, kPanel, codes, scales, mins, meta);
   const int64_t kpad = w.nb * kBlock, chunk = panel_chunk(w, x_block), num_chunks = (w.K + chunk - 1) / chunk;
   const int32_t* mp = meta.data_ptr<int32_t>();
@@ -681,7 +787,7 @@ void prepacked_panels(const Weight& w, const at::Tensor& codes, const at::Tensor
                    mp[2 * p + 1] ? mnp + p * w.num_groups * kPanel : nullptr, kpad / 4, chunk / 4, num_chunks,
                    w.num_groups, p + ahead < num_panels ? cp + (p + ahead) * kPanel * kpad : nullptr};
     return dot;
-  });
+  }, argmax);
 }
 
 // AMX panels: steps of a few rows (decode batches, verify steps) on the tile units of CPUs with AMX-INT8. A panel
@@ -1055,23 +1161,6 @@ void run_panels(const Panels& w, const QuantizedX& x, int64_t M, int64_t p0, int
   _tile_release();
 }
 
-// Row m's column of the largest output over every part's lanes: the first NaN's if any, else the first of the largest
-// values (0 where every output is -inf).
-inline int64_t best_column(const std::vector<std::vector<RowBest>>& parts, int64_t m) {
-  int64_t nan = -1, column = -1;
-  float value = -std::numeric_limits<float>::infinity();
-  for (const std::vector<RowBest>& part : parts) {
-    const RowBest& row = part[m];
-    if (row.first_nan >= 0 && (nan < 0 || row.first_nan < nan)) nan = row.first_nan;
-    for (int64_t i = 0; i < kAmxPanel; ++i) {
-      if (row.column[i] < 0) continue;
-      if (row.value[i] > value || (row.value[i] == value && row.column[i] < column))
-        value = row.value[i], column = row.column[i];
-    }
-  }
-  return nan >= 0 ? nan : std::max<int64_t>(column, 0);
-}
-
 // ---- int8 GEMM for steps of many rows (w8a8) ----
 // x's codes (rounded per token) times per-channel int8 weight codes, exact int32 sums, scaled as scale_sums scales
 // torch._int_mm's: out = float(sum) * dx * dw (+ bias). W is packed once into blocks of 32 output columns, each
@@ -1292,6 +1381,34 @@ at::Tensor int8_dot_panel_linear(const at::Tensor& x, const at::Tensor& codes, c
 #endif
 }
 
+// argmax over n of panel_linear(x, ...)[m, n] per row of x ([M] int64): the first column of the largest value (the
+// float32 output plus the bias, rounded to bf16 where x is bf16, as the logits panel_linear gives), or of the first
+// NaN, as torch.argmax takes it from those logits. They are never written: a greedy 16-row decode step of Gemma 3
+// wrote and read back 16 MB of them (262,144 a row) for its argmax.
+at::Tensor int8_dot_panel_argmax(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                                 const at::Tensor& mins, const at::Tensor& meta, int64_t N, int64_t K,
+                                 int64_t group_size, const c10::optional<at::Tensor>& bias, int64_t isa,
+                                 int64_t x_block) {
+#if defined(__AVX2__)
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "]");
+  TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
+  TORCH_CHECK(isa_supported(isa), "this CPU does not run the int8 dot kernel for isa ", isa);
+  const Weight w = packed_shape(N, K, group_size);
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const RoundedX rx = round_x(xf, w.group_size, x_block == 0, false, isa == kAvx512Vnni);
+  const at::Tensor b = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  TORCH_CHECK(!b.defined() || b.numel() == N, "bias must have N elements");
+  ArgmaxParts argmax{b.defined() ? b.data_ptr<float>() : nullptr, x.scalar_type() == at::kBFloat16};
+  prepacked_panels(w, codes, scales, mins, meta, rx.view, x_block, isa, nullptr, &argmax);
+  at::Tensor tokens = at::empty({xf.size(0)}, x.options().dtype(at::kLong));
+  int64_t* t = tokens.data_ptr<int64_t>();
+  for (int64_t m = 0; m < xf.size(0); ++m) t[m] = best_column(argmax.parts, m);
+  return tokens;
+#else
+  TORCH_CHECK(false, "the int8 dot kernels need an AVX2 build");
+#endif
+}
+
 // w's 16-row AMX panels packed once (pack_all_amx_panels), for amx_panel_linear with the same x_block.
 std::vector<at::Tensor> int8_dot_pack_amx_panels(const at::Tensor& data, const at::Tensor& scales,
                                                  const c10::optional<at::Tensor>& mins, int64_t group_size,
@@ -1386,7 +1503,7 @@ at::Tensor int8_dot_amx_panel_argmax(const at::Tensor& x, const at::Tensor& code
                   });
   at::Tensor tokens = at::empty({M}, x.options().dtype(at::kLong));
   int64_t* t = tokens.data_ptr<int64_t>();
-  for (int64_t m = 0; m < M; ++m) t[m] = amx::best_column(parts, m);
+  for (int64_t m = 0; m < M; ++m) t[m] = best_column(parts, m);
   return tokens;
 #else
   TORCH_CHECK(false, "the int8 dot kernels need an AVX2 build");
@@ -1742,6 +1859,8 @@ TORCH_LIBRARY(jido_int8_dot, m) {
         "int x_block) -> Tensor[]");
   m.def("panel_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, Tensor meta, int N, int K, int group_size, "
         "Tensor? bias, int isa, int x_block) -> Tensor");
+  m.def("panel_argmax(Tensor x, Tensor codes, Tensor scales, Tensor mins, Tensor meta, int N, int K, int group_size, "
+        "Tensor? bias, int isa, int x_block) -> Tensor");
   m.def("five_bit_linear(Tensor x, Tensor data, Tensor scales, Tensor? mins, int group_size, int K, Tensor? bias, "
         "int isa, int x_block) -> Tensor");
   m.def("quantize_per_token(Tensor x, Tensor? channel_scale=None) -> Tensor[]");
@@ -1765,6 +1884,7 @@ TORCH_LIBRARY_IMPL(jido_int8_dot, CPU, m) {
   m.impl("linear", &jido_int8_dot::int8_dot_linear);
   m.impl("pack_panels", &jido_int8_dot::int8_dot_pack_panels);
   m.impl("panel_linear", &jido_int8_dot::int8_dot_panel_linear);
+  m.impl("panel_argmax", &jido_int8_dot::int8_dot_panel_argmax);
   m.impl("pack_amx_panels", &jido_int8_dot::int8_dot_pack_amx_panels);
   m.impl("amx_panel_linear", &jido_int8_dot::int8_dot_amx_panel_linear);
   m.impl("amx_panel_argmax", &jido_int8_dot::int8_dot_amx_panel_argmax);
