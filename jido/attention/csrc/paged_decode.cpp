@@ -360,7 +360,49 @@ inline void block_values_split(const float* p, const uint16_t* v, int64_t t_lo, 
   for (; d + 2 * kSplitCols <= D; d += 2 * kSplitCols) values_split_columns<NQ, 2>(p, v, t_lo, t_hi, D, W, bs, d, acc);
   if (d < D) values_split_columns<NQ, 1>(p, v, t_lo, t_hi, D, W, bs, d, acc);
 }
+
+// Scores on CPUs with AVX-512 BF16 (Zen 4, Sapphire Rapids), for bf16 queries: s[i * bs + t] = (q_i . k_t) * scale
+// with q_i the query as the model gave it (bf16, natural order, not yet scaled), each vdpbf16ps 32 products of a key
+// row against a query, exact, added in float32 (pairs in a fixed order, so a key's score is the same bits in any run
+// or split). Against block_scores_split (the bf16 widened by shifts, two float32 FMAs per 32 columns and query): half
+// the instructions a key, and no q in float. The values keep the split-order kernel (their weights are float32).
+// Measured on a 2-core Zen 4 (Gemma 3's heads, bf16, 18 layers' caches cycled, one process a build, 3 rounds each):
+// 16 decodes at 300 tokens 214-232 against 243-282 us a layer; 32 at 1,024 tokens even (1.44-1.48 ms, from memory).
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
+template <int NQ>
+void block_scores_dot(const uint16_t* q, const uint16_t* k, int64_t t_lo, int64_t t_hi, int64_t D, int64_t W,
+                      int64_t bs, float scale, float* s, const uint16_t* next_k, int64_t plane) {
+  for (int64_t t = t_lo; t < t_hi; ++t) {
+    const uint16_t* kt = k + t * W;
+    if (next_k) {
+      const char* nk = reinterpret_cast<const char*>(next_k + t * W);
+      const char* nv = reinterpret_cast<const char*>(next_k + plane + t * W);
+      for (int64_t b = 0; b < D * 2; b += 64) __builtin_prefetch(nk + b, 0, 2), __builtin_prefetch(nv + b, 0, 2);
+    }
+    __m512 a[NQ][2];
+    for (int i = 0; i < NQ; ++i) a[i][0] = a[i][1] = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 2 * kSplitCols) {  // two chains a query: each vdpbf16ps waits on its sum
+      const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kt + d);
+      const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kt + d + kSplitCols);
+#pragma GCC unroll 4
+      for (int i = 0; i < NQ; ++i) {
+        a[i][0] = _mm512_dpbf16_ps(a[i][0], (__m512bh)_mm512_loadu_si512(q + i * D + d), k0);
+        a[i][1] = _mm512_dpbf16_ps(a[i][1], (__m512bh)_mm512_loadu_si512(q + i * D + d + kSplitCols), k1);
+      }
+    }
+    for (int i = 0; i < NQ; ++i) s[i * bs + t] = _mm512_reduce_add_ps(_mm512_add_ps(a[i][0], a[i][1])) * scale;
+  }
+}
+#pragma GCC pop_options
+
+// Whether block_scores_dot runs here: AVX-512 BF16, asked of the CPU once.
+inline bool dot_scores_run() {
+  static const bool runs = __builtin_cpu_supports("avx512bf16");
+  return runs;
+}
 #else
+inline bool dot_scores_run() { return false; }
 constexpr bool kSplitBf16 = false;
 constexpr int64_t kSplitCols = 32;
 #endif
@@ -414,11 +456,12 @@ inline void prefetch_block(const Shape& s, const T* cache, int64_t block, int64_
 
 // One item: the G query heads sharing kv head h for every row of one run (query i = row i / G, head i % G), over
 // blocks [blk_lo, blk_hi) of its table. Each key and value block is read once for all of them; a row's keys
-// outside its own range get no weight. Writes the running max m, sum l [Q] and unnormalized output acc [Q, D].
+// outside its own range get no weight. Writes the running max m, sum l [Q] and unnormalized output acc [Q, D]. The
+// queries come scaled, as float32 (q), or with q_bf16 (not nullptr) as the model gave them, for block_scores_dot.
 template <typename T>
 void attend_split(const Shape& s, const T* cache, const int32_t* table, const int64_t* first, const int64_t* end,
-                  int64_t rows, const float* q, int64_t h, int64_t blk_lo, int64_t blk_hi, bool prefetch_next, float* m,
-                  float* l, float* acc) {
+                  int64_t rows, const float* q, const uint16_t* q_bf16, int64_t h, int64_t blk_lo, int64_t blk_hi,
+                  bool prefetch_next, float* m, float* l, float* acc) {
   const int64_t D = s.head_dim, W = s.width, bs = s.block_size, G = s.group, Q = rows * G;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   std::vector<float> scores(Q * bs);
@@ -449,10 +492,14 @@ void attend_split(const Shape& s, const T* cache, const int32_t* table, const in
       pass(std::min<int64_t>(kPass, Q - i0), [&](auto n) {
         constexpr int NQ = decltype(n)::value;
 #if defined(__AVX512F__)
-        if constexpr (std::is_same_v<T, uint16_t>)
+        if constexpr (std::is_same_v<T, uint16_t>) {
+          if (q_bf16 != nullptr)
+            return block_scores_dot<NQ>(q_bf16 + i0 * D, k, t_lo, t_hi, D, W, bs, s.scale, scores.data() + i0 * bs,
+                                        i0 == 0 ? next_k : nullptr, plane);
           if (split_order)
             return block_scores_split<NQ>(q + i0 * D, k, t_lo, t_hi, D, W, bs, scores.data() + i0 * bs,
                                           i0 == 0 ? next_k : nullptr, plane);
+        }
 #endif
         block_scores<NQ>(q + i0 * D, k, t_lo, t_hi, D, W, bs, scores.data() + i0 * bs);
       });
@@ -769,8 +816,11 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
   step_bytes *= static_cast<int64_t>(sizeof(C));
   const bool prefetch_next = step_bytes > kPrefetchBytesPerThread * at::get_num_threads();
 
+  // bf16 queries on a bf16 cache: scores by vdpbf16ps where the CPU has it (block_scores_dot)
+  const bool dot_scores = kTileTypes<T, C> && split_order && D % (2 * kSplitCols) == 0 && dot_scores_run();
   at::parallel_for(0, num_items, 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> q;
+    std::vector<uint16_t> q_bf16;
 #if defined(__AVX512F__)
     amx_runs::Scratch scratch;
     if (any_tiles) amx_runs::configure();
@@ -791,11 +841,14 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
 #endif
         continue;
       }
-      q.resize(run.rows * G * D);
+      q.resize(dot_scores ? 0 : run.rows * G * D);
+      q_bf16.resize(dot_scores ? run.rows * G * D : 0);
       for (int64_t r = 0; r < run.rows; ++r) {
         const T* qh = q_in + ((run.row0 + r) * H + h) * G * D;  // query heads h*G .. h*G+G-1 of the row
         float* qr = q.data() + r * G * D;
-        if (split_order)
+        if (dot_scores)
+          std::memcpy(q_bf16.data() + r * G * D, qh, G * D * sizeof(T));
+        else if (split_order)
           for (int64_t g = 0; g < G; ++g)
             for (int64_t d = 0; d < D; ++d) qr[g * D + split_index(d)] = to_float(qh[g * D + d]) * s.scale;
         else
@@ -805,7 +858,8 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
       const int64_t blk_lo = run.first_blk + split * run.split_blocks;
       const int64_t blk_hi = std::min(blk_lo + run.split_blocks, (end[last] - 1) / bs + 1);
       attend_split(s, cache, tables + run.row0 * s.max_blocks, &first[run.row0], &end[run.row0], run.rows, q.data(),
-                   h, blk_lo, blk_hi, prefetch_next, &ms[qi], &ls[qi], &accs[qi * D]);
+                   dot_scores ? q_bf16.data() : nullptr, h, blk_lo, blk_hi, prefetch_next, &ms[qi], &ls[qi],
+                   &accs[qi * D]);
     }
 #if defined(__AVX512F__)
     if (any_tiles) amx_runs::release();
