@@ -171,8 +171,9 @@ def test_rows_sharing_blocks_at_consecutive_positions_give_each_row_its_own_atte
 @pytest.mark.parametrize("head_dim", [32, 96, 256])
 def test_cpp_decode_on_a_bf16_cache_is_within_the_output_rounding_of_float64(head_dim: int) -> None:
     # bf16 caches of 32 columns a row and more run the kernels that widen keys and values in split order (even
-    # columns, then odd, per 32): 96 takes both the 64-column and the last-32 loops. A column put back in the wrong
-    # place would be off by whole values; here each output may be off by its bf16 rounding only.
+    # columns, then odd, per 32): 96 takes both the 64-column and the last-32 loops; 256 (a multiple of 64) is scored
+    # by vdpbf16ps from the bf16 q where the CPU has AVX-512 BF16. A column put back in the wrong place would be off by
+    # whole values; here each output may be off by its bf16 rounding only.
     kernel = cpu_extension.load_paged_decode()
     gen = torch.Generator().manual_seed(head_dim)
     cache = torch.randn(2, 40, 1, 16, head_dim, generator=gen).to(torch.bfloat16)
