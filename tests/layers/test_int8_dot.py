@@ -254,15 +254,19 @@ def test_panel_argmax_is_torch_argmax_of_the_logits_panel_linear_gives(codes) ->
         w.scales[num_rows - 1] = w.scales[7]
         if w.mins is not None:
             w.mins[num_rows - 1] = w.mins[7]
-        packed = int8_dot.pack_panels(w, per_token, amx=False)
         bias = torch.randn(num_rows, generator=gen)
         bias[num_rows - 1] = bias[7]
-        for rows in (2, 8, 16, 17, 39):
-            for dtype in (torch.float32, torch.bfloat16):
-                for b in (None, bias):
-                    x = random_x(rows, 96, dtype, gen)
-                    expected = int8_dot.panel_linear(x, packed, b).float().argmax(dim=-1)
-                    assert torch.equal(int8_dot.panel_argmax(x, packed, b), expected), (num_rows, rows, dtype)
+        ops, x_block = int8_dot.load_int8_dot_ops(), 0 if per_token else int8_dot.BLOCK
+        for isa in [i for i in range(len(int8_dot.ISAS)) if ops.supported(i)]:  # AVX2's panels, and VNNI's pairs
+            packed = ops.pack_panels(w.data, w.scales, w.mins, w.group_size, 8, 96, isa, x_block)
+            for rows in (2, 8, 16, 17, 39):
+                for dtype in (torch.float32, torch.bfloat16):
+                    for b in (None, bias):
+                        x = random_x(rows, 96, dtype, gen)
+                        logits = ops.panel_linear(x, *packed, num_rows, 96, w.group_size, b, isa, x_block)
+                        ids = ops.panel_argmax(x, *packed, num_rows, 96, w.group_size, b, isa, x_block)
+                        assert torch.equal(ids, logits.float().argmax(dim=-1)), (isa, num_rows, rows, dtype)
+        packed = int8_dot.pack_panels(w, per_token, amx=False)
         tied = bias.clone()
         tied[10:20] = bias.max() + 1e6  # outputs dominated by the bias: the first of the tied columns
         x = torch.zeros(3, 96)
