@@ -299,6 +299,13 @@ inline void split_bf16(const uint16_t* p, __m512* even, __m512* odd) {
   *odd = _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u))));
 }
 
+// Key row t of a block of bf16 rows (at k; D values, W apart) and its value row (`plane` further) asked into L2.
+inline void prefetch_rows(const uint16_t* k, int64_t plane, int64_t t, int64_t D, int64_t W) {
+  const char* kt = reinterpret_cast<const char*>(k + t * W);
+  const char* vt = reinterpret_cast<const char*>(k + plane + t * W);
+  for (int64_t b = 0; b < D * 2; b += 64) __builtin_prefetch(kt + b, 0, 2), __builtin_prefetch(vt + b, 0, 2);
+}
+
 // s[i * bs + t] = q_i . k_t for NQ queries in split order (q_i at q + i * D) and keys t_lo..t_hi-1 of one block.
 // With next_k, key row t of the next block (at next_k) and its value row (`plane` further) are asked into L2 with
 // key t: spread over the block, where asking for the whole next block at once (prefetch_block) stalled on the
@@ -309,11 +316,7 @@ inline void block_scores_split(const float* q, const uint16_t* k, int64_t t_lo, 
                                int64_t bs, float* s, const uint16_t* next_k, int64_t plane) {
   for (int64_t t = t_lo; t < t_hi; ++t) {
     const uint16_t* kt = k + t * W;
-    if (next_k) {
-      const char* nk = reinterpret_cast<const char*>(next_k + t * W);
-      const char* nv = reinterpret_cast<const char*>(next_k + plane + t * W);
-      for (int64_t b = 0; b < D * 2; b += 64) __builtin_prefetch(nk + b, 0, 2), __builtin_prefetch(nv + b, 0, 2);
-    }
+    if (next_k) prefetch_rows(next_k, plane, t, D, W);
     __m512 a[NQ][2];
     for (int i = 0; i < NQ; ++i) a[i][0] = a[i][1] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; d += kSplitCols) {
@@ -375,11 +378,7 @@ void block_scores_dot(const uint16_t* q, const uint16_t* k, int64_t t_lo, int64_
                       int64_t bs, float scale, float* s, const uint16_t* next_k, int64_t plane) {
   for (int64_t t = t_lo; t < t_hi; ++t) {
     const uint16_t* kt = k + t * W;
-    if (next_k) {
-      const char* nk = reinterpret_cast<const char*>(next_k + t * W);
-      const char* nv = reinterpret_cast<const char*>(next_k + plane + t * W);
-      for (int64_t b = 0; b < D * 2; b += 64) __builtin_prefetch(nk + b, 0, 2), __builtin_prefetch(nv + b, 0, 2);
-    }
+    if (next_k) prefetch_rows(next_k, plane, t, D, W);
     __m512 a[NQ][2];
     for (int i = 0; i < NQ; ++i) a[i][0] = a[i][1] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; d += 2 * kSplitCols) {  // two chains a query: each vdpbf16ps waits on its sum

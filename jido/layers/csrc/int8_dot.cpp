@@ -790,6 +790,14 @@ void prepacked_panels(const Weight& w, const at::Tensor& codes, const at::Tensor
   }, argmax);
 }
 
+// x [M, w.K] rounded for w's prepacked vector panels (panel_linear, panel_argmax), after checking what they share.
+RoundedX round_for_panels(const at::Tensor& x, const Weight& w, int64_t isa, int64_t x_block) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.K, "x must be [M, ", w.K, "]");
+  TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
+  TORCH_CHECK(isa_supported(isa), "this CPU does not run the int8 dot kernel for isa ", isa);
+  return round_x(x.to(at::kFloat).contiguous(), w.group_size, x_block == 0, false, isa == kAvx512Vnni);
+}
+
 // AMX panels: steps of a few rows (decode batches, verify steps) on the tile units of CPUs with AMX-INT8. A panel
 // holds 16 weight rows as an AMX B tile takes them: codes [quads][16][4] (the two 8-row panels of pack_panel side
 // by side, so their codes, shifts and mins are the vector kernels'), scales [chunks][16], mins [groups][16]. Each
@@ -1366,13 +1374,9 @@ at::Tensor int8_dot_panel_linear(const at::Tensor& x, const at::Tensor& codes, c
                                  int64_t group_size, const c10::optional<at::Tensor>& bias, int64_t isa,
                                  int64_t x_block) {
 #if defined(__AVX2__)
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "]");
-  TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
-  TORCH_CHECK(isa_supported(isa), "this CPU does not run the int8 dot kernel for isa ", isa);
   const Weight w = packed_shape(N, K, group_size);
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
-  const RoundedX rx = round_x(xf, w.group_size, x_block == 0, false, isa == kAvx512Vnni);
-  at::Tensor out = at::empty({xf.size(0), N}, xf.options());
+  const RoundedX rx = round_for_panels(x, w, isa, x_block);
+  at::Tensor out = at::empty({x.size(0), N}, x.options().dtype(at::kFloat));
   prepacked_panels(w, codes, scales, mins, meta, rx.view, x_block, isa, out.data_ptr<float>());
   if (bias.has_value()) out.add_(bias->to(at::kFloat));
   return out.to(x.scalar_type());
@@ -1390,19 +1394,15 @@ at::Tensor int8_dot_panel_argmax(const at::Tensor& x, const at::Tensor& codes, c
                                  int64_t group_size, const c10::optional<at::Tensor>& bias, int64_t isa,
                                  int64_t x_block) {
 #if defined(__AVX2__)
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "]");
-  TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
-  TORCH_CHECK(isa_supported(isa), "this CPU does not run the int8 dot kernel for isa ", isa);
   const Weight w = packed_shape(N, K, group_size);
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
-  const RoundedX rx = round_x(xf, w.group_size, x_block == 0, false, isa == kAvx512Vnni);
+  const RoundedX rx = round_for_panels(x, w, isa, x_block);
   const at::Tensor b = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   TORCH_CHECK(!b.defined() || b.numel() == N, "bias must have N elements");
   ArgmaxParts argmax{b.defined() ? b.data_ptr<float>() : nullptr, x.scalar_type() == at::kBFloat16};
   prepacked_panels(w, codes, scales, mins, meta, rx.view, x_block, isa, nullptr, &argmax);
-  at::Tensor tokens = at::empty({xf.size(0)}, x.options().dtype(at::kLong));
+  at::Tensor tokens = at::empty({x.size(0)}, x.options().dtype(at::kLong));
   int64_t* t = tokens.data_ptr<int64_t>();
-  for (int64_t m = 0; m < xf.size(0); ++m) t[m] = best_column(argmax.parts, m);
+  for (int64_t m = 0; m < x.size(0); ++m) t[m] = best_column(argmax.parts, m);
   return tokens;
 #else
   TORCH_CHECK(false, "the int8 dot kernels need an AVX2 build");
