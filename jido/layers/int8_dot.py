@@ -182,9 +182,10 @@ def panel_linear(x: torch.Tensor, panels: PackedPanels, bias: torch.Tensor | Non
 
 
 def panel_argmax(x: torch.Tensor, panels: PackedPanels, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Each row's ``argmax`` of ``panel_linear(x, panels, bias)`` ([M] int64: the first column of the largest value,
-    or of the first NaN, as ``torch.argmax`` takes it from those logits, rounded to x's dtype) from vector panels,
-    without the outputs: a greedy step's LM head then neither writes its logits nor reads them back."""
+    """Each row's ``argmax`` of ``panel_linear(x.float(), panels, bias)`` ([M] int64: the first column of the largest
+    value, or of the first NaN, as ``torch.argmax``) from vector panels, without the outputs: a greedy step's LM head
+    then neither writes its logits nor reads them back. The float32 logits whatever x's dtype, as ``compute_logits``
+    hands them to the sampler: logits of a bf16 model that round to one bf16 value are still told apart."""
     if panels.amx:
         raise ValueError("panel_argmax takes vector panels; AMX panels have amx_panel_argmax")
     n, k = panels.shape

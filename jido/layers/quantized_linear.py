@@ -210,8 +210,10 @@ class QuantizedLinearMethod(LinearMethod):
         panels = getattr(layer, "qpanels", None)
         if panels is not None and panels.amx:
             return int8_dot.amx_panel_argmax(hidden, panels)
+        # The x compute_logits multiplies (apply_logits): hidden.float(), so the same route and the same float32 logits,
+        # whose argmax tells apart values a bf16 model's logits would round to one.
         argmax = getattr(layer, "qargmax", None)
-        return None if argmax is None else argmax(hidden)
+        return None if argmax is None else argmax(hidden.float())
 
     def observe_inputs(self, layer: nn.Module) -> list[torch.Tensor] | None:
         """Start recording, step by step, the largest ``|x|`` of each input channel (into the returned list, a float32

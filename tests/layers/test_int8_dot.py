@@ -244,9 +244,10 @@ def test_prepacked_panels_give_bit_for_bit_what_the_panel_kernel_packing_per_cal
 
 
 @pytest.mark.parametrize("codes", [(-128, 128), (0, 16)], ids=["signed", "unsigned"])
-def test_panel_argmax_is_torch_argmax_of_the_logits_panel_linear_gives(codes) -> None:
+def test_panel_argmax_is_torch_argmax_of_the_float32_logits_panel_linear_gives(codes) -> None:
     # Over many panels (both threads' sets, a last partial panel), ties (duplicated weight rows: the first column must
-    # win, wherever the copies fall), columns tied by the bias, and NaN outputs (the first NaN wins).
+    # win, wherever the copies fall), columns tied by the bias, and NaN outputs (the first NaN wins). bf16 x too: the
+    # argmax of the float32 logits of x.float(), which compute_logits gives the sampler in a bf16 model.
     gen = torch.Generator().manual_seed(23)
     for num_rows, per_token in [(4099, False), (1000, True), (40, False)]:
         w = random_weight(num_rows, 96, 32, 8, with_mins=codes[0] >= 0, gen=gen, codes=codes)
@@ -263,17 +264,18 @@ def test_panel_argmax_is_torch_argmax_of_the_logits_panel_linear_gives(codes) ->
                 for dtype in (torch.float32, torch.bfloat16):
                     for b in (None, bias):
                         x = random_x(rows, 96, dtype, gen)
-                        logits = ops.panel_linear(x, *packed, num_rows, 96, w.group_size, b, isa, x_block)
+                        logits = ops.panel_linear(x.float(), *packed, num_rows, 96, w.group_size, b, isa, x_block)
                         ids = ops.panel_argmax(x, *packed, num_rows, 96, w.group_size, b, isa, x_block)
-                        assert torch.equal(ids, logits.float().argmax(dim=-1)), (isa, num_rows, rows, dtype)
+                        assert torch.equal(ids, logits.argmax(dim=-1)), (isa, num_rows, rows, dtype)
         packed = int8_dot.pack_panels(w, per_token, amx=False)
         tied = bias.clone()
         tied[10:20] = bias.max() + 1e6  # outputs dominated by the bias: the first of the tied columns
         x = torch.zeros(3, 96)
         assert int8_dot.panel_argmax(x, packed, tied).tolist() == [10] * 3
-        tied[15] = tied[10] * (1 + 2 ** -10)  # larger in float32, the same logit in bf16
+        tied[15] = tied[10] * (1 + 2 ** -10)  # larger in float32, the same value in bf16: told apart for either x
+        assert torch.equal(tied[15].bfloat16(), tied[10].bfloat16())
         assert int8_dot.panel_argmax(x, packed, tied).tolist() == [15] * 3
-        assert int8_dot.panel_argmax(x.bfloat16(), packed, tied).tolist() == [10] * 3
+        assert int8_dot.panel_argmax(x.bfloat16(), packed, tied).tolist() == [15] * 3
         tied[[25, 35]] = float("nan")  # NaN outputs: argmax takes the first of them
         assert int8_dot.panel_argmax(x, packed, tied).tolist() == [25] * 3
 

@@ -570,25 +570,14 @@ int64_t best_column(const std::vector<std::vector<Best>>& parts, int64_t m) {
   return nan >= 0 ? nan : std::max<int64_t>(column, 0);
 }
 
-// The threads' RowMax rows of a sweep (one vector per range of sets), and what each output goes through first: the
-// bias (float32 [N], or nullptr) added, then with `bf16` a rounding to bf16, so each value compared is the logit
-// panel_linear's caller reads (its float32 outputs plus the bias, in x's dtype).
+// The threads' RowMax rows of a sweep (one vector per range of sets), and the bias (float32 [N], or nullptr) each
+// output gets before it is compared: the float32 logits panel_linear gives for float32 x, which compute_logits hands
+// the sampler whatever the model's dtype (so no bf16 rounding here: it made ties of values the sampler tells apart).
 struct ArgmaxParts {
   const float* bias;
-  bool bf16;
   std::mutex lock;
   std::vector<std::vector<RowMax>> parts;
 };
-
-// v rounded to the nearest bf16 (ties to even) and widened back, as jido_bf16::round_bits; NaN lanes are left as they
-// are (still NaN, which is all the argmax asks of them).
-inline __m256 rounded_to_bf16(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_and_si256(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))),
-                                     _mm256_set1_epi32(static_cast<int32_t>(0xffff0000u)));
-  return _mm256_blendv_ps(_mm256_castsi256_ps(r), v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-}
 
 // Rows [0, M) of a set's outputs (tile, `width` columns a row, row stride ld; columns n0.. of the weight) into each
 // row's RowMax.
@@ -613,7 +602,6 @@ inline void take_set(const float* tile, int64_t M, int64_t width, int64_t ld, in
         std::memcpy(b, how.bias + n0 + c, std::min(kPanel, width - c) * sizeof(float));
         v = _mm256_add_ps(v, _mm256_load_ps(b));
       }
-      if (how.bf16) v = rounded_to_bf16(v);
       const __m256 larger = _mm256_cmp_ps(v, value, _CMP_GT_OQ);
       value = _mm256_blendv_ps(value, v, larger);
       const __m256i at = _mm256_add_epi32(lanes, _mm256_set1_epi32(static_cast<int32_t>(n0 + c)));
@@ -1385,9 +1373,9 @@ at::Tensor int8_dot_panel_linear(const at::Tensor& x, const at::Tensor& codes, c
 #endif
 }
 
-// argmax over n of panel_linear(x, ...)[m, n] per row of x ([M] int64): the first column of the largest value (the
-// float32 output plus the bias, rounded to bf16 where x is bf16, as the logits panel_linear gives), or of the first
-// NaN, as torch.argmax takes it from those logits. They are never written: a greedy 16-row decode step of Gemma 3
+// argmax over n of panel_linear(x.float(), ...)[m, n] per row of x ([M] int64): the first column of the largest value
+// (the float32 output plus the bias), or of the first NaN, as torch.argmax takes it from those logits, whatever x's
+// dtype (as amx_panel_argmax). They are never written: a greedy 16-row decode step of Gemma 3
 // wrote and read back 16 MB of them (262,144 a row) for its argmax.
 at::Tensor int8_dot_panel_argmax(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                                  const at::Tensor& mins, const at::Tensor& meta, int64_t N, int64_t K,
@@ -1398,7 +1386,7 @@ at::Tensor int8_dot_panel_argmax(const at::Tensor& x, const at::Tensor& codes, c
   const RoundedX rx = round_for_panels(x, w, isa, x_block);
   const at::Tensor b = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   TORCH_CHECK(!b.defined() || b.numel() == N, "bias must have N elements");
-  ArgmaxParts argmax{b.defined() ? b.data_ptr<float>() : nullptr, x.scalar_type() == at::kBFloat16};
+  ArgmaxParts argmax{b.defined() ? b.data_ptr<float>() : nullptr};
   prepacked_panels(w, codes, scales, mins, meta, rx.view, x_block, isa, nullptr, &argmax);
   at::Tensor tokens = at::empty({x.size(0)}, x.options().dtype(at::kLong));
   int64_t* t = tokens.data_ptr<int64_t>();
