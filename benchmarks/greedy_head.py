@@ -2,8 +2,8 @@
 writes them (``int8_dot.panel_argmax``), in one process, alternating.
 
 ``--part kernel``: the LM head's shape (262,144 x 640, Q8_0-like codes, the default model's tied embedding), bf16
-rows of x at each ``--rows``: ``panel_linear`` + ``.float()`` + ``sampler.argmax`` (what a greedy step ran) against
-``panel_argmax``; the token ids are checked equal.
+rows of x at each ``--rows``: ``panel_linear`` of ``x.float()`` + ``sampler.argmax`` (what a greedy step ran:
+``compute_logits``' float32 logits) against ``panel_argmax``; the token ids are checked equal.
 ``--part engine``: the default model (bf16), 16 prompts of 256 random tokens, 128 greedy tokens each, offline, with
 the model's ``greedy_token_ids`` on (the kernel) and off (the logits path) in alternate rounds: the run's time and
 its median decode step.
@@ -39,7 +39,8 @@ def kernel(rows_list: list[int], rounds: int) -> None:
         for r in range(rounds):
             for name in (("logits", "kernel") if r % 2 else ("kernel", "logits")):
                 start = time.perf_counter()
-                ids = argmax(int8_dot.panel_linear(x, panels).float()) if name == "logits" else \
+                # the engine's logits path: compute_logits multiplies hidden.float() (float32 logits)
+                ids = argmax(int8_dot.panel_linear(x.float(), panels)) if name == "logits" else \
                     int8_dot.panel_argmax(x, panels)
                 times[name].append(time.perf_counter() - start)
                 if name == "kernel":
