@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from jido.layers.parameter import WeightLoader
-from jido.layers.quantization import LinearMethod, QuantizationConfig, UnquantizedLinearMethod
+from jido.layers.quantization import LinearMethod, QuantizationConfig, UnquantizedLinearMethod, is_untied_head
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448
@@ -100,8 +100,9 @@ class Fp8LinearMethod(LinearMethod):
             layer.weight = nn.Parameter(codes, requires_grad=False)
 
     def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
-        if getattr(layer, "weight_scale", None) is not None:
-            return  # an untied head is a linear layer, already processed with the others
+        if is_untied_head(layer):  # its own codes in place of the weight, as any linear layer's
+            self.process_weights_after_loading(layer)
+            return
         quantized = _quantized(layer.weight)
         if quantized is not None:
             layer.logits_codes, layer.logits_scale = quantized

@@ -63,7 +63,8 @@ class LinearMethod(ABC):
         """
 
     def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
-        """The same for the LM head (``layer`` may be the tied embedding, whose table must stay dense)."""
+        """The same for the LM head: the tied embedding (whose table must stay dense), or an untied head's linear
+        layer (:func:`is_untied_head`)."""
 
 
 class UnquantizedLinearMethod(LinearMethod):
@@ -90,8 +91,9 @@ class UnquantizedLinearMethod(LinearMethod):
             layer.weight = nn.Parameter(pack_dense(layer.weight), requires_grad=False)
 
     def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
-        # A tied head is the embedding, whose lookups need the dense table: the packed copy sits beside it.
-        if packable(layer.weight):
+        if is_untied_head(layer):
+            self.process_weights_after_loading(layer)
+        elif packable(layer.weight):  # the embedding's lookups need the dense table: the packed copy sits beside it
             layer.packed_logits_weight = pack_dense(layer.weight)
 
     def apply_logits(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -103,6 +105,11 @@ class UnquantizedLinearMethod(LinearMethod):
             # ~2x faster than hidden @ weight.T on CPU (measured: 36 vs 79 ms for 8 rows of Gemma 3's head).
             return torch.matmul(layer.weight, hidden.t()).t().contiguous()
         return F.linear(hidden, layer.weight)
+
+
+def is_untied_head(layer: nn.Module) -> bool:
+    """Whether an LM head is its own linear layer (an untied head) rather than the embedding it is tied to."""
+    return getattr(layer, "linear_method", None) is not None
 
 
 def packable(weight: torch.Tensor) -> bool:
@@ -131,10 +138,13 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
 
 def process_weights_after_loading(model: nn.Module) -> None:
-    """Give every linear layer's method, and the LM head's, its chance to repack the loaded weights."""
+    """Give every linear layer's method, and the LM head's, its chance to repack the loaded weights. An untied head
+    is a linear layer too, but only its logits method processes it (``process_logits_weights_after_loading``): no
+    copy that serves a layer's prefill steps is made for it."""
+    head = getattr(model, "lm_head", None)
     for module in model.modules():
         method = getattr(module, "linear_method", None)
-        if method is not None:
+        if method is not None and module is not head:
             method.process_weights_after_loading(module)
     logits_method = getattr(model, "logits_method", None)
     if logits_method is not None:

@@ -290,9 +290,9 @@ class QuantizedLinearMethod(LinearMethod):
         layer.qdense_min_rows = bf16_copy_min_rows(qweight.shape[1], on_amx)
 
     def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
-        # A tied head is the embedding: its gathers read the same qweight, so no dense table is kept.
-        if getattr(layer, "qweight", None) is not None:
-            return  # an untied head is a Linear, already processed with the other layers
+        # A tied head is the embedding: its gathers read the same qweight, so no dense table is kept. An untied head
+        # is a Linear, held the same way: no bf16 copy and no prefill copy (the logits multiply x.float() on the
+        # codes, see apply_logits), nor a smoothing source (its forward never runs to calibrate it).
         qweight = self._quantized(layer)
         if qweight is None:
             self.dense.process_logits_weights_after_loading(layer)
@@ -515,12 +515,7 @@ class GGUFW8A8Config(GGUFConfig):
         return QuantizedLinearMethod(bits=None, group_size=None, prefill_w8a8=True)
 
     def get_logits_method(self, head: nn.Module) -> LinearMethod:
-        # The head reads only the sampled rows: gguf's route. An untied head is a Linear built with this config's
-        # layer method; it takes gguf's before its weights load, so no prefill copy is made for it.
-        method = QuantizedLinearMethod(bits=None, group_size=None)
-        if isinstance(getattr(head, "linear_method", None), QuantizedLinearMethod):
-            head.linear_method = method
-        return method
+        return QuantizedLinearMethod(bits=None, group_size=None)  # the head reads only the sampled rows: gguf's route
 
 
 class Int8Config(QuantizationConfig):

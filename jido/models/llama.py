@@ -197,6 +197,8 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = ColumnParallelLinear(config.hidden_size, config.vocab_size, quant_config=quant_config)
         if self.lm_head is not None:
             self.logits_method = quant_config.get_logits_method(self.lm_head)
+            if not config.tie_word_embeddings:  # an untied head is a Linear: it runs, and loads, as the LM head
+                self.lm_head.linear_method = self.logits_method
 
     @property
     def num_layers(self) -> int:

@@ -202,6 +202,23 @@ def test_quantized_layers_and_tied_embedding_keep_no_float_weight(scheme):
     assert not hasattr(table, "weight") and table.qweight.bits == 8 and quantized.lm_head is table
 
 
+@pytest.mark.parametrize("scheme", ["int8", "int4", "w8a8"])
+def test_an_untied_lm_head_is_held_by_the_logits_method_at_8_bits_with_no_copy_for_prefill(scheme, monkeypatch):
+    # Llama's head is its own Linear, built with the layers' method, but the logits method holds it: int8 under int4
+    # too (as the tied table), and no bf16 or prefill copy, which only a layer's steps of bf16 x multiply (the logits
+    # multiply x.float() on the codes), nor a float source kept for w8a8's calibration (its forward never runs).
+    monkeypatch.setattr(quantized_linear, "keeps_bf16_copy", lambda dtype, device: True)
+    quantized, reference = _quantized_and_reference("llama", scheme, None)
+    head = quantized.lm_head
+    assert head is not quantized.model.embed_tokens and head.linear_method is quantized.logits_method
+    assert not hasattr(head, "weight") and head.qweight.bits == 8
+    assert not any(hasattr(head, name) for name in ("qdense", "qint_mm", "qgemm", "smoothing_source"))
+    assert hasattr(quantized.model.layers[0].mlp.down_proj, "qdense") == (scheme != "w8a8")  # the layers keep theirs
+    # The logits stay near the model holding the dequantized codes, the head's included (see the test above).
+    ours, expected = TinyPagedRunner(quantized).step(TOKENS)["a"], TinyPagedRunner(reference).step(TOKENS)["a"]
+    assert (ours - expected).abs().max() <= 0.06 * expected.abs().max()
+
+
 def _codes(rows: int, cols: int, group_size: int, offsets: bool, seed: int) -> QuantizedCodes:
     gen = torch.Generator().manual_seed(seed)
     groups = cols // group_size
