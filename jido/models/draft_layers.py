@@ -68,8 +68,8 @@ class DraftLinear(nn.Linear):
 
     def argmax_columns(self, x: torch.Tensor) -> torch.Tensor | None:
         """Each row's argmax column of ``self(x.float())`` ([rows] int64: the float32 outputs, as the target's head
-        compares them) where the linear method's kernel gives it without the outputs (``LinearMethod.greedy_token_ids``),
-        else None."""
+        compares them) where the linear method's kernel gives it without the outputs
+        (``LinearMethod.greedy_token_ids``), else None."""
         return None if self.linear_method is None else self.linear_method.greedy_token_ids(self, x)
 
 

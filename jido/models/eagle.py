@@ -121,9 +121,9 @@ class EagleDraft(nn.Module):
 
     def argmax_columns(self, features: torch.Tensor) -> torch.Tensor | None:
         """Each row's argmax column of :meth:`logits` ([rows] int64) from the head's kernel, without the logits, where
-        it gives one (the head's panels, AMX or vector); None where it does not or the logits are soft-capped (capped values may tie
-        where the raw ones do not). It reads the logits in float32 where :meth:`logits` rounds them to the model's
-        dtype first, so near-ties can break the other way: a proposal either way, verified by the target."""
+        it gives one (the head's panels, AMX or vector); None where it does not or the logits are soft-capped (capped
+        values may tie where the raw ones do not). It reads the logits in float32 where :meth:`logits` rounds them to
+        the model's dtype first, so near-ties can break the other way: a proposal either way, verified by the target."""
         if self.config.final_logit_softcapping is not None:
             return None
         return self.lm_head.argmax_columns(features)
