@@ -13,6 +13,8 @@ from uvicorn.server import ServerState
 
 from jido.server.errors import APIError, http_error
 
+HEALTH_PATH = "/health"
+
 
 class JidoH11Protocol(H11Protocol):
     """Uvicorn's h11 connection, changed in three ways, each answering with an OpenAI-style error body:
@@ -21,7 +23,7 @@ class JidoH11Protocol(H11Protocol):
       after the first byte of a following request arrived) get 408 and the connection closes; uvicorn
       has no such timeout, so a client trickling its headers held a connection forever;
     - past ``limit_concurrency`` open connections or requests in flight, a request gets 503 (uvicorn's
-      own answer is plain text);
+      own answer is plain text), except ``/health``: a load balancer must not mark a busy instance down;
     - a request h11 cannot parse gets 400 (uvicorn's is plain text too).
     """
 
@@ -91,7 +93,9 @@ class JidoH11Protocol(H11Protocol):
 
     async def _admit(self, scope: Scope, receive: Receive, send: Send) -> None:
         # As uvicorn counts: this connection is among the open ones, this request's task among the tasks.
-        if len(self.connections) >= self.max_concurrency or len(self.tasks) > self.max_concurrency:
+        # /health answers from memory, so it costs the limit nothing to let it through.
+        if scope.get("path") != HEALTH_PATH and (len(self.connections) >= self.max_concurrency
+                                                 or len(self.tasks) > self.max_concurrency):
             error = http_error(503, f"the server has reached its limit of {self.max_concurrency} open "
                                     "connections or requests in flight; retry later", "too_many_connections")
             error.headers = {"Retry-After": "1", "Connection": "close"}

@@ -206,3 +206,16 @@ def test_connections_past_the_limit_get_503_with_an_error_body_until_some_close(
             sock.close()
     wait_until(lambda: server.request("GET", "/v1/models", headers=AUTH)[0] == 200, 10,
                "the server to serve again once the idle connections closed")
+
+
+def test_health_is_answered_past_the_connection_limit(server):
+    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(MAX_CONNECTIONS)]
+    try:
+        wait_until(lambda: server.request("GET", "/v1/models", headers=AUTH)[0] == 503, 10,
+                   "a connection past the limit to get 503")
+        status, _, raw = server.request("GET", "/health")
+        assert (status, json.loads(raw)) == (200, {"status": "ok"})
+        assert server.request("HEAD", "/health")[0] == 200
+    finally:
+        for sock in idle:
+            sock.close()
