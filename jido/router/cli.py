@@ -10,6 +10,7 @@ import uvicorn
 from jido.router.app import create_router_app
 from jido.router.config import RouterConfig
 from jido.utils.cli_args import add_dataclass_arguments, dataclass_kwargs
+from jido.utils.drain_signals import drained_signals_exit_cleanly
 
 logger = logging.getLogger("jido")
 
@@ -33,7 +34,8 @@ def router_main(argv: list[str]) -> int:
     server = uvicorn.Server(uvicorn.Config(create_router_app(config), host=config.host, port=config.port,
                                            log_level="warning", lifespan="on"))
     try:
-        server.run()
+        with drained_signals_exit_cleanly():
+            server.run()
     except ValueError as exc:  # instances that cannot exchange KV, found when the router starts
         print(f"jido router: error: {exc}", file=sys.stderr)
         return 2

@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import json
 import logging
-import signal
 import socket
 from collections.abc import Callable
 
@@ -18,6 +17,7 @@ from jido.engine.llm_engine import LLMEngine
 from jido.server.app import create_app
 from jido.server.config import ServerConfig
 from jido.server.connection import JidoH11Protocol
+from jido.utils.drain_signals import drained_signals_exit_cleanly
 
 logger = logging.getLogger("jido")
 
@@ -100,13 +100,10 @@ def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
     _log_usage(config, host, port, config.model_name(engine_config.model_config.model),
                chat=app.state.serving.chat_template is not None)
     server = uvicorn_server(app, config)
-    # Uvicorn re-raises the signal once it has drained; handling it here makes that a clean exit 0.
-    previous = {sig: signal.signal(sig, _drained) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        server.run(sockets=[sock])
+        with drained_signals_exit_cleanly():
+            server.run(sockets=[sock])
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         for llm in replicas:
             llm.shutdown()
     return 1 if failure else 0
@@ -125,10 +122,6 @@ def with_worker_process(engine_config: EngineConfig) -> EngineConfig:
         return engine_config
     return dataclasses.replace(engine_config,
                                parallel_config=dataclasses.replace(parallel, distributed_executor_backend="mp"))
-
-
-def _drained(signum: int, frame: object) -> None:
-    logger.info("%s: drained, exiting", signal.Signals(signum).name)
 
 
 def _log_usage(config: ServerConfig, host: str, port: int, model_name: str, chat: bool) -> None:
