@@ -42,6 +42,8 @@ def test_an_unknown_keyword_names_the_accepted_ones():
      "num_speculative_tokens must be a positive integer or 'auto', got 'many'"),
     ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 0}},
      "num_speculative_tokens must be a positive integer, got 0"),
+    ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 1000}},
+     "num_speculative_tokens must be at most 32 .*, got 1000; or 'auto'"),
     ({"speculative_config": {"method": "draft_model", "num_speculative_tokens": 2}},
      "'draft_model' needs a 'model' .* or 'num_layers'"),
     ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2, "num_layers": 4}},

@@ -9,6 +9,11 @@ SPECULATIVE_METHODS = ("ngram", "draft_model", "medusa", "eagle")
 # With ``"num_speculative_tokens": "auto"`` K is chosen per step in 0..AUTO_MAX_SPECULATIVE_TOKENS: the
 # scheduler keeps that many lookahead slots free after every running request.
 AUTO_MAX_SPECULATIVE_TOKENS = 8
+# The largest K taken. A draft's position i is accepted only if every earlier one was, so at a per-token
+# acceptance rate a, positions past K add a**K / (1 - a) expected tokens a step: 0.34 at K = 32 even for
+# a = 0.9 (above what drafts reach outside verbatim copying), while each position costs every running
+# request a verify row and a lookahead KV slot per step, and /metrics a per-position series.
+MAX_SPECULATIVE_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,10 @@ class SpeculativeConfig:
                 raise ValueError(f"num_speculative_tokens must be a positive integer or 'auto', got "
                                  f"{self.num_speculative_tokens!r}")
             check_positive_int("num_speculative_tokens", self.num_speculative_tokens)
+            if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
+                raise ValueError(f"num_speculative_tokens must be at most {MAX_SPECULATIVE_TOKENS} (later draft "
+                                 f"positions are almost never accepted, and each costs a verify row per request "
+                                 f"and step), got {self.num_speculative_tokens}; or 'auto'")
         check_positive_int("prompt_lookup_min", self.prompt_lookup_min)
         check_positive_int("prompt_lookup_max", self.prompt_lookup_max)
         if self.prompt_lookup_min > self.prompt_lookup_max:
