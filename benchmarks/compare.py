@@ -26,6 +26,7 @@ import functools
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -162,24 +163,27 @@ def gguf_path(model: str) -> Path:
 
 
 def hf_folder(model: str) -> Path:
-    """The HF folder (config.json, model.safetensors, tokenizer.json) jido's loader writes from the GGUF."""
+    """The folder jido's loader writes for the GGUF (config.json, tokenizer.json; the weights stay in the GGUF)."""
     from jido.models.loader import resolve_model
 
     return resolve_model(model)
 
 
 def peer_folder(model: str) -> Path:
-    """The HF folder as a peer loads it: links to its files in ``.peers/models/<model>``, without jido's
-    own (vLLM loads every ``*.safetensors`` it finds, and failed on the quantized codes file jido keeps there)."""
-    from jido.models.loader import CODES_FILE
+    """An HF checkpoint of the model for a peer that cannot read GGUF (vLLM): ``.peers/models/<model>``, with float32
+    weights decoded from the GGUF once (``loader.write_float_checkpoint``) and kept there, never in jido's cache."""
+    from jido.models.loader import write_float_checkpoint
 
-    source, folder = hf_folder(model), PEERS_DIR / "models" / model
-    folder.mkdir(parents=True, exist_ok=True)
-    for stale in folder.iterdir():
-        stale.unlink()
-    for path in source.iterdir():
-        if path.name != CODES_FILE and not path.name.startswith("jido_"):
-            (folder / path.name).symlink_to(path)
+    folder = PEERS_DIR / "models" / model
+    source = gguf_path(model)
+    stamp = folder / "source.json"
+    expected = {"gguf": str(source), "size": source.stat().st_size, "mtime_ns": source.stat().st_mtime_ns}
+    if stamp.is_file() and json.loads(stamp.read_text()) == expected:
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    write_float_checkpoint(source, folder)
+    stamp.write_text(json.dumps(expected))  # NOTE: written last, so a half-written folder is made again
     return folder
 
 

@@ -1,4 +1,9 @@
-"""Resolves a model argument to an HF checkpoint folder (converting GGUF files once) and reads it."""
+"""Resolves a model argument to an HF checkpoint folder (a GGUF file's metadata written out once) and reads its weights.
+
+A GGUF model's folder holds what the file describes (config, tokenizer, generation config) and the name of the file;
+its weights are always read from the GGUF itself: quantized codes for the GGUF schemes (decoded once into
+``CODES_FILE``), float values decoded a tensor at a time for the others. No float copy of a GGUF model is written.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +30,8 @@ logger = logging.getLogger(__name__)
 
 CODES_FILE = "gguf_codes.safetensors"  # in a converted folder: its GGUF's quantized tensors, decoded once
 SOURCE_MARKER = "jido_gguf_source.json"  # in a converted folder: the GGUF it came from, for quantized loading
-CONVERSION_VERSION = 2  # bumped when converted folders change (2: they name their source GGUF)
+# Bumped when converted folders change (2: they name their source GGUF; 3: no float32 model.safetensors).
+CONVERSION_VERSION = 3
 _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
 ACCEPTED = ("a .gguf file, an HF checkpoint folder with config.json and *.safetensors, or a model name "
             f"({', '.join(named.NAMED_MODELS)}; `jido models` lists them)")
@@ -63,7 +69,16 @@ def load_config(folder: Path) -> dict[str, Any]:
 
 
 def iter_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF parameter name, tensor) from the folder's safetensors, one shard at a time."""
+    """Yield (HF parameter name, float tensor): a converted folder's from its GGUF, decoded one tensor at a time
+    (see :func:`gguf.iter_hf_tensors`); an HF folder's from its safetensors, one shard at a time."""
+    source = gguf_source(folder)
+    if source is not None:
+        model = gguf.open_gguf(source)
+        for name, values in gguf.iter_hf_tensors(model, gguf.hf_config(model)):
+            yield name, torch.from_numpy(values)
+        return
+    if (Path(folder) / SOURCE_MARKER).is_file():
+        raise ValueError(f"{folder} was converted from a GGUF file that no longer exists; give the .gguf again")
     for shard in _weight_files(Path(folder)):
         with safe_open(shard, framework="pt") as f:
             for name in f.keys():
@@ -190,6 +205,7 @@ def _converted(gguf_path: Path, cache_root: Path) -> Path:
     folder = cache_root / _cache_key(gguf_path)
     if (folder / "config.json").is_file():
         return folder
+    _remove_older_versions(folder)
     cache_root.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=cache_root))
@@ -209,13 +225,22 @@ def _converted(gguf_path: Path, cache_root: Path) -> Path:
     return folder
 
 
+def _remove_older_versions(folder: Path) -> None:
+    """Delete the same file's folders from earlier conversion versions (version 2 held a float32 copy of every
+    weight: 4x a Q4 file's size on disk)."""
+    stem = folder.name.rsplit("-v", 1)[0]
+    for stale in folder.parent.glob(f"{stem}-v*"):
+        version = stale.name.rsplit("-v", 1)[1]
+        if stale.is_dir() and version.isdigit() and int(version) < CONVERSION_VERSION:
+            logger.info("removing %s, a conversion by an earlier jido", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Write an HF checkpoint (config, fp32 safetensors, tokenizer files) for a GGUF file into out_dir."""
+    """Write what an HF checkpoint folder says of a model besides its weights (config, tokenizer files, generation
+    config) for a GGUF file into out_dir; the weights stay in the GGUF."""
     model = gguf.open_gguf(gguf_path)
     config = gguf.hf_config(model)
-    tensors = {name: torch.from_numpy(w) for name, w in gguf.iter_hf_tensors(model, config)}
-    save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt", "source": gguf_path.name})
-    del tensors
     gguf.build_tokenizer(model).save(str(out_dir / "tokenizer.json"))
     _write_json(out_dir / "tokenizer_config.json", gguf.tokenizer_config(model))
     _write_json(out_dir / "generation_config.json", {
@@ -224,6 +249,15 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         "pad_token_id": config["pad_token_id"],
     })
     _write_json(out_dir / "config.json", config)
+
+
+def write_float_checkpoint(gguf_path: Path, out_dir: Path) -> None:
+    """An HF checkpoint with float32 weights for a GGUF file, for engines that cannot read GGUF (the benchmarks' vLLM
+    peer); jido itself never writes or reads one."""
+    convert_gguf(gguf_path, out_dir)
+    model = gguf.open_gguf(gguf_path)
+    tensors = {name: torch.from_numpy(w) for name, w in gguf.iter_hf_tensors(model, gguf.hf_config(model))}
+    save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt", "source": gguf_path.name})
 
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:

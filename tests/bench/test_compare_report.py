@@ -3,6 +3,7 @@ as median and spread, derived lines tied to their run, and a failed peer's exact
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -208,17 +209,22 @@ def test_every_server_serves_the_named_model_and_its_results_get_their_own_file(
     assert path.name.startswith(f"compare-{qwen}-") and json.loads(path.read_text())["model"] == qwen
 
 
-def test_peers_load_a_folder_without_jidos_codes_file(compare, tmp_path, monkeypatch):
-    source = tmp_path / "converted"
-    source.mkdir()
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "gguf_codes.safetensors",
-                 "jido_gguf_source.json"):
-        (source / name).write_text(name)
-    monkeypatch.setattr(compare, "hf_folder", lambda model: source)
+def test_a_peer_gets_a_float_checkpoint_made_once_outside_jidos_cache(compare, tmp_path, monkeypatch):
+    source = tmp_path / "model.gguf"
+    source.write_bytes(b"GGUF")
+    written = []
+
+    def write(gguf_path, out_dir):
+        written.append(gguf_path)
+        (out_dir / "model.safetensors").write_text("weights")
+
+    monkeypatch.setattr("jido.models.loader.write_float_checkpoint", write)
+    monkeypatch.setattr(compare, "gguf_path", lambda model: source)
     monkeypatch.setattr(compare, "PEERS_DIR", tmp_path / "peers")
     folder = compare.peer_folder("gemma-3-270m")
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
-    assert (folder / "model.safetensors").read_text() == "model.safetensors"
-    (source / "gguf_codes.safetensors").unlink()
-    (source / "generation_config.json").write_text("{}")  # a second call follows the source folder as it is now
-    assert "generation_config.json" in [p.name for p in compare.peer_folder("gemma-3-270m").iterdir()]
+    assert folder == tmp_path / "peers" / "models" / "gemma-3-270m"
+    assert (folder / "model.safetensors").read_text() == "weights" and written == [source]
+    assert compare.peer_folder("gemma-3-270m") == folder and written == [source]  # reused
+    os.utime(source, ns=(1, 1))  # a changed GGUF is decoded again
+    compare.peer_folder("gemma-3-270m")
+    assert written == [source, source]

@@ -1,4 +1,5 @@
-"""GGUF -> HF checkpoint conversion, the conversion cache, and the errors for paths that are not models."""
+"""GGUF -> HF checkpoint folder (metadata only: weights read from the GGUF), the folder cache, and the errors for
+paths that are not models."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import gguf as gguf_lib
 import numpy as np
 import pytest
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 from tiny_gguf import llama_cpp_permute, write_and_close
 
@@ -26,8 +26,7 @@ def gemma_gguf() -> gguf.GGUFFile:
 
 
 def _stored_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
-    with safe_open(folder / "model.safetensors", framework="pt") as f:
-        return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    return {name: tuple(tensor.shape) for name, tensor in iter_weights(folder)}
 
 
 def test_names_and_shapes_match_transformers_gemma3(gemma_folder: Path) -> None:
@@ -65,21 +64,29 @@ def test_dequantized_values_equal_gguf_dequantize(gemma_folder: Path, gemma_gguf
         if not tensor.name.endswith("norm.weight"):
             first_of_type.setdefault(tensor.tensor_type.name, tensor)
     assert sorted(first_of_type) == ["Q4_K", "Q5_0", "Q6_K", "Q8_0"]  # every F32 tensor is a norm
-    with safe_open(gemma_folder / "model.safetensors", framework="pt") as f:
-        for tensor in first_of_type.values():
-            rows = tensor.data[:64]  # a slice of whole rows keeps this fast for the 262144-row embedding
-            expected = gguf_lib.quants.dequantize(rows, tensor.tensor_type).reshape(len(rows), -1)
-            stored = f.get_slice(gguf.hf_name(tensor.name, gemma_gguf.spec))[:64]
-            assert torch.equal(stored, torch.from_numpy(expected)), tensor.name
+    wanted = {gguf.hf_name(tensor.name, gemma_gguf.spec): tensor for tensor in first_of_type.values()}
+    for name, stored in iter_weights(gemma_folder):
+        if name in wanted:
+            tensor = wanted.pop(name)
+            rows = tensor.data[:64]  # a slice of whole rows: gguf-py's own decoder, independently of jido's
+            expected = gguf_lib.quants.dequantize(rows, tensor.tensor_type)
+            assert torch.equal(stored[:64], torch.from_numpy(expected.reshape(len(rows), -1))), name
+    assert not wanted
 
 
 def test_gemma_norms_are_stored_without_the_plus_one(gemma_folder: Path, gemma_gguf: gguf.GGUFFile) -> None:
     norms = [t for t in gemma_gguf.tensors if t.name.endswith("norm.weight")]
     assert len(norms) == 18 * 6 + 1
-    with safe_open(gemma_folder / "model.safetensors", framework="pt") as f:
-        for tensor in norms:
-            expected = np.asarray(tensor.data, dtype=np.float32) - np.float32(1.0)
-            assert torch.equal(f.get_tensor(gguf.hf_name(tensor.name, gemma_gguf.spec)), torch.from_numpy(expected))
+    stored = {name: t for name, t in iter_weights(gemma_folder) if name.endswith("norm.weight")}
+    for tensor in norms:
+        expected = np.asarray(tensor.data, dtype=np.float32) - np.float32(1.0)
+        assert torch.equal(stored[gguf.hf_name(tensor.name, gemma_gguf.spec)], torch.from_numpy(expected))
+
+
+def test_a_gguf_models_folder_holds_no_copy_of_its_weights(gemma_folder: Path) -> None:
+    files = sorted(p.name for p in gemma_folder.iterdir() if p.name != "gguf_codes.safetensors")
+    assert files == ["config.json", "generation_config.json", "jido_gguf_source.json", "tokenizer.json",
+                     "tokenizer_config.json"]
 
 
 def test_raw_tensors_hand_the_quantized_bytes_through_without_a_copy(gemma_gguf: gguf.GGUFFile) -> None:
