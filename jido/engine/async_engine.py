@@ -72,8 +72,9 @@ class RequestStream:
     ``with`` block before the last output aborts the request in the engine.
     """
 
-    def __init__(self, request_id: str, engine: AsyncEngine) -> None:
+    def __init__(self, request_id: str, engine: AsyncEngine, num_seqs: int = 1) -> None:
         self.request_id = request_id
+        self.num_seqs = num_seqs  # the request's n
         self.finished = False
         self._engine = engine
         self._output: RequestOutput | None = None
@@ -175,7 +176,7 @@ class AsyncEngine:
             raise EngineStoppedError("the engine is shutting down" if self.error is None
                                      else f"the engine loop failed: {self.error}")
         self._check_room(params.n)
-        stream = RequestStream(request_id, self)
+        stream = RequestStream(request_id, self, params.n)
         self._streams[request_id] = stream
         self._num_submitted += params.n
         arrival = time.monotonic() if arrival_time is None else arrival_time

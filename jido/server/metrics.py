@@ -406,9 +406,11 @@ class ServerMetrics:
         if not self._closed:
             self.rejected[reason].inc()
 
-    def on_aborted(self) -> None:
+    def on_aborted(self, num_seqs: int) -> None:
+        """A request of ``num_seqs`` sequences abandoned before finishing: each finishes as an ``abort``."""
         if not self._closed:
             self.aborted.inc()
+            self.success["abort"].inc(num_seqs)
 
     def _observe_tokens(self, timer: RequestTimer, now: float, num_new: int, output: RequestOutput) -> None:
         if timer.first_token is None:

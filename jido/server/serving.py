@@ -260,7 +260,7 @@ class OpenAIServing:
                     yield output
             finally:
                 if not outputs.finished:
-                    self.metrics.on_aborted()
+                    self.metrics.on_aborted(outputs.num_seqs)
 
     async def _collect(self, http_request: Request, results: Awaitable[_Result]) -> _Result:
         """What ``results`` gives (the final outputs); abandons the requests if the client hangs up first."""

@@ -61,6 +61,7 @@ def _running(server) -> bool:
 def test_stream_disconnect_aborts_the_request_and_frees_its_blocks(server):
     wait_until(lambda: _idle(server), 30, "the server to be idle")
     aborted = metric(server.metrics(), "jido:requests_aborted_total")
+    success_abort = metric(server.metrics(), "vllm:request_success_total", finished_reason="abort")
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     connection.request("POST", "/v1/completions", json.dumps({**LONG, "stream": True}),
                        {"Content-Type": "application/json"})
@@ -70,6 +71,7 @@ def test_stream_disconnect_aborts_the_request_and_frees_its_blocks(server):
     connection.close()
     wait_until(lambda: _idle(server), 30, "the KV blocks to come back")
     assert metric(server.metrics(), "jido:requests_aborted_total") == aborted + 1
+    assert metric(server.metrics(), "vllm:request_success_total", finished_reason="abort") == success_abort + 1
 
 
 def test_non_streaming_disconnect_aborts_the_request_and_frees_its_blocks(server):

@@ -104,7 +104,7 @@ def _exercise(metrics: ServerMetrics) -> None:
     metrics.on_output(timer, RequestOutput("r", None, [1, 2, 3],
                                            [CompletionOutput(0, "abc", [5, 6, 7], None, None, "length")], True))
     metrics.on_rejected("overload")
-    metrics.on_aborted()
+    metrics.on_aborted(2)
 
 
 def test_exported_families_are_the_ones_the_hand_written_exporter_had(metrics):
@@ -141,7 +141,7 @@ def test_recorded_values_read_back_through_the_exposition(metrics):
         ("vllm:prompt_tokens", 3), ("vllm:generation_tokens", 3), ("vllm:num_requests_running", 0),
         ("vllm:num_requests_waiting", 4), ("vllm:kv_cache_usage_perc", 0), ("jido:requests_aborted", 1)]
     success = {labels["finished_reason"]: v for labels, v in parsed.samples["vllm:request_success_total"]}
-    assert success == {"stop": 0, "length": 1, "abort": 0}
+    assert success == {"stop": 0, "length": 1, "abort": 2}  # the aborted request's two sequences
     rejected = {labels["reason"]: v for labels, v in parsed.samples["jido:requests_rejected_total"]}
     assert rejected == {"overload": 1, "stopped": 0}
     assert parsed.total("vllm:request_queue_time_seconds_sum") == pytest.approx(0.002)
@@ -180,7 +180,7 @@ def test_a_temporary_multiproc_dir_is_made_per_server_and_removed_at_close(fresh
         assert os.environ[MULTIPROC_DIR_ENV] == first.dir.path
         assert sorted(os.listdir(first.dir.path)) == [
             f"counter_{os.getpid()}.db", f"gauge_livemostrecent_{os.getpid()}.db", f"histogram_{os.getpid()}.db"]
-        first.on_aborted()
+        first.on_aborted(1)
         second = ServerMetrics("m", 100)  # a second server in the same process starts from zero
         assert second.dir.path != first.dir.path and os.environ[MULTIPROC_DIR_ENV] == second.dir.path
         assert parse_metrics(_text(second)).total("jido:requests_aborted") == 0
@@ -192,13 +192,13 @@ def test_a_temporary_multiproc_dir_is_made_per_server_and_removed_at_close(fresh
         if second is not None:
             second.close()
     assert not os.path.exists(first.dir.path) and MULTIPROC_DIR_ENV not in os.environ
-    first.on_aborted()  # a request that ends after shutdown records nothing, and does not fail
+    first.on_aborted(1)  # a request that ends after shutdown records nothing, and does not fail
 
 
 def test_a_users_multiproc_dir_is_used_and_kept(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv(MULTIPROC_DIR_ENV, str(tmp_path))
     metrics = ServerMetrics("m", 100)
-    metrics.on_aborted()
+    metrics.on_aborted(1)
     metrics.close()
     assert metrics.dir.path == str(tmp_path) and os.environ[MULTIPROC_DIR_ENV] == str(tmp_path)
     # Counters stay for whoever reads the directory; the live gauges of this process are gone.
