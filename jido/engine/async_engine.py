@@ -158,6 +158,11 @@ class AsyncEngine:
         return self._num_submitted - self.last_report.num_added + self.last_report.stats.num_waiting
 
     @property
+    def max_num_unfinished(self) -> int:
+        """The most sequences ever accepted at once: every running slot taken and the waiting queue full."""
+        return self.max_num_seqs + self.max_waiting_requests
+
+    @property
     def num_free_slots(self) -> int:
         """Running slots free as of the last report; the sequences in ``num_waiting`` will take them first."""
         return max(0, self.max_num_seqs - self.last_report.stats.num_running)
@@ -175,7 +180,7 @@ class AsyncEngine:
         if not self.accepting or self.error is not None:
             raise EngineStoppedError("the engine is shutting down" if self.error is None
                                      else f"the engine loop failed: {self.error}")
-        self._check_room(params.n)
+        self.check_room(params.n)
         stream = RequestStream(request_id, self, params.n)
         self._streams[request_id] = stream
         self._num_submitted += params.n
@@ -183,14 +188,15 @@ class AsyncEngine:
         self._inbox.put(_Add(request_id, prompt, params, arrival, priority, pin, kv_transfer_params))
         return stream
 
-    def _check_room(self, num_seqs: int) -> None:
+    def check_room(self, num_seqs: int) -> None:
+        """Raise EngineOverloadedError unless ``num_seqs`` more sequences may be accepted now."""
         # Sequences that arrived but were not yet picked up count as waiting, yet the next step will
         # run them if slots are free: refusing them then would turn away a burst on an idle engine.
         waiting, free = self.num_waiting, self.num_free_slots
         if waiting + num_seqs > self.max_waiting_requests + free:
-            raise EngineOverloadedError(f"{waiting} sequences are already waiting and {free} of "
-                                        f"{self.max_num_seqs} running slots are free (the waiting limit is "
-                                        f"{self.max_waiting_requests}); retry later")
+            raise EngineOverloadedError(f"this request needs {num_seqs} sequences; {waiting} are already waiting and "
+                                        f"{free} of {self.max_num_seqs} running slots are free (the waiting limit "
+                                        f"is {self.max_waiting_requests}); retry later")
 
     def unpin(self, pin_id: str) -> None:
         """Release a pinned prefix's blocks on the engine thread (an unknown id is ignored there)."""

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from jido.core.routing import ReplicaRouter, make_router
 from jido.core.sampling_params import SamplingParams
-from jido.engine.async_engine import AsyncEngine, EngineStoppedError, RequestStream, StepReport
+from jido.engine.async_engine import AsyncEngine, EngineOverloadedError, EngineStoppedError, RequestStream, StepReport
 from jido.engine.llm_engine import LLMEngine, ProcessedPrompt, PromptType
 from jido.metrics.stats import merge_scheduler_stats
 
@@ -42,6 +42,18 @@ class DataParallelEngine:
     @property
     def num_waiting(self) -> int:
         return sum(replica.num_waiting for replica in self.replicas)
+
+    @property
+    def max_num_unfinished(self) -> int:
+        return sum(replica.max_num_unfinished for replica in self.replicas)
+
+    def check_room(self, num_seqs: int) -> None:
+        """EngineOverloadedError unless the replicas together have room for ``num_seqs`` more sequences now (each
+        request still needs room on the replica it is routed to)."""
+        room = sum(r.max_waiting_requests + r.num_free_slots - r.num_waiting for r in self.replicas)
+        if num_seqs > room:
+            raise EngineOverloadedError(f"this request needs {num_seqs} sequences and the {len(self.replicas)} "
+                                        f"replicas have room for {max(0, room)} now; retry later")
 
     def loads(self) -> list[int]:
         """Each replica's sequences not finished: waiting (queued or not yet picked up) and running."""

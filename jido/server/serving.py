@@ -209,6 +209,8 @@ class OpenAIServing:
                              params: list[SamplingParams], body: CompletionRequest, timer: RequestTimer) -> Response:
         """Several prompts in one completions request, as vLLM serves them: one engine request each, and
         choice ``index`` ``i * n + j`` for completion ``j`` of prompt ``i``; usage sums them all."""
+        n = params[0].n
+        self._check_batch_room(len(prompts), n)
         timers = [timer] + [RequestTimer(timer.arrival) for _ in fmts[1:]]
         streams: list[RequestStream] = []
         try:
@@ -218,7 +220,6 @@ class OpenAIServing:
             for submitted in streams:
                 submitted.close()  # aborts the prompts already queued
             raise
-        n = params[0].n
         if body.stream:
             chunks = [_offset_choices(self._chunks(s, f, p, t), i * n)
                       for i, (s, f, p, t) in enumerate(zip(streams, fmts, params, timers))]
@@ -232,6 +233,24 @@ class OpenAIServing:
         merged["usage"] = usage(*finals)
         return JSONResponse(merged)
 
+    def _check_batch_room(self, num_prompts: int, n: int) -> None:
+        """A 400 for a batch that can never be admitted (more sequences than the engine ever holds at once: a
+        retry could not help), else a 503 while there is no room for all of it now."""
+        num_seqs, limit = num_prompts * n, self.engine.max_num_unfinished
+        if num_seqs > limit:
+            raise bad_request(f"{num_prompts} prompts with n={n} are {num_seqs} sequences; this server holds at most "
+                              f"{limit} at once (max_num_seqs running plus max_waiting_requests waiting): send fewer "
+                              "prompts or a smaller n", "prompt" if n == 1 else "n")
+        try:
+            self.engine.check_room(num_seqs)
+        except EngineOverloadedError as exc:
+            raise self._overloaded(exc) from exc
+
+    def _overloaded(self, exc: EngineOverloadedError) -> APIError:
+        self.metrics.on_rejected("overload")
+        return APIError(503, str(exc), "service_unavailable", code="overloaded",
+                        headers={"Retry-After": _RETRY_AFTER_S})
+
     def submit(self, request_id: str, prompt: ProcessedPrompt | list[int], params: SamplingParams,
                timer: RequestTimer, priority: int = 0, pin: bool = False,
                kv_transfer_params: dict | None = None) -> RequestStream:
@@ -243,9 +262,7 @@ class OpenAIServing:
             return self.engine.add_request(request_id, prompt, params, timer.arrival, priority, pin,
                                            kv_transfer_params)
         except EngineOverloadedError as exc:
-            self.metrics.on_rejected("overload")
-            raise APIError(503, str(exc), "service_unavailable", code="overloaded",
-                           headers={"Retry-After": _RETRY_AFTER_S}) from exc
+            raise self._overloaded(exc) from exc
         except EngineStoppedError as exc:
             self.metrics.on_rejected("stopped")
             raise APIError(503, str(exc), "service_unavailable", code="unavailable",

@@ -91,9 +91,18 @@ def test_free_running_slots_admit_requests_beyond_the_waiting_limit():
     for i, n in enumerate([1, 3, 2, 1]):
         engine.add_request(f"r{i}", "x", SamplingParams(n=n))
     assert (engine.num_waiting, engine.num_free_slots) == (7, 5)
-    with pytest.raises(EngineOverloadedError, match="7 sequences are already waiting and 5 of 8 running "
-                                                    "slots are free .the waiting limit is 2."):
+    with pytest.raises(EngineOverloadedError, match="this request needs 1 sequences; 7 are already waiting and 5 of "
+                                                    "8 running slots are free .the waiting limit is 2."):
         engine.add_request("over", "x", SamplingParams())
+
+
+def test_room_for_a_batch_is_checked_whole_and_the_refusal_says_what_others_hold():
+    engine = AsyncEngine(FakeEngine(max_num_seqs=8, num_running=0), max_waiting_requests=4)  # idle
+    assert engine.max_num_unfinished == 12
+    engine.check_room(12)  # every running slot and the whole waiting queue
+    with pytest.raises(EngineOverloadedError, match="^this request needs 13 sequences; 0 are already waiting and 8 "
+                                                    "of 8 running slots are free .the waiting limit is 4.; retry"):
+        engine.check_room(13)
 
 
 def test_leaving_a_stream_early_aborts_its_request_and_bad_input_raises_from_the_stream():

@@ -71,6 +71,9 @@ def test_two_replicas_serve_the_single_process_tokens_and_keep_a_prefix_on_one(f
                 texts.append(json.loads(body)["choices"][0]["text"])
             hits = server.metrics().total("vllm:prefix_cache_hits")
             assert server.request("GET", "/health")[0] == 200
+            # The replicas together hold 2 * (128 running + 256 waiting) sequences: one more can never be admitted.
+            status, _, body = server.request("POST", "/v1/completions", {"prompt": [[2, 5]] * 769, "max_tokens": 1})
+            assert (status, json.loads(body)["error"]["param"]) == (400, "prompt")
         assert texts == expected
         assert hits == 16  # the second prompt found the first's four blocks on the same replica
         assert [llm.get_scheduler_stats().prefix_cache_hits for llm in replicas] == [16, 0]
