@@ -30,9 +30,13 @@ class CacheConfig:
     kv_blend_separator: str | None = None
     """CacheBlend: a string that splits text prompts into cached chunks and a final question, like a kv_blend
     field with those chunks (default: none, only the kv_blend field blends)."""
+    max_pinned_prefixes: int = 64
+    """Prefixes pinned at once (POST /v1/cache, LLM.pin_prefix); one more is refused until one is unpinned. Each
+    pin is checked against every admitted request, so thousands would slow admission."""
 
     def __post_init__(self) -> None:
         check_positive_int("block_size", self.block_size)
+        check_positive_int("max_pinned_prefixes", self.max_pinned_prefixes)
         parse_size(self.kv_cache_memory)
         check_recompute_ratio(self.kv_blend_recompute_ratio)
         if not isinstance(self.kv_blend_check_layer, int) or self.kv_blend_check_layer < 0:

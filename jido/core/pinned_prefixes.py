@@ -12,6 +12,10 @@ class PinTooLargeError(ValueError):
     """A prefix to pin would leave too little of the pool for a full-length request; nothing was pinned or evicted."""
 
 
+class TooManyPinsError(ValueError):
+    """As many prefixes as ``max_pinned_prefixes`` are pinned (or prefilling to be); nothing was pinned."""
+
+
 @dataclass
 class _Pin:
     holder: Request  # never scheduled: it only holds the blocks
@@ -33,6 +37,9 @@ class PinnedPrefixes:
 
     def __contains__(self, pin_id: str) -> bool:
         return pin_id in self._pins
+
+    def __len__(self) -> int:
+        return len(self._pins)
 
     @property
     def num_blocks(self) -> int:

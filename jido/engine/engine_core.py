@@ -13,7 +13,7 @@ from jido.core.kv_cache_manager import KVCacheManager
 from jido.core.kv_cache_spec import (KVCacheConfig, SlidingWindowSpec, blocks_per_request, make_kv_cache_config,
                                     peak_blocks_per_request)
 from jido.core.outputs import EngineCoreOutputs
-from jido.core.pinned_prefixes import PinTooLargeError
+from jido.core.pinned_prefixes import PinTooLargeError, TooManyPinsError
 from jido.core.request import Request, RequestStatus
 from jido.core.scheduler import Scheduler, SchedulerLimits
 from jido.executor.abstract import Executor, get_executor_class
@@ -158,16 +158,25 @@ class EngineCore:
     def get_scheduler_stats(self) -> SchedulerStats:
         return self.scheduler.stats()
 
-    def check_pin_fits(self, num_tokens: int, reserved_blocks: int = 0) -> int:
+    def check_pin_fits(self, num_tokens: int, reserved_blocks: int = 0, num_prefilling: int = 0) -> int:
         """The pool blocks a pin of ``num_tokens`` tokens holds once prefilled.
 
         A pin is taken only if a request of ``max_model_len`` tokens still fits beside every pin, so pins never
         starve, preempt or evict running work (the pin's own prefill waits for room as any request does).
 
         Raises:
+            ValueError: ``num_tokens`` is less than a block: a pin holds whole blocks, so it would hold nothing.
+            TooManyPinsError: ``max_pinned_prefixes`` are pinned, counting ``num_prefilling`` still prefilling.
             PinTooLargeError: it does not fit beside the pins held and ``reserved_blocks`` still prefilling.
         """
-        kv = self.kv_plan.kv_cache_config
+        kv, limit = self.kv_plan.kv_cache_config, self.config.cache_config.max_pinned_prefixes
+        block_size = kv.block_size
+        if num_tokens < block_size:
+            raise ValueError(f"the prompt has {num_tokens} tokens, less than one KV block ({block_size} tokens): a pin "
+                             "holds whole blocks, so it would hold nothing; pin a longer prefix")
+        if len(self.scheduler.pins) + num_prefilling >= limit:
+            raise TooManyPinsError(f"max_pinned_prefixes={limit} prefixes are pinned or being pinned already: unpin "
+                                   "one (DELETE /v1/cache/{id}) or raise max_pinned_prefixes")
         needed = blocks_per_request(kv, num_tokens + 1)
         peak = peak_blocks_per_request(kv, self.kv_plan.max_model_len, self.config.scheduler_config.max_num_batched_tokens)
         room = self.scheduler.pins.room(peak) - reserved_blocks

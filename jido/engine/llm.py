@@ -42,7 +42,8 @@ class LLM:
         """Prefill ``prompt`` and pin its KV in the device pool (cache-augmented generation); later prompts that
         start with it reuse it until :meth:`unpin_prefix`. Returns ``{"id", "num_tokens", "num_pinned_tokens"}``.
 
-        Raises ValueError (``PinTooLargeError``) when pins may not hold that many blocks.
+        Raises ValueError for a prompt shorter than a KV block, ``PinTooLargeError`` (a ValueError) when pins may
+        not hold that many blocks, and ``TooManyPinsError`` (a ValueError) past ``max_pinned_prefixes`` pins.
         """
         pin_id = f"pin-{next(self._request_counter)}"
         processed = self._tokenize(prompt)

@@ -269,7 +269,7 @@ class LLMEngine:
         if not isinstance(prompt, ProcessedPrompt):
             prompt = self.prepare_prompt(prompt)
         reserved = sum(blocks for _, blocks in self._pending_pins.values())
-        needed = self.core.check_pin_fits(len(prompt.token_ids), reserved)
+        needed = self.core.check_pin_fits(len(prompt.token_ids), reserved, len(self._pending_pins))
         self.add_request(pin_id, prompt, SamplingParams(max_tokens=1, temperature=0), arrival_time)
         self._pending_pins[pin_id] = (prompt.token_ids, needed)
 

@@ -7,7 +7,7 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from jido.core.pinned_prefixes import PinTooLargeError
+from jido.core.pinned_prefixes import PinTooLargeError, TooManyPinsError
 from jido.core.sampling_params import SamplingParams
 from jido.engine.async_engine import EngineStoppedError
 from jido.server.errors import APIError, bad_request, parse_json
@@ -45,6 +45,8 @@ class CacheServing:
                     pass
             except PinTooLargeError as exc:
                 raise APIError(413, str(exc), param="prompt", code="cache_full") from exc
+            except TooManyPinsError as exc:  # like cache_full, not a 429 that clients would retry with no end
+                raise APIError(413, str(exc), code="too_many_pins") from exc
             except ValueError as exc:
                 raise bad_request(str(exc), "prompt") from exc
             except EngineStoppedError as exc:

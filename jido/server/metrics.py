@@ -137,8 +137,7 @@ class ServerMetrics:
         self.num_speculative_tokens = num_speculative_tokens
         self._kv_usage_value = self._kv_peak_value = 0.0  # this process's, for the peak between scrapes
         self._closed = False
-        self._model_name, self._kv_block_bytes = model_name, kv_block_bytes
-        self._pins: tuple = ()  # the pinned prefixes as of the last report, rendered per id
+        self._kv_block_bytes = kv_block_bytes
         self._pin_hits: dict[str, int] = {}
         with _values_in_files() as value_class:
             self._value_class = value_class
@@ -212,6 +211,7 @@ class ServerMetrics:
                                     tuple(str(rank) for rank in range(num_expert_ranks)))
         self.pinned_prefixes = gauge("jido:kv_pinned_prefixes", "Prefixes pinned with POST /v1/cache.")
         self.pinned_bytes = gauge("jido:kv_pinned_bytes", "KV bytes the pinned prefixes hold in the device pool.")
+        self.pinned_tokens = gauge("jido:kv_pinned_tokens", "Tokens whose KV the pinned prefixes hold.")
         self.pinned_hits = counter("jido:kv_pinned_hits", "Requests admitted whose cached prefix covered a pinned one.")
         if self.num_speculative_tokens:
             self._make_spec_metrics(counter, counters)
@@ -297,30 +297,16 @@ class ServerMetrics:
         Never OpenMetrics: prometheus_client escapes the colons of its sample names to underscores there
         (vllm_..., under HELP lines that keep vllm:...), which would rename every metric.
         """
-        text = generate_latest(self._registry) + self._render_pins()
+        text = generate_latest(self._registry)
         # A peak since the last scrape: start the next window from the usage now.
         self._kv_peak_value = self._kv_usage_value
         self.kv_peak.set(self._kv_peak_value)
         return text
 
-    def _render_pins(self) -> bytes:
-        """Per pinned prefix, its tokens and hits, labelled by id (pins come and go, so they are not series
-        kept in files: they are rendered from the last report)."""
-        if not self._pins:
-            return b""
-        name = self._model_name.replace("\\", "\\\\").replace('"', '\\"')
-        lines = ["# HELP jido:kv_pinned_prefix_tokens Tokens whose KV a pinned prefix holds, by id.",
-                 "# TYPE jido:kv_pinned_prefix_tokens gauge"]
-        lines += [f'jido:kv_pinned_prefix_tokens{{model_name="{name}",id="{p.pin_id}"}} {p.num_tokens}'
-                  for p in self._pins]
-        lines += ["# HELP jido:kv_pinned_prefix_hits Requests that reused a pinned prefix, by id.",
-                  "# TYPE jido:kv_pinned_prefix_hits gauge"]
-        lines += [f'jido:kv_pinned_prefix_hits{{model_name="{name}",id="{p.pin_id}"}} {p.hits}' for p in self._pins]
-        return ("\n".join(lines) + "\n").encode()
-
     def _record_pins(self, pins: tuple) -> None:
-        self._pins = pins
+        # Totals only: a series per pin id would grow with every pin ever made (GET /v1/cache lists each pin).
         self.pinned_prefixes.set(len(pins))
+        self.pinned_tokens.set(sum(p.num_tokens for p in pins))
         self.pinned_bytes.set(sum(p.num_blocks for p in pins) * self._kv_block_bytes)
         for pin in pins:
             if pin.hits > self._pin_hits.get(pin.pin_id, 0):

@@ -7,7 +7,7 @@ import torch
 from tiny_model_folder import BOS_ID, VOCAB_SIZE
 
 from jido import LLM, SamplingParams
-from jido.core.pinned_prefixes import PinTooLargeError
+from jido.core.pinned_prefixes import PinTooLargeError, TooManyPinsError
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
@@ -62,3 +62,22 @@ def test_unpin_lets_the_pool_evict_the_prefix_again(llm):
     assert llm.generate([document + [5, 6]], GREEDY, use_tqdm=False)[0].num_cached_tokens == 0
     with pytest.raises(KeyError):
         llm.unpin_prefix(pin["id"])
+
+
+def test_a_prompt_shorter_than_a_block_is_refused_as_it_would_pin_nothing(llm):
+    with pytest.raises(ValueError, match=r"^the prompt has 3 tokens, less than one KV block \(4 tokens\): a pin holds "
+                                         "whole blocks, so it would hold nothing; pin a longer prefix$"):
+        llm.pin_prefix([BOS_ID, *_random(2, 7)])
+    assert llm.pin_prefix([BOS_ID, *_random(3, 7)])["num_pinned_tokens"] == 4  # one block: the least a pin holds
+    assert llm.llm_engine.get_scheduler_stats().pinned[0].num_blocks > 0
+
+
+def test_pins_past_max_pinned_prefixes_are_refused_until_one_is_unpinned(tiny_model_folder):
+    llm = LLM(str(tiny_model_folder), dtype="float32", kv_cache_memory="48KiB", block_size=4, max_model_len=64,
+              max_pinned_prefixes=2)
+    first, _ = (llm.pin_prefix([BOS_ID, *_random(7, seed)]) for seed in (1, 2))
+    with pytest.raises(TooManyPinsError, match="^max_pinned_prefixes=2 prefixes are pinned or being pinned already"):
+        llm.pin_prefix([BOS_ID, *_random(7, 3)])
+    assert len(llm.llm_engine.get_scheduler_stats().pinned) == 2
+    llm.unpin_prefix(first["id"])
+    assert llm.pin_prefix([BOS_ID, *_random(7, 3)])["num_pinned_tokens"] == 8

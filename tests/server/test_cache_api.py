@@ -1,5 +1,6 @@
 """POST/GET/DELETE /v1/cache (cache-augmented generation) on a tiny model: a pinned document survives other
-traffic and later prompts hit it; too large a pin is a 413; pins are in /metrics by id."""
+traffic and later prompts hit it; too large a pin, or one past max_pinned_prefixes, is a 413; a prompt shorter
+than a block is a 400; /metrics has the pins' totals, never a series per pin id."""
 from __future__ import annotations
 
 import json
@@ -43,7 +44,8 @@ def test_a_pinned_document_is_reused_after_traffic_that_evicts_everything_else(s
                                          "num_blocks": 9, "num_bytes": 9 * 512, "hits": 1}]
     metrics = server.metrics()
     assert metric(metrics, "jido:kv_pinned_prefixes") == 1 and metric(metrics, "jido:kv_pinned_bytes") == 9 * 512
-    assert metric(metrics, "jido:kv_pinned_prefix_tokens", id=pin["id"]) == 28
+    assert metric(metrics, "jido:kv_pinned_tokens") == 28
+    assert not [name for name in metrics.samples if "id" in {k for labels, _ in metrics.samples[name] for k in labels}]
     assert metric(metrics, "jido:kv_pinned_hits_total") == 1
     status, _, raw = server.request("DELETE", f"/v1/cache/{pin['id']}")
     assert status == 200 and json.loads(raw) == {"id": pin["id"], "object": "cache", "deleted": True}
@@ -68,7 +70,23 @@ def test_pinning_more_than_fits_is_a_413_and_the_server_keeps_serving(server):
 
 
 @pytest.mark.parametrize("body, message", [({"prompt": []}, "prompt is empty"),
-                                           ({"prompt": 5}, "must be a string or an array of token ids")])
+                                           ({"prompt": 5}, "must be a string or an array of token ids"),
+                                           ({"prompt": [BOS_ID, 5, 6]}, "the prompt has 3 tokens, less than one KV "
+                                                                        "block (4 tokens)")])
 def test_a_bad_prompt_to_pin_is_a_400(server, body, message):
     status, answer = _post(server, "/v1/cache", body)
     assert status == 400 and message in answer["error"]["message"]
+    assert answer["error"]["param"] == "prompt"
+
+
+def test_a_pin_past_max_pinned_prefixes_is_a_413_until_one_is_deleted(tiny_model_folder):
+    with running_server(model=str(tiny_model_folder), **SMALL_POOL, max_pinned_prefixes=1) as server:
+        status, pin = _post(server, "/v1/cache", {"prompt": [BOS_ID, *_random(7, 20)]})
+        assert status == 200
+        status, answer = _post(server, "/v1/cache", {"prompt": [BOS_ID, *_random(7, 21)]})
+        assert (status, answer["error"]["code"]) == (413, "too_many_pins")
+        assert answer["error"]["message"] == ("max_pinned_prefixes=1 prefixes are pinned or being pinned already: "
+                                              "unpin one (DELETE /v1/cache/{id}) or raise max_pinned_prefixes")
+        assert server.request("DELETE", f"/v1/cache/{pin['id']}")[0] == 200
+        assert _post(server, "/v1/cache", {"prompt": [BOS_ID, *_random(7, 21)]})[0] == 200
+

@@ -60,6 +60,7 @@ BEFORE = {
     "jido:requests_aborted": ("counter", "Requests abandoned before finishing (client gone).", {}, ()),
     "jido:kv_pinned_prefixes": ("gauge", "Prefixes pinned with POST /v1/cache.", {}, ()),
     "jido:kv_pinned_bytes": ("gauge", "KV bytes the pinned prefixes hold in the device pool.", {}, ()),
+    "jido:kv_pinned_tokens": ("gauge", "Tokens whose KV the pinned prefixes hold.", {}, ()),
     "jido:kv_pinned_hits": ("counter", "Requests admitted whose cached prefix covered a pinned one.", {}, ()),
 }
 
