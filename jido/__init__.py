@@ -1,9 +1,9 @@
 """jido (지도, "map"): an LLM inference serving engine that measures which optimizations pay."""
 from __future__ import annotations
 
-from jido.core.sampling_params import SamplingParams
+from jido.core.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams"]
 
 
 def __getattr__(name: str):

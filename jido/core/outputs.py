@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from jido.core.kv_blend import BlendPlan
 from jido.core.kv_connector import KVConnectorOutput
 from jido.core.sampling_params import SamplingParams
@@ -47,6 +49,9 @@ class SchedulerOutput:
     kv_connector_metadata: Any = None
     # Requests whose whole prompt (past the prefix hit) this step blends from cached chunks (CacheBlend).
     kv_blend_plans: dict[str, BlendPlan] = field(default_factory=dict)
+    # Structured outputs: the allowed next tokens of each request this step samples under a grammar, as
+    # [ceil(vocab / 32)] int32 bitmasks (bit t % 32 of word t // 32 allows token t); absent: unconstrained.
+    grammar_bitmask: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:

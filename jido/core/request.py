@@ -7,6 +7,7 @@ from typing import Any
 
 from jido.core.kv_blend import BlendSpec
 from jido.core.sampling_params import SamplingParams
+from jido.core.structured_output import Grammar
 from jido.utils.hashing import BlockHash
 
 
@@ -58,6 +59,9 @@ class Request:
         self.kv_transfer_params = kv_transfer_params
         self.kv_load_s = 0.0  # time spent waiting for an external load (WAITING_FOR_REMOTE_KVS)
         self.kv_blend = kv_blend  # a prompt of cached chunks to blend (CacheBlend); None: an ordinary prompt
+        # The request's structured-output constraint (jido.core.structured_output.Grammar), advanced by the
+        # scheduler with each appended token; None: unconstrained.
+        self.grammar: Grammar | None = None
 
     @property
     def num_tokens_with_spec(self) -> int:

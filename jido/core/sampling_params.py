@@ -13,6 +13,47 @@ _FINITE = f"finite (at most {_FLOAT32_MAX:.4g}, the largest float32)"
 
 
 @dataclass
+class StructuredOutputsParams:
+    """A constraint on the generated text, enforced token by token by the grammar engine (vLLM's names).
+
+    Exactly one of ``json`` (a JSON schema, as a dict or its text), ``regex``, ``choice`` (the output is one
+    of these strings), ``grammar`` (a Lark grammar, or GBNF with ``::=`` rules) or ``json_object`` (any JSON
+    object) is set. ``disable_any_whitespace`` keeps JSON compact (no whitespace between its tokens); unlike
+    vLLM it defaults to True: with whitespace allowed, Gemma 3 270M's greedy JSON spun in whitespace until
+    ``max_tokens`` on 1 of 3 prompts.
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.json is None or isinstance(self.json, (str, dict)),
+                 f"structured_outputs.json must be a JSON schema (an object or its text), got {_show(self.json)}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            _require(value is None or (isinstance(value, str) and value),
+                     f"structured_outputs.{name} must be a non-empty string, got {_show(value)}")
+        _require(self.choice is None or (isinstance(self.choice, (list, tuple)) and self.choice
+                                         and all(isinstance(c, str) for c in self.choice)),
+                 f"structured_outputs.choice must be a non-empty list of strings, got {_show(self.choice)}")
+        _require(self.json_object in (None, True, False),
+                 f"structured_outputs.json_object must be true or false, got {_show(self.json_object)}")
+        kinds = self.kinds
+        _require(len(kinds) == 1, "structured_outputs must set exactly one of json, regex, choice, grammar or "
+                                  f"json_object, got {', '.join(kinds) if kinds else 'none'}")
+
+    @property
+    def kinds(self) -> list[str]:
+        """The constraint fields set (exactly one once validated)."""
+        return [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None] + \
+            (["json_object"] if self.json_object else [])
+
+
+@dataclass
 class SamplingParams:
     """Per-request sampling and stopping settings, named as in vLLM's offline API.
 
@@ -62,6 +103,8 @@ class SamplingParams:
     """Keep the matched stop string at the end of the text."""
     skip_special_tokens: bool = True
     """Leave special tokens out of the detokenized text."""
+    structured_outputs: StructuredOutputsParams | None = None
+    """A JSON schema, regex, choice or grammar the output must follow (enforced by the grammar engine)."""
     stop_strings: tuple[str, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:
@@ -86,6 +129,9 @@ class SamplingParams:
         for name in ("ignore_eos", "include_stop_str_in_output", "skip_special_tokens"):
             flag = getattr(self, name)
             _require(isinstance(flag, bool), f"{name} must be true or false, got {_show(flag)}")
+        _require(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+                 "structured_outputs must be a StructuredOutputsParams, got "
+                 f"{type(self.structured_outputs).__name__}")
         self.stop_strings = _normalize_stop(self.stop)
         self.stop_token_ids = _normalize_stop_token_ids(self.stop_token_ids)
 

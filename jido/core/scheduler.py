@@ -17,6 +17,7 @@ from jido.core.outputs import (CachedRequestData, EngineCoreOutput, Logprobs, Mo
 from jido.core.pinned_prefixes import PinnedPrefixes
 from jido.core.request import Request, RequestStatus
 from jido.core.scheduling_policy import order_waiting, preemption_victim
+from jido.core.structured_output import fill_bitmasks
 from jido.metrics.stats import SchedulerStats, SpecDecodingStats
 
 
@@ -210,12 +211,14 @@ class Scheduler:
 
     def _make_output(self, num_scheduled: dict[str, int], new_block_ids: dict[str, list[list[int]]],
                      blend_plans: dict[str, BlendPlan]) -> SchedulerOutput:
-        new_reqs, cached_reqs, spec_tokens = [], [], {}
+        new_reqs, cached_reqs, spec_tokens, grammars = [], [], {}, {}
         for req_id, num_new in num_scheduled.items():
             request = self.requests[req_id]
             num_spec = request.num_computed_tokens + num_new - request.num_tokens
             if num_spec > 0:
                 spec_tokens[req_id] = request.spec_token_ids[:num_spec]
+            if request.grammar is not None and num_spec >= 0:  # samples this step (not a chunk short of the end)
+                grammars[req_id] = request.grammar
             if req_id in self._runner_has:
                 cached_reqs.append(CachedRequestData(req_id, new_block_ids[req_id], request.num_computed_tokens))
                 continue
@@ -225,7 +228,7 @@ class Scheduler:
                 request.eos_token_ids, self.kv.get_block_ids(req_id), request.num_computed_tokens))
         dropped, self._dropped = self._dropped, set()
         output = SchedulerOutput(new_reqs, cached_reqs, num_scheduled, sum(num_scheduled.values()), dropped,
-                                 spec_tokens, kv_blend_plans=blend_plans)
+                                 spec_tokens, kv_blend_plans=blend_plans, grammar_bitmask=fill_bitmasks(grammars))
         if self.connector is not None:
             output.kv_connector_metadata = self.connector.build_connector_meta(output, self.kv.get_block_ids)
         return output
@@ -293,6 +296,8 @@ class Scheduler:
         first = not request.output_token_ids
         for num_new, token_id in enumerate(token_ids, start=1):
             request.append_output_token(token_id)
+            if request.grammar is not None:
+                request.grammar.accept_token(token_id)
             finish = self._check_stop(request)
             if finish is not None:
                 params = self._finish(request, finish)
@@ -318,6 +323,8 @@ class Scheduler:
             return RequestStatus.FINISHED_LENGTH
         if request.num_tokens >= self.limits.max_model_len:
             return RequestStatus.FINISHED_LENGTH
+        if request.grammar is not None and request.grammar.is_terminated():
+            return RequestStatus.FINISHED_STOPPED  # its constraint is complete: nothing may follow
         return None
 
     def _preempt(self, request: Request) -> None:

@@ -12,6 +12,7 @@ from jido.core.kv_blend import BlendSpec
 from jido.core.outputs import EngineCoreOutput, Logprobs, PromptLogprobsLists
 from jido.core.request import Request
 from jido.core.sampling_params import SamplingParams
+from jido.core.structured_output import Grammar, GrammarCompiler
 from jido.engine.blend_prompts import ChunkWarmups, blend_prompt, parse_kv_blend, split_on_separator
 from jido.engine.detokenizer import IncrementalDetokenizer
 from jido.engine.engine_core import EngineCore
@@ -83,6 +84,8 @@ class LLMEngine:
         self.max_model_len = self.core.kv_plan.max_model_len
         self.vocab_size = self.model_arch.vocab_size
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids)
+        self.grammar_compiler = GrammarCompiler((self.model_folder / "tokenizer.json").read_text(encoding="utf-8"),
+                                                self.vocab_size, list(self.eos_token_ids))
         self.last_iteration_stats: IterationStats | None = None
         self._parents: dict[str, _Parent] = {}
         self._child_to_parent: dict[str, tuple[str, int]] = {}
@@ -201,14 +204,16 @@ class LLMEngine:
             self._check_blend(len(ids), params, transfer)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         children = self._child_params(params)
+        grammars = [self.compile_grammar(params) for _ in children]  # each child advances its own
         sequences = [_Sequence(i, IncrementalDetokenizer(self.tokenizer, ids, p)) for i, p in enumerate(children)]
         self._parents[request_id] = _Parent(request_id, text, ids, params, sequences, arrival)
         requests = []
         for i, child_params in enumerate(children):
             child_id = request_id if params.n == 1 else f"{i}_{request_id}"
             self._child_to_parent[child_id] = (request_id, i)
-            requests.append(Request(child_id, ids, child_params, self.eos_token_ids, arrival, priority,
-                                    transfer, blend))
+            request = Request(child_id, ids, child_params, self.eos_token_ids, arrival, priority, transfer, blend)
+            request.grammar = grammars[i]
+            requests.append(request)
         missing = self._uncached_chunks(ids, blend) if blend is not None else []
         if missing:  # held back until its chunks are cached on their own
             for warmup in self._warmups.hold(request_id, requests, missing):
@@ -222,6 +227,16 @@ class LLMEngine:
         size = self.config.cache_config.block_size
         prompts = [blend.standalone(ids, i) for i in range(len(blend.chunk_ends))]
         return [p for p in prompts if self.core.num_cached_tokens(p) < len(p) // size * size]
+
+    def compile_grammar(self, params: SamplingParams) -> Grammar | None:
+        """The grammar of ``params``' structured outputs (None without); raises ValueError naming the field when
+        they are invalid or this engine cannot enforce them. Safe from any thread (the server checks first)."""
+        if params.structured_outputs is None:
+            return None
+        if self.config.speculative_config is not None:
+            raise ValueError("structured_outputs is not supported with speculative decoding (speculative_config): "
+                             "proposals are not checked against the grammar yet")
+        return self.grammar_compiler.compile(params.structured_outputs)
 
     def check_transfer_params(self, params: dict | None, sampling: SamplingParams | None = None) -> object:
         """A request's ``kv_transfer_params`` parsed and checked against this engine's role (and ``sampling``).

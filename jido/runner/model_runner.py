@@ -32,7 +32,7 @@ from jido.runner.input_batch import InputBatch, ModelInputs
 from jido.runner import smoothing
 from jido.runner.prompt_logprobs import PromptLogprobsCollector
 from jido.runner.spec_decode import ProposerContext, SpecDecoder, make_proposer
-from jido.sampling.metadata import SamplingMetadata
+from jido.sampling.metadata import SamplingMetadata, with_grammar
 from jido.sampling.rejection_sampler import VerifiedTokens
 from jido.sampling.sampler import Sampler
 from jido.utils.cpu import CpuInfo, cpu_info
@@ -361,7 +361,7 @@ class ModelRunner:
         model_done = time.perf_counter()
         if inputs.sampled_req_ids:  # else only prefill chunks that have not reached their prompts' ends
             rows = hidden[inputs.logits_indices]
-            metadata = self._row_metadata(inputs)
+            metadata = with_grammar(self._row_metadata(inputs), inputs.sampled_req_ids, sched.grammar_bitmask)
             verified = self._greedy_tokens(rows, inputs, metadata)
             logits = None if verified is not None else self.model.compute_logits(rows)
             model_done = time.perf_counter()  # the LM head, kernel or logits, is the model's time
@@ -419,7 +419,8 @@ class ModelRunner:
             rows.append(batch.req_index[req_id])
         logits = self.model.compute_logits(torch.cat(hidden_rows))
         model_done = time.perf_counter()
-        token_ids, logprobs = self.sampler.sample(logits, batch.sampling.metadata(rows))
+        metadata = with_grammar(batch.sampling.metadata(rows), req_ids, sched.grammar_bitmask)
+        token_ids, logprobs = self.sampler.sample(logits, metadata)
         batch.append_sampled(np.asarray(rows, dtype=np.int64), [[t] for t in token_ids])
         return ModelRunnerOutput(
             {r: [t] for r, t in zip(req_ids, token_ids)},

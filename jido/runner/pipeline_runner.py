@@ -11,6 +11,7 @@ from jido.attention.backend import build_step_metadata
 from jido.core.outputs import Logprobs, ModelRunnerOutput, PromptLogprobsLists, SchedulerOutput
 from jido.runner.input_batch import ModelInputs
 from jido.runner.model_runner import ModelRunner
+from jido.sampling.metadata import with_grammar
 
 
 def split_micro_batches(sched: SchedulerOutput, num_micro_batches: int) -> list[SchedulerOutput]:
@@ -101,7 +102,8 @@ class PipelineModelRunner(ModelRunner):
         prompt_logprobs.update(self.prompt_logprobs.collect(micro, hidden))
         if inputs.sampled_req_ids:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
-            metadata = self.input_batch.sampling.metadata(inputs.sampled_rows.tolist())
+            metadata = with_grammar(self.input_batch.sampling.metadata(inputs.sampled_rows.tolist()),
+                                    inputs.sampled_req_ids, micro.grammar_bitmask)
             token_ids, row_logprobs = self.sampler.sample(logits, metadata)
             sampled.update(zip(inputs.sampled_req_ids, token_ids))
             logprobs.update((r, [lp]) for r, lp in zip(inputs.sampled_req_ids, row_logprobs) if lp is not None)

@@ -66,6 +66,21 @@ def ban_tokens(logits: torch.Tensor, rows: list[int], token_ids: list[tuple[int,
     logits[torch.tensor(rows, device=logits.device)[:, None], padded] = float("-inf")
 
 
+def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """-inf, in place, for every token of ``rows`` ([G] int64) whose bit in ``bitmask`` ([G, words] int32) is 0.
+
+    Bit ``t % 32`` of word ``t // 32`` allows token ``t``; logits columns past the mask's bits are disallowed.
+    """
+    width = logits.shape[1]
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    bits = (bitmask.to(logits.device)[:, :, None] >> shifts) & 1  # [G, words, 32]
+    allowed = torch.zeros((rows.numel(), width), dtype=torch.bool, device=logits.device)
+    num_bits = min(width, bits.shape[1] * 32)
+    allowed[:, :num_bits] = bits.flatten(1)[:, :num_bits].bool()
+    index = rows.to(logits.device)
+    logits[index] = logits[index].masked_fill_(~allowed, float("-inf"))
+
+
 def filtered_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None = None,
                    top_p: torch.Tensor | None = None, min_p: torch.Tensor | None = None) -> Probs:
     """Probabilities after temperature ([R], > 0), top-k, top-p and min-p; None skips a filter for every row.

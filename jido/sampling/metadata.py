@@ -33,6 +33,8 @@ class SamplingMetadata:
         output position is below its min_tokens, its stop_token_ids get -inf. The caller puts the EOS ids
         there too unless the request ignores EOS.
       - ``num_logprobs`` int64: -1 = no logprobs for the row, else how many top entries to report.
+      - ``grammar_rows`` (ascending) are the rows under a structured-output grammar and ``grammar_bitmask``
+        [G, ceil(vocab / 32)] int32 their allowed tokens (bit t % 32 of word t // 32); None when G is 0.
     """
 
     temperature: torch.Tensor
@@ -50,6 +52,8 @@ class SamplingMetadata:
     num_logprobs: torch.Tensor
     prompt_token_mask: torch.Tensor | None = None
     output_token_counts: torch.Tensor | None = None
+    grammar_rows: torch.Tensor | None = None  # [G] int64, CPU
+    grammar_bitmask: torch.Tensor | None = None  # [G, words] int32, CPU
     # Derived in __post_init__; the filter flags look at random rows only (greedy rows ignore them).
     all_greedy: bool = field(init=False)
     all_random: bool = field(init=False)
@@ -89,7 +93,7 @@ class SamplingMetadata:
     @property
     def plain_greedy(self) -> bool:
         """Whether each row's token is the argmax of its logits as they come: greedy rows, no penalties, no bans."""
-        return self.all_greedy and self.no_penalties and not self.banned_rows
+        return self.all_greedy and self.no_penalties and not self.banned_rows and self.grammar_rows is None
 
     @property
     def argmax_only(self) -> bool:
@@ -128,6 +132,15 @@ def shift_metadata(md: SamplingMetadata, source_rows: list[int], prefixes: list[
                               accumulate=True)
     return SamplingMetadata(**fields, stop_token_ids=[md.stop_token_ids[s] for s in source_rows],
                             prompt_token_mask=mask, output_token_counts=counts)
+
+
+def with_grammar(md: SamplingMetadata, req_ids: list[str], bitmasks: dict[str, np.ndarray]) -> SamplingMetadata:
+    """``md`` (row i sampling for request ``req_ids[i]``) with the grammar bitmasks of the requests that have one."""
+    rows = [row for row, req_id in enumerate(req_ids) if req_id in bitmasks]
+    if rows:
+        md.grammar_rows = torch.tensor(rows, dtype=torch.long)
+        md.grammar_bitmask = torch.from_numpy(np.stack([bitmasks[req_ids[row]] for row in rows]))
+    return md
 
 
 def needs_penalties(repetition: Rows, presence: Rows, frequency: Rows) -> Rows:

@@ -6,7 +6,7 @@ from typing import NamedTuple
 import torch
 
 from jido.core.outputs import Logprobs
-from jido.sampling.filters import Probs, apply_penalties, ban_tokens, filtered_probs
+from jido.sampling.filters import Probs, apply_penalties, apply_token_bitmask, ban_tokens, filtered_probs
 from jido.sampling.metadata import SamplingMetadata
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the generator's seed space
@@ -70,8 +70,8 @@ class Sampler:
     def sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Sample one token per row of ``logits`` ([B, vocab] float32), as ``metadata`` says.
 
-        ``logits`` is used up: penalties, bans and temperature are applied to it in place. Logprobs are
-        those of the raw model distribution, before any of them.
+        ``logits`` is used up: penalties, bans, grammar masks and temperature are applied to it in place.
+        Logprobs are those of the raw model distribution, before any of them.
         """
         raw = raw_logprobs(logits, metadata)
         apply_constraints(logits, metadata)
@@ -168,13 +168,15 @@ def _zero_degenerate_rows(probs: Probs) -> torch.Tensor | None:
 
 
 def apply_constraints(logits: torch.Tensor, md: SamplingMetadata) -> None:
-    """Penalties and min-tokens bans, in place: what every row's distribution is computed from."""
+    """Penalties, min-tokens bans and grammar masks, in place: what every row's distribution is computed from."""
     if md.penalty_rows is not None:
         rows = md.penalty_rows
         apply_penalties(logits, rows, md.prompt_token_mask, md.output_token_counts, md.repetition_penalty[rows],
                         md.presence_penalty[rows], md.frequency_penalty[rows])
     if md.banned_rows:
         ban_tokens(logits, md.banned_rows, [md.stop_token_ids[row] for row in md.banned_rows])
+    if md.grammar_rows is not None:
+        apply_token_bitmask(logits, md.grammar_rows, md.grammar_bitmask)
 
 
 def raw_logprobs(logits: torch.Tensor, md: SamplingMetadata) -> tuple[list[int], torch.Tensor] | None:

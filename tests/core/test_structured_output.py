@@ -1,0 +1,89 @@
+"""Structured-output constraints: validation, grammars compiled on the default model's vocabulary, and their masks."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from jido.core.sampling_params import StructuredOutputsParams
+from jido.core.structured_output import GrammarCompiler, bitmask_words, fill_bitmasks
+from jido.models.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.slow  # the default model's tokenizer
+
+VOCAB = 262_144
+
+
+@pytest.fixture(scope="module")
+def compiler(gemma_folder) -> GrammarCompiler:
+    tokenizer = Tokenizer.from_folder(gemma_folder)
+    return GrammarCompiler((gemma_folder / "tokenizer.json").read_text(), VOCAB, tokenizer.eos_token_ids)
+
+
+@pytest.fixture(scope="module")
+def token_bytes(gemma_folder) -> dict[int, bytes]:
+    """Each ordinary token's bytes, read from its SentencePiece piece (▁ a space, <0xHH> one byte)."""
+    tokenizer = Tokenizer.from_folder(gemma_folder)
+    pieces = tokenizer.convert_ids_to_tokens(list(range(tokenizer.vocab_size)))
+    special = tokenizer.all_special_ids if hasattr(tokenizer, "all_special_ids") else set()
+    out = {}
+    for token_id, piece in enumerate(pieces):
+        if piece is None or token_id in special:
+            continue
+        out[token_id] = (bytes([int(piece[3:5], 16)]) if re.fullmatch(r"<0x[0-9A-F]{2}>", piece)
+                         else piece.replace("\u2581", " ").encode())
+    return out
+
+
+def allowed_tokens(mask: np.ndarray) -> set[int]:
+    bits = np.unpackbits(mask.view(np.uint8), bitorder="little")
+    return set(np.flatnonzero(bits).tolist())
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({}, "exactly one of json, regex, choice, grammar or json_object, got none"),
+    ({"regex": "a+", "choice": ["a"]}, "exactly one of json, regex, choice, grammar or json_object, got regex, choice"),
+    ({"choice": []}, "structured_outputs.choice must be a non-empty list of strings"),
+    ({"regex": ""}, "structured_outputs.regex must be a non-empty string"),
+])
+def test_structured_outputs_params_refuse_anything_but_one_constraint(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        StructuredOutputsParams(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"regex": "(unclosed"}, "structured_outputs.regex"),
+    ({"json": "{not json"}, "structured_outputs.json"),
+    ({"json": {"type": "object", "properties": {"a": {"type": "no-such-type"}}}}, "structured_outputs.json"),
+    ({"grammar": "start: undefined_rule"}, "structured_outputs.grammar"),
+])
+def test_a_bad_constraint_is_a_value_error_naming_its_field(compiler, kwargs, field):
+    with pytest.raises(ValueError, match=re.escape(field)):
+        compiler.compile(StructuredOutputsParams(**kwargs))
+
+
+def test_a_choice_mask_allows_exactly_the_tokens_that_spell_a_prefix_of_a_choice(compiler, token_bytes):
+    choices = ["red", "green", "blue sky"]
+    grammar = compiler.compile(StructuredOutputsParams(choice=choices))
+    mask = fill_bitmasks({"r": grammar})["r"]
+    assert mask.shape == (bitmask_words(VOCAB),)
+    expected = {t for t, data in token_bytes.items()
+                if data and any(c.encode().startswith(data) for c in choices)}
+    assert allowed_tokens(mask) == expected
+
+
+def test_the_grammar_advances_with_accepted_tokens_and_terminates_when_nothing_can_follow(compiler, gemma_folder,
+                                                                                          token_bytes):
+    tokenizer = Tokenizer.from_folder(gemma_folder)
+    grammar = compiler.compile(StructuredOutputsParams(regex="[0-9]{2,3}"))
+    mask = np.empty(bitmask_words(VOCAB), dtype=np.int32)
+    digits = tokenizer.encode("123", add_special_tokens=False)
+    for token_id in digits[:2]:
+        assert grammar.accept_token(token_id) and not grammar.is_terminated()
+    grammar.fill_bitmask(mask)
+    digit_ids = {t for t, data in token_bytes.items() if len(data) == 1 and data.isdigit()}  # <0x3N> bytes too
+    assert allowed_tokens(mask) == digit_ids | set(tokenizer.eos_token_ids)  # a third digit, or the end
+    assert grammar.accept_token(digits[2]) and grammar.is_terminated()  # three digits: nothing may follow
+    assert not compiler.compile(StructuredOutputsParams(regex="[0-9]{2,3}")).accept_token(tokenizer.encode(
+        "x", add_special_tokens=False)[0])
