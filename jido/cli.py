@@ -13,7 +13,10 @@ from typing import TYPE_CHECKING, Any
 from jido.config import FLAT_CONFIGS, JSON_CONFIGS, EngineConfig
 from jido.core.sampling_params import SamplingParams
 from jido.metrics.stats import IterationStats
-from jido.tools.perplexity import PerplexityConfig, evaluate, format_result, read_text, result_record
+from jido.tools.perplexity import (PerplexityConfig, domains_record, evaluate, evaluate_domains, format_result,
+                                   read_text, result_record)
+from jido.tools.divergence import DivergenceConfig
+from jido.utils.text_domains import DOMAINS
 from jido.utils.cli_args import add_dataclass_arguments, dataclass_kwargs, summary
 
 if TYPE_CHECKING:  # the engine loads torch: only `jido generate`, `serve` and `eval` import it, when they run
@@ -131,20 +134,50 @@ def _eval_parser(sub: argparse._SubParsersAction) -> None:
         description="Perplexity of FILE by llama-perplexity's method: consecutive chunks of --context-length "
                     "tokens, each starting with BOS, the tokens after each chunk's first half scored; prints it "
                     "with its standard error, the tokens scored and tokens/s")
-    perplexity.add_argument("file", metavar="FILE", help="a UTF-8 text file, tokenized as one text")
+    perplexity.add_argument("file", metavar="FILE", nargs="?",
+                            help="a UTF-8 text file, tokenized as one text (or --domains for jido's own texts)")
     add_dataclass_arguments(perplexity, PerplexityConfig)
     _add_engine_arguments(perplexity)
     perplexity.set_defaults(handler=_run_perplexity)
+    divergence = tasks.add_parser(
+        "divergence", help="greedy continuations against float32 GGUF-native ones, per held-out domain",
+        description="Continue windows of each held-out domain greedily under the given settings and under the "
+                    "float32 reference (the file's own codes, or float weights, in float32); print where the "
+                    "continuations first differ and the reference's top-2 log-probability gap there")
+    add_dataclass_arguments(divergence, DivergenceConfig)
+    _add_engine_arguments(divergence)
+    divergence.set_defaults(handler=_run_divergence)
 
 
 def _run_perplexity(args: argparse.Namespace) -> int:
     from jido.engine.llm import LLM
 
     config = PerplexityConfig(**dataclass_kwargs(args, PerplexityConfig))
-    text = read_text(args.file)  # an empty or missing file fails before the model loads
+    if (args.file is None) == (config.domains is None):
+        raise ValueError("give either FILE or --domains (all, or some of: " + ", ".join(DOMAINS) + "), not both")
+    text = None if args.file is None else read_text(args.file)  # a bad file fails before the model loads
     llm = LLM(**_engine_kwargs(args))
-    result = evaluate(llm, text, config)
-    print(json.dumps(result_record(result, llm)) if config.json else format_result(result))
+    if text is not None:
+        result = evaluate(llm, text, config)
+        print(json.dumps(result_record(result, llm)) if config.json else format_result(result))
+        return 0
+    results = evaluate_domains(llm, config)
+    if config.json:
+        print(json.dumps(domains_record(results, llm, config.split)))
+    for domain, result in ([] if config.json else results.items()):
+        print(f"{domain:<15} {format_result(result)}")
+    return 0
+
+
+def _run_divergence(args: argparse.Namespace) -> int:
+    from jido.tools import divergence
+
+    config = DivergenceConfig(**dataclass_kwargs(args, DivergenceConfig))
+    summaries = divergence.run(_engine_kwargs(args), config)
+    if config.json:
+        print(json.dumps(summaries))
+    for domain, summary in ([] if config.json else summaries.items()):
+        print(divergence.format_summary(domain, summary))
     return 0
 
 

@@ -64,18 +64,13 @@ def resolve_dtype(dtype: str, device: torch.device, cpu: CpuInfo | None = None) 
     return torch.bfloat16 if (cpu or cpu_info()).has_native_bf16 else torch.float32
 
 
-def resolve_quantization(quantization: str | None, device: torch.device, from_gguf: bool,
-                         calibrated: bool = False) -> str:
-    """The scheme to load with: as asked, else for a GGUF model on CPU ``gguf_w8a8`` where the model is
-    ``calibrated`` (a target the runner smooths: not a draft, not a pipeline stage), ``gguf`` where it is not, and
-    ``none`` otherwise.
+def resolve_quantization(quantization: str | None, device: torch.device, from_gguf: bool) -> str:
+    """The scheme to load with: as asked, else ``gguf`` for a GGUF model on CPU (the file's own codes, within 0.1% of
+    float32 GGUF-native perplexity on every held-out domain) and ``none`` otherwise.
 
-    ``gguf_w8a8`` is ``gguf`` wherever it does not pay (a float32 model: CPUs without native bf16) and, in a bf16
-    model, runs prefill-sized steps on int8 GEMMs: on a 2-core Zen 4 a 2,000-token prompt's TTFT 0.68x and 16 streams
-    1.29x ``gguf``'s, on an AMX Xeon a 2,000-token TTFT 0.89-0.93x, for +0.5-0.6% perplexity
-    (benchmarks/results/gguf-w8a8-2026-12-06-zen4.md). Unsmoothed it costs several percent, hence ``gguf`` where no
-    calibration runs. The GGUF kernels are CPU kernels; on CUDA a GGUF model is dequantized to dtype unless asked
-    otherwise.
+    ``gguf_w8a8`` is opt-in: its prefill-sized steps on int8 GEMMs are faster in a bf16 model, but rounding x per token
+    cost several percent of perplexity on text outside its calibration (docs/quantization.md has the figures per
+    domain). The GGUF kernels are CPU kernels; on CUDA a GGUF model is dequantized to dtype unless asked otherwise.
 
     Raises:
         ValueError: ``gguf`` or ``gguf_w8a8`` asked for a model that is not a GGUF file, a CPU scheme off the CPU, or
@@ -91,9 +86,7 @@ def resolve_quantization(quantization: str | None, device: torch.device, from_gg
         raise ValueError(f"quantization {quantization!r} runs on CPU kernels; on {device.type} use quantization none")
     if quantization is not None:
         return quantization
-    if not from_gguf or device.type != "cpu":
-        return "none"
-    return "gguf_w8a8" if calibrated else "gguf"
+    return "gguf" if from_gguf and device.type == "cpu" else "none"
 
 
 def check_fp8_device(device: torch.device) -> None:
@@ -167,8 +160,7 @@ class ModelRunner:
         self.attn_backend = get_attention_backend(config.model_config.attention_backend
                                                   or default_attention_backend(self.device.type))
         self.quantization = resolve_quantization(config.model_config.quantization, self.device,
-                                                 gguf_source(self.model_folder) is not None,
-                                                 calibrated=self.parallel.pp.world_size == 1)
+                                                 gguf_source(self.model_folder) is not None)
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache_config.kv_cache_dtype, self.dtype)
         # With a KV connector the model's attention calls its per-layer hooks (bound once the cache exists).
         self.layer_hooks = LayerwiseHooks(self.attn_backend, None) if connector_name(config) else None

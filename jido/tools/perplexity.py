@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from jido.config import FLAT_CONFIGS, EngineConfig
 from jido.core.sampling_params import SamplingParams
 from jido.utils.cpu import cpu_info
+from jido.utils.text_domains import SPLITS, RenderChat, domain_text, parse_domains, plain_transcript
 
 if TYPE_CHECKING:  # the engine loads torch: imported by the caller that builds it
     from jido.engine.llm import LLM
@@ -43,8 +44,17 @@ class PerplexityConfig:
     whole chunk)."""
     json: bool = False
     """Print one JSON object with the engine settings and the machine instead of one line."""
+    domains: str | None = None
+    """Score jido's own texts instead of FILE: ``all`` or a comma-separated list of prose_en, code_python, code_c,
+    chat, prose_ko, numbers_tables (one figure each; chat rendered by the model's chat template)."""
+    split: str = "heldout"
+    """Which set of those texts: ``heldout`` (read by no calibration or tuning) or ``calibration``."""
 
     def __post_init__(self) -> None:
+        if self.domains is not None:
+            parse_domains(self.domains)
+        if self.split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {self.split!r}")
         if not isinstance(self.context_length, int) or self.context_length < MIN_CONTEXT_LENGTH:
             raise ValueError(f"context_length must be an integer >= {MIN_CONTEXT_LENGTH} (a chunk with at least "
                              f"one token to score), got {self.context_length!r}")
@@ -132,6 +142,24 @@ def evaluate(llm: LLM, text: str, config: PerplexityConfig) -> PerplexityResult:
                             wall_s)
 
 
+def evaluate_domains(llm: LLM, config: PerplexityConfig) -> dict[str, PerplexityResult]:
+    """Each of ``config.domains``' texts in ``config.split`` scored as :func:`evaluate` scores a file."""
+    render = chat_renderer(llm)
+    return {domain: evaluate(llm, domain_text(config.split, domain, render), config)  # type: ignore[arg-type]
+            for domain in parse_domains(config.domains or "all")}
+
+
+def chat_renderer(llm: LLM) -> RenderChat:
+    """Whole conversations through the model's chat template (no generation prompt); a plain transcript for a model
+    that has none (a base model)."""
+    from jido.engine.chat_template import load_chat_template
+
+    template = load_chat_template(llm.get_tokenizer())
+    if template is None:
+        return plain_transcript
+    return lambda messages: template.render(messages, add_generation_prompt=False)
+
+
 def _check_lengths(num_tokens: int, context_length: int, max_model_len: int) -> None:
     if num_tokens < context_length:
         raise ValueError(f"the text has {num_tokens} tokens, fewer than one chunk of context_length "
@@ -175,6 +203,16 @@ def engine_settings(config: EngineConfig) -> dict[str, Any]:
 def _describe_positions(context_length: int) -> str:
     positions = scored_positions(context_length)
     return f"{positions.start}..{positions.stop - 1} of each chunk's 0..{context_length - 1}"
+
+
+def domains_record(results: dict[str, PerplexityResult], llm: LLM, split: str) -> dict[str, Any]:
+    """:func:`result_record`'s settings and machine with one result per domain, for ``--json``."""
+    records = {domain: result_record(result, llm) for domain, result in results.items()}
+    first = next(iter(records.values()))
+    shared = {k: v for k, v in first.items() if k in ("model", "device", "dtype", "attention_backend", "engine",
+                                                      "machine", "context_length", "scored_positions")}
+    per_domain = {domain: {k: v for k, v in record.items() if k not in shared} for domain, record in records.items()}
+    return {**shared, "split": split, "domains": per_domain}
 
 
 def format_result(result: PerplexityResult) -> str:

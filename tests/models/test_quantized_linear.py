@@ -250,11 +250,10 @@ def test_scheme_names_agree_between_the_config_and_the_registry():
         get_quantization_config("int4", 7)
 
 
-def test_gguf_w8a8_is_the_default_for_a_calibrated_gguf_model_on_cpu_and_gguf_where_none_calibrates():
+def test_gguf_is_the_default_for_a_gguf_model_on_cpu_and_gguf_w8a8_is_opt_in():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_quantization(None, cpu, from_gguf=True, calibrated=True) == "gguf_w8a8"
-    assert resolve_quantization(None, cpu, from_gguf=True) == "gguf"  # a draft, a pipeline stage
-    assert resolve_quantization(None, cuda, from_gguf=True, calibrated=True) == "none"
+    assert resolve_quantization(None, cpu, from_gguf=True) == "gguf"
+    assert resolve_quantization("gguf_w8a8", cpu, from_gguf=True) == "gguf_w8a8"
     assert resolve_quantization(None, cuda, from_gguf=True) == "none"
     assert resolve_quantization(None, cpu, from_gguf=False) == "none"
     assert resolve_quantization("int8", cpu, from_gguf=True) == "int8"

@@ -13,7 +13,7 @@ from jido.layers.parameter import default_device_and_dtype
 from jido.layers.quantization import get_quantization_config
 from jido.layers.quantized_linear import smoothing_factors
 from jido.runner import smoothing
-from jido.utils.reference_text import reference_text
+from jido.utils.text_domains import DOMAINS, domain_text
 
 
 def test_smoothing_factors_are_smoothquants_and_one_where_a_channel_has_no_range():
@@ -81,16 +81,17 @@ def test_the_engine_smooths_every_w8a8_linear_at_load_and_serves_the_same_tokens
     assert llm.generate([prompt], params)[0].outputs[0].token_ids == first
 
 
-def test_calibration_chunks_come_from_the_end_of_the_pydoc_text_and_fit_the_cache():
+def test_calibration_takes_one_chunk_from_each_calibration_domain_and_never_the_heldout_text():
     class Ids:  # a tokenizer of one id per character
         def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
             return [ord(c) for c in text]
 
     chunks = smoothing.calibration_chunks(Ids(), vocab_size=128, max_tokens=100)
-    assert [len(c) for c in chunks] == [100] * smoothing.NUM_CHUNKS
-    assert all(i < 128 for c in chunks for i in c)
-    tail = [ord(c) for c in reference_text() if ord(c) < 128][-100 * smoothing.NUM_CHUNKS:]
-    assert sum(chunks, []) == tail
+    assert len(chunks) == len(DOMAINS) and all(len(c) == 100 for c in chunks)
+    for domain, chunk in zip(DOMAINS, chunks):
+        text = domain_text("calibration", domain)
+        assert chunk == [ord(c) for c in text if ord(c) < 128][:100], domain
+        assert "".join(map(chr, chunk)) not in domain_text("heldout", domain), domain
 
 
 def test_w8a8_with_a_kv_connector_calibrates_before_the_connector_is_bound_and_serves_the_same_tokens(

@@ -99,7 +99,7 @@ def test_the_order_text_names_each_stage_and_gain_and_what_did_not_pay():
     text = format_order(ablation, Summary("output_throughput", paid, unpaid, None), 0.05)
     assert "  1. batching/scheduler knobs: batching=continuous 2.00x (jido's default), chunked-prefill=on 1.11x" \
            " (jido's default)" in text
-    assert "  3. quantization: quantization=int8 1.33x (jido's default is gguf_w8a8)" in text
+    assert "  3. quantization: quantization=int8 1.33x (jido's default is gguf)" in text
     assert "  4. speculative decoding: nothing paid" in text
     assert "Did not pay (under 5%, within the spread of the runs, or with failed requests): " \
            "kv-cache-dtype=int8 1.02x" in text

@@ -95,7 +95,7 @@ TECHNIQUES: dict[str, Technique] = {t.name: t for t in (
     Technique("kv-offload", "prefix-caching", "evicted KV blocks kept in CPU memory and loaded back on a hit",
               _json("--kv-offload", "cpu-4GiB", {"cpu": "4GiB"}), "off"),
     Technique("quantization", "quantization", "weights stored and multiplied quantized",
-              _flag("--quantization", ("none", "gguf", "gguf_w8a8", "int8", "int4", "w8a8", "fp8")), "gguf_w8a8"),
+              _flag("--quantization", ("none", "gguf", "gguf_w8a8", "int8", "int4", "w8a8", "fp8")), "gguf"),
     Technique("kv-cache-dtype", "quantization", "one-byte KV cache values with a scale per token and head",
               _flag("--kv-cache-dtype", ("auto", "int8", "fp8_e4m3", "fp8_e5m2")), "auto"),
     Technique("dtype", "quantization", "weights' and activations' precision",
