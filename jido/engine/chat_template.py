@@ -17,6 +17,11 @@ NO_TEMPLATE = ("this model has no chat template (a base model, such as gemma-3-2
                "/v1/completions")
 
 
+# What render() itself gives the template; a request's chat_template_kwargs may not replace them.
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools", "bos_token", "eos_token",
+                                         "raise_exception", "strftime_now"})
+
+
 class ChatTemplateError(ValueError):
     """The messages cannot be rendered: the template rejected them or failed on them."""
 
@@ -27,7 +32,8 @@ class ChatTemplate:
     The template sees ``messages`` (dicts with ``role`` and string ``content``), ``add_generation_prompt``,
     ``tools`` (OpenAI's tool list, or None), ``bos_token`` and ``eos_token``, plus the helpers
     ``raise_exception``, ``strftime_now`` and transformers' ``tojson``; how tools and system messages appear
-    is the template's call.
+    is the template's call. A request's ``template_kwargs`` are more variables, as transformers' and vLLM's
+    ``chat_template_kwargs`` (``enable_thinking``, ...).
     """
 
     def __init__(self, source: str, bos_token: str = "", eos_token: str = "") -> None:
@@ -45,13 +51,15 @@ class ChatTemplate:
         self.eos_token = eos_token
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-               tools: list[dict[str, Any]] | None = None) -> str:
-        """The prompt text for ``messages``; raises ChatTemplateError when the template refuses them."""
+               tools: list[dict[str, Any]] | None = None, template_kwargs: dict[str, Any] | None = None) -> str:
+        """The prompt text for ``messages``; raises ChatTemplateError when the template refuses them. NOTE:
+        ``template_kwargs`` never replace RESERVED_TEMPLATE_VARIABLES (the server refuses such a request)."""
         if not messages:
             raise ChatTemplateError("messages is empty: give at least one message")
+        variables = {**(template_kwargs or {}), "messages": messages, "add_generation_prompt": add_generation_prompt,
+                     "tools": tools, "bos_token": self.bos_token, "eos_token": self.eos_token}
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         tools=tools, bos_token=self.bos_token, eos_token=self.eos_token)
+            return self._template.render(variables)
         except ChatTemplateError:
             raise
         except jinja2.TemplateError as exc:

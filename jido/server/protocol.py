@@ -1,13 +1,15 @@
 """The OpenAI request bodies jido accepts (with vLLM's sampling extras), as pydantic models."""
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, PlainValidator
+from pydantic import AfterValidator, BaseModel, ConfigDict, PlainValidator, ValidationInfo
 from pydantic_core import PydanticCustomError
 
 from jido.core.sampling_params import SamplingParams
+from jido.engine.chat_template import RESERVED_TEMPLATE_VARIABLES
 from jido.models.tokenizer import check_encodable
 
 # Fields passed to SamplingParams unchanged when the client sets them.
@@ -18,6 +20,7 @@ _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "repetition_p
 
 _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "object",
                type(None): "null"}
+_MAX_TOP_LOGPROBS = 20  # OpenAI's bound, and SamplingParams' for logprobs
 
 
 def _tool_choice_is_noop(value: Any, body: dict) -> bool:
@@ -85,6 +88,45 @@ Stop = Annotated[str | list[str] | None, _one_of(
 # Parts are checked when the messages are rendered, which says which part types jido serves.
 Content = Annotated[str | list[dict[str, Any]] | None, _one_of(
     "a string or an array of content parts", lambda v: v is None or isinstance(v, str) or _is_list_of(v, dict))]
+
+
+def _invalid(message: str) -> PydanticCustomError:
+    return PydanticCustomError("invalid_value", "{message}", {"message": message})
+
+
+def _check_top_logprobs(value: int | None, info: ValidationInfo) -> int | None:
+    # Checked whether or not logprobs is set, as OpenAI does (vLLM: top_logprobs needs logprobs too).
+    if value is not None and not 0 <= value <= _MAX_TOP_LOGPROBS:
+        raise _invalid(f"top_logprobs must be an integer in [0, {_MAX_TOP_LOGPROBS}], got {value}")
+    if value and not info.data.get("logprobs"):
+        raise _invalid("top_logprobs needs logprobs: true (it is the number of alternatives to return with them)")
+    return value
+
+
+def _check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """OpenAI's tools, as vLLM takes them: ``{"type": "function", "function": {"name", "description"?,
+    "parameters"?}}`` (``type`` may be left out); anything else would be rendered into the prompt as it came."""
+    for i, tool in enumerate(tools or ()):
+        if tool.get("type", "function") != "function":
+            raise _invalid(f'tools[{i}].type must be "function", got {json.dumps(tool["type"])}')
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise _invalid(f"tools[{i}].function must be an object with the function's name, got "
+                           f"{'nothing' if function is None else _json_type(function)}")
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            raise _invalid(f"tools[{i}].function.name must be a non-empty string")
+        for key, kind in (("description", str), ("parameters", dict)):
+            if function.get(key) is not None and not isinstance(function[key], kind):
+                raise _invalid(f"tools[{i}].function.{key} must be a JSON {_JSON_TYPES[kind]}, got "
+                               f"{_json_type(function[key])}")
+    return tools
+
+
+def _check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+    taken = sorted(RESERVED_TEMPLATE_VARIABLES.intersection(kwargs or ()))
+    if taken:
+        raise _invalid(f"chat_template_kwargs cannot set {', '.join(taken)}: jido sets those from the request")
+    return kwargs
 
 
 class _Body(BaseModel):
@@ -176,10 +218,12 @@ class ChatCompletionRequest(_SamplingBody):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int | None, AfterValidator(_check_top_logprobs)] = None  # after logprobs: it reads it
     add_generation_prompt: bool = True
     # Rendered into the prompt as the chat template defines; a call comes back as the model's text in content.
-    tools: list[dict[str, Any]] | None = None
+    tools: Annotated[list[dict[str, Any]] | None, AfterValidator(_check_tools)] = None
+    # vLLM's: more variables for the chat template (e.g. {"enable_thinking": false} for Qwen3's).
+    chat_template_kwargs: Annotated[dict[str, Any] | None, AfterValidator(_check_template_kwargs)] = None
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -152,7 +152,8 @@ class OpenAIServing:
         try:
             messages = body.template_messages()
             self._check_prompt_bytes(sum(_utf8_len(m["content"]) for m in messages), "messages")
-            text = self.chat_template.render(messages, body.add_generation_prompt, body.tools)
+            text = self.chat_template.render(messages, body.add_generation_prompt, body.tools,
+                                             body.chat_template_kwargs)
         except ValueError as exc:
             raise bad_request(str(exc), "messages") from exc
         # The template already wrote the special tokens (BOS), as transformers' apply_chat_template does.

@@ -66,6 +66,13 @@ def test_tools_reach_the_template_as_json_without_html_escapes():
 
 
 @pytest.mark.slow
+def test_template_kwargs_are_variables_of_the_template():
+    template = ChatTemplate("{% if enable_thinking %}<think>{% endif %}{{ messages[0]['content'] }}")
+    assert template.render(CHAT[1:2], template_kwargs={"enable_thinking": True}) == "<think>Hi"
+    assert template.render(CHAT[1:2], template_kwargs={"enable_thinking": False}) == "Hi"
+    assert template.render(CHAT[1:2]) == "Hi"
+
+
 def test_qwen_renders_its_own_template_as_transformers_does(qwen_folder, qwen_reference):
     # System messages, the default system prompt, and tools are each placed where Qwen2.5's template says.
     tokenizer = Tokenizer.from_folder(qwen_folder)
