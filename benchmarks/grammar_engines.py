@@ -99,7 +99,8 @@ def bench_xgrammar(folder: Path, vocab_size: int, eos: int, token_ids: list[int]
 
 
 def outlines_vocabulary(folder: Path, eos: int):
-    """outlines-core's Vocabulary from tokenizer.json: each token's bytes (SentencePiece's ▁ a space, <0xHH> a byte)."""
+    """outlines-core's Vocabulary from tokenizer.json: each token's bytes (SentencePiece's ▁ a space, <0xHH> a
+    byte)."""
     import outlines_core
     from tokenizers import Tokenizer
 
@@ -124,7 +125,8 @@ def outlines_vocabulary(folder: Path, eos: int):
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table (what byte-level BPE vocabularies are written in)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+          + list(range(ord("®"), ord("ÿ") + 1)))
     cs, n = bs[:], 0
     for b in range(256):
         if b not in bs:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, PlainValidator, ValidationInfo
 from pydantic_core import PydanticCustomError
 
-from jido.core.sampling_params import SamplingParams
+from jido.core.sampling_params import SamplingParams, StructuredOutputsParams
 from jido.engine.chat_template import RESERVED_TEMPLATE_VARIABLES
 from jido.models.tokenizer import check_encodable
 
@@ -42,7 +42,6 @@ _UNSUPPORTED: dict[str, tuple[str, Callable[[Any, dict], bool]]] = {
     "tool_choice": ("forced or disabled tool calls", _tool_choice_is_noop),
     "functions": ("function calling", lambda v, body: v is None or v == []),
     "function_call": ("function calling", lambda v, body: v is None or v == "none"),
-    "response_format": ("structured output", lambda v, body: v is None or v == {"type": "text"}),
 }
 
 
@@ -164,6 +163,10 @@ class _SamplingBody(_Body):
     # vLLM's P/D field: {"do_remote_decode": true} asks a KV producer to prefill and hold the KV; a consumer
     # gets back the producer's answer (a handle) to load it (see docs/disaggregation.md).
     kv_transfer_params: dict[str, Any] | None = None
+    # OpenAI's {"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema": ...}}; and vLLM's
+    # structured_outputs ({"json"|"regex"|"choice"|"grammar"|"json_object": ...}): enforced by the grammar engine.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     def client_name(self, name: str) -> str:
         """The request field that set SamplingParams' ``name``, for error messages and ``param``."""
@@ -177,7 +180,48 @@ class _SamplingBody(_Body):
                         prompt_logprobs: int | None = None) -> SamplingParams:
         """SamplingParams for this body; raises ValueError (a 400) for out-of-range values."""
         given = {name: getattr(self, name) for name in _SAMPLING_FIELDS if getattr(self, name) is not None}
-        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs, **given)
+        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                              structured_outputs=self.structured_outputs_params(), **given)
+
+    @property
+    def constraint_field(self) -> str:
+        """The request field a structured-output constraint came from, for error messages."""
+        if self.structured_outputs is not None:
+            return "structured_outputs"
+        kind = (self.response_format or {}).get("type")
+        return "response_format.json_schema" if kind == "json_schema" else "response_format"
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """The constraint of ``structured_outputs`` or ``response_format``; raises ValueError naming the field."""
+        if self.structured_outputs is not None:
+            if self.response_format not in (None, {"type": "text"}):
+                raise ValueError("structured_outputs and response_format cannot both constrain the output: "
+                                 "give one of them")
+            try:
+                return StructuredOutputsParams(**self.structured_outputs)
+            except TypeError as exc:  # a key StructuredOutputsParams does not have
+                raise ValueError(f"structured_outputs has an unknown key: {exc}; allowed: json, regex, choice, "
+                                 "grammar, json_object, disable_any_whitespace") from exc
+        return response_format_params(self.response_format)
+
+
+def response_format_params(response_format: dict[str, Any] | None) -> StructuredOutputsParams | None:
+    """OpenAI's ``response_format`` as a constraint (None for text); raises ValueError naming what is wrong."""
+    kind = None if response_format is None else response_format.get("type")
+    if kind in (None, "text"):
+        if response_format is not None and kind is None:
+            raise ValueError('response_format needs a "type": "text", "json_object" or "json_schema"')
+        return None
+    if kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if kind != "json_schema":
+        raise ValueError(f'response_format.type must be "text", "json_object" or "json_schema", got {kind!r}')
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise ValueError('response_format.json_schema must be an object {"name": ..., "schema": {...}}')
+    # OpenAI's schema is optional: without one any JSON object is allowed.
+    schema = spec.get("schema")
+    return StructuredOutputsParams(json_object=True) if schema is None else StructuredOutputsParams(json=schema)
 
 
 class CompletionRequest(_SamplingBody):

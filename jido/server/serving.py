@@ -60,6 +60,8 @@ class OpenAIServing:
         if body.kv_transfer_params is not None and len(prompts) > 1:
             raise bad_request("kv_transfer_params names one request's KV: send one prompt with it", "kv_transfer_params")
         self._check_transfer(body, params[0])
+        # Off the event loop: the first constrained request builds the vocabulary's token trie (seconds).
+        await asyncio.to_thread(self._check_grammar, body, params[0])
         request_id = f"cmpl-{uuid.uuid4().hex}"
         fmts = [CompletionFormat(request_id, self.model_name, self.llm.tokenizer,
                                  echo_text=self._echo_text(p if body.kv_blend is None else ids, ids)
@@ -80,6 +82,7 @@ class OpenAIServing:
         prompt_ids = await asyncio.to_thread(self._chat_prompt_ids, body)  # off the event loop, as above
         params = self._params(body, prompt_ids, body.requested_max_tokens, body.num_logprobs)
         self._check_transfer(body, params)
+        await asyncio.to_thread(self._check_grammar, body, params)
         fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer)
         return await self._respond(http_request, fmt, ProcessedPrompt(None, prompt_ids), params, body, timer)
 
@@ -127,6 +130,17 @@ class OpenAIServing:
             self.llm.check_transfer_params(body.kv_transfer_params, params)
         except ValueError as exc:
             raise bad_request(str(exc), "kv_transfer_params") from exc
+
+    def _check_grammar(self, body: CompletionRequest | ChatCompletionRequest, params: SamplingParams) -> None:
+        """A 400 naming the field when the request's constraint does not compile (or cannot be enforced here)."""
+        try:
+            self.llm.compile_grammar(params)
+        except ValueError as exc:
+            field, message = body.constraint_field, str(exc)
+            if field != "structured_outputs":
+                message = message.replace("structured_outputs.json", "response_format.json_schema.schema", 1)
+                message = message.replace("structured_outputs", "response_format", 1)
+            raise bad_request(message, field.split(".")[0]) from exc
 
     def kv_transfer(self) -> dict:
         """GET /kv_transfer: this instance's KV role, endpoint and format, for routers (404 without a connector)."""
@@ -192,7 +206,8 @@ class OpenAIServing:
             # said here as the client said it (chat's top_logprobs sets logprobs).
             name, rest = str(exc).split(" ", 1)
             param = body.client_name(name)
-            raise bad_request(f"{param} {rest}", param if param in type(body).model_fields else None) from exc
+            field = param.split(".")[0]  # response_format.type: the field is response_format
+            raise bad_request(f"{param} {rest}", field if field in type(body).model_fields else None) from exc
 
     # -- running ----------------------------------------------------------------------------------
     async def _respond(self, http_request: Request, fmt: ResponseFormat, prompt: ProcessedPrompt,
