@@ -13,7 +13,7 @@ from jido.parallel.group import CommStats
 from jido.parallel.state import ModelParallel, destroy_model_parallel, init_model_parallel
 from jido.runner.model_runner import ModelRunner, resolve_device
 from jido.runner.pipeline_runner import PipelineModelRunner
-from jido.utils.malloc_policy import keep_freed_blocks
+from jido.utils.malloc_policy import give_back_free_memory, keep_freed_blocks
 
 
 class Worker:
@@ -54,6 +54,7 @@ class Worker:
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         self.runner.initialize_kv_cache(kv_cache_config)
         if self.runner.device.type == "cpu":  # from here on steps, not the load, make the large blocks
+            give_back_free_memory()  # what the load freed, before the policy keeps what steps free
             keep_freed_blocks()
 
     def capture_model(self, max_model_len: int) -> None:

@@ -28,6 +28,29 @@ KEEP_BYTES = 256 << 20
 
 
 @functools.cache
+def _malloc_trim() -> ctypes._CFuncPtr | None:
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+def give_back_free_memory() -> bool:
+    """Hand the heap's free pages back to the kernel (``malloc_trim(0)``), wherever they lie in the heap.
+
+    A load frees most of what it made (decoded tensors, staging copies, packings remade), but glibc only returns
+    free memory at the top of its heap; the rest stayed resident for the life of the process (on the default model,
+    about a third of the worker's memory). Returns whether the C library has the call."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
+@functools.cache
 def _mallopt() -> ctypes._CFuncPtr | None:
     # The process's own symbols, as huge_pages reaches madvise: find_library would run ldconfig in a subprocess.
     try:

@@ -41,3 +41,32 @@ def test_a_large_block_freed_and_made_again_is_reused_only_under_the_policy() ->
     # 40 MiB is 10,240 pages of 4 KiB: glibc by default maps and unmaps the block each time, so every page faults.
     assert _last_fills_faults("default") > 4 * 10_000
     assert _last_fills_faults("keep") < 500
+
+
+TRIM_PROBE = textwrap.dedent("""
+    import sys, torch
+    from jido.utils.malloc_policy import give_back_free_memory, keep_freed_blocks
+    def rss_kib():
+        return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1])
+    assert keep_freed_blocks()  # blocks come from the heap, as after the first large one under glibc's defaults
+    blocks, pins = [], []
+    for _ in range(200):  # 1 MiB blocks, each followed by a small one that stays: holes that cannot merge to the top
+        blocks.append(torch.ones(1 << 18))
+        pins.append(torch.ones(16))
+    del blocks
+    before = rss_kib()
+    if sys.argv[1] == "trim":
+        assert give_back_free_memory()
+    print(before - rss_kib())
+""")
+
+
+@pytest.mark.skipif(malloc_policy._malloc_trim() is None, reason="the C library has no malloc_trim")
+def test_free_memory_inside_the_heap_goes_back_to_the_kernel_only_when_given_back() -> None:
+    def released_kib(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", TRIM_PROBE, mode], capture_output=True, text=True, check=True,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        return int(out.stdout.split()[-1])
+
+    assert released_kib("keep") < 10 << 10
+    assert released_kib("trim") > 150 << 10  # of the 200 MiB freed
