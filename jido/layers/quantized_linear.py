@@ -297,10 +297,10 @@ class QuantizedLinearMethod(LinearMethod):
         if qweight is None:
             self.dense.process_logits_weights_after_loading(layer)
         else:
-            self._hold(layer, qweight)
+            self._hold(layer, qweight, gemm=False)  # the logits never run on the w8a8 GEMMs: no AMX packing either
             self._bind(layer)
 
-    def _hold(self, layer: nn.Module, qweight: QuantizedWeight) -> None:
+    def _hold(self, layer: nn.Module, qweight: QuantizedWeight, gemm: bool = True) -> None:
         """Drop the checkpoint's float weight for ``qweight`` (an embedding keeps gathering in its dtype from it),
         and where the panel kernel runs keep its panels packed beside it (int8_dot.PackedPanels): steps of a few
         rows then skip repacking the whole weight per call, which dominated the LM head. Codes that fit five bits
@@ -308,11 +308,11 @@ class QuantizedLinearMethod(LinearMethod):
         bytes (Gemma 3 270M's GGUF: 21 MB less read a token, of 298)."""
         model_dtype = layer.weight.dtype
         del layer.weight
-        self._pack(layer, qweight, model_dtype)
+        self._pack(layer, qweight, model_dtype, gemm)
 
-    def _pack(self, layer: nn.Module, qweight: QuantizedWeight, model_dtype: torch.dtype) -> None:
+    def _pack(self, layer: nn.Module, qweight: QuantizedWeight, model_dtype: torch.dtype, gemm: bool = True) -> None:
         """``qweight`` as the layer's codes, with the packings its kernels read (see :meth:`_hold`), in place of any
-        it held."""
+        it held; ``gemm`` False leaves out w8a8's AMX GEMM packing."""
         for packing in ("qpanels", "qfive", "qgemm", "qint_mm"):  # every packing set here or by _set_prefill_copy
             layer.__dict__.pop(packing, None)
         layer.qweight = qweight
@@ -320,7 +320,7 @@ class QuantizedLinearMethod(LinearMethod):
             layer.qpanels = int8_dot.pack_panels(qweight, self.per_token)
             if int8_dot.fits_five_bits(qweight):
                 layer.qfive = int8_dot.pack_five_bits(qweight)
-            if self.per_token and int8_dot.takes_amx_gemm(qweight):
+            if gemm and self.per_token and int8_dot.takes_amx_gemm(qweight):
                 layer.qgemm = self._prefill_gemm(layer, qweight, model_dtype)
 
     def _keep_prefill_copy(self, layer: nn.Module, qweight: QuantizedWeight, model_dtype: torch.dtype) -> None:

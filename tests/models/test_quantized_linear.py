@@ -1,6 +1,7 @@
 """Quantized schemes compute with exactly the weights they store: int8/int4 made at load, GGUF codes as stored."""
 from __future__ import annotations
 
+import types
 import typing
 from pathlib import Path
 
@@ -217,6 +218,23 @@ def test_an_untied_lm_head_is_held_by_the_logits_method_at_8_bits_with_no_copy_f
     # The logits stay near the model holding the dequantized codes, the head's included (see the test above).
     ours, expected = TinyPagedRunner(quantized).step(TOKENS)["a"], TinyPagedRunner(reference).step(TOKENS)["a"]
     assert (ours - expected).abs().max() <= 0.06 * expected.abs().max()
+
+
+def test_an_untied_lm_head_gets_no_amx_gemm_packing_under_w8a8_where_the_layers_get_theirs(monkeypatch):
+    # On an AMX CPU w8a8 packs every layer for the AMX GEMM; the logits never run there, so the head must not hold
+    # that second copy. The packing is stood in for here, so the check runs on every CPU kind, not only on AMX.
+    packed = []
+
+    def pack(qweight, gated=False):
+        packed.append(qweight)
+        return types.SimpleNamespace(gated=gated)
+
+    monkeypatch.setattr(int8_dot, "takes_amx_gemm", lambda qweight: True)
+    monkeypatch.setattr(int8_dot, "pack_amx_gemm", pack)
+    quantized, _ = _quantized_and_reference("llama", "w8a8", None)
+    head = quantized.lm_head
+    assert not hasattr(head, "qgemm") and all(qweight is not head.qweight for qweight in packed)
+    assert hasattr(quantized.model.layers[0].mlp.down_proj, "qgemm")
 
 
 def _codes(rows: int, cols: int, group_size: int, offsets: bool, seed: int) -> QuantizedCodes:
