@@ -75,7 +75,7 @@ class Workload:
     input_len: int
     output_len: int
     # New prompts for every repeat: a repeat of the same prompts would hit every engine's prefix cache, and its
-    # TTFT (and part of its throughput) would time the cache (compare-2026-12-02-0600 and earlier runs did).
+    # TTFT (and part of its throughput) would time the cache (compare-2026-12-02-amx-xeon-0600 and earlier runs did).
     fresh_per_repeat: bool = False
 
     def config(self, base_url: str, tokenizer: str) -> BenchConfig:
@@ -362,19 +362,71 @@ def run_transformers(workloads: list[Workload], prompts: dict[str, list[SampleRe
 
 
 # -- serving and measuring ----------------------------------------------------------------------------
+@dataclasses.dataclass
+class ServerMemory:
+    """A server's start-up and memory: seconds from launch to ready, the PSS of its process tree once ready and the
+    largest PSS sampled while it served (MiB), the page cache a GGUF read through mmap shares included."""
+
+    start_s: float = 0.0
+    pss_after_load_mib: float = 0.0
+    peak_pss_mib: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: round(v, 1) for k, v in dataclasses.asdict(self).items()}
+
+
+def process_group_pss_mib(pgid: int) -> float:
+    """The summed PSS of every process in process group ``pgid`` (a server and the workers it started)."""
+    total_kib = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) != pgid:  # field 5, pgrp, after "(comm)"
+                continue
+            rollup = (stat.parent / "smaps_rollup").read_text()
+            total_kib += int(next(line.split()[1] for line in rollup.splitlines() if line.startswith("Pss:")))
+    return total_kib / 1024
+
+
 @contextlib.contextmanager
-def running_server(name: str, command: tuple[list[str], dict[str, str]], startup_s: float) -> Iterator[str]:
-    """Start a server in its own process group, wait until /v1/models answers, stop it afterwards."""
+def sampling_peak(memory: ServerMemory, pgid: int, interval_s: float = 0.5) -> Iterator[None]:
+    """Sample the group's PSS every ``interval_s`` into ``memory.peak_pss_mib`` until the block ends."""
+    import threading
+
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(interval_s):
+            memory.peak_pss_mib = max(memory.peak_pss_mib, process_group_pss_mib(pgid))
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+@contextlib.contextmanager
+def running_server(name: str, command: tuple[list[str], dict[str, str]], startup_s: float,
+                   memory: ServerMemory | None = None) -> Iterator[str]:
+    """Start a server in its own process group, wait until /v1/models answers, stop it afterwards; ``memory`` gets
+    its start-up time and PSS (after load, and the peak while the block runs)."""
     cmd, env = command
     log = log_path(f"{name}-server")
     print(f"starting {name} (output: {log}; ready within {startup_s:.0f} s)", flush=True)
+    memory = memory or ServerMemory()
+    start = time.monotonic()
     with log.open("w") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env},
                                    start_new_session=True)
     base_url = f"http://127.0.0.1:{PORT}"
     try:
         wait_until_ready(process, base_url, startup_s, log)
-        yield base_url
+        memory.start_s = time.monotonic() - start
+        memory.pss_after_load_mib = memory.peak_pss_mib = process_group_pss_mib(process.pid)
+        with sampling_peak(memory, process.pid):
+            yield base_url
     finally:
         stop(process)
 
@@ -515,8 +567,10 @@ def run_peer(name: str, peer: Peer, workloads: list[Workload], prompts: dict, to
         else:
             command = peer.command(PORT)
             record.update(command=" ".join(command[0]), env=command[1])
-            with running_server(name, command, peer.startup_s) as base_url:
+            memory = ServerMemory()
+            with running_server(name, command, peer.startup_s, memory) as base_url:
                 record["results"] = bench_server(base_url, workloads, prompts, tokenizer, repeats)
+            record["memory"] = memory.as_dict()
         if name == "llama.cpp":
             record["llama_bench"] = llama_bench(model)
         return record | {"status": "ok"}

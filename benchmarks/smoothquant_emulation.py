@@ -1,7 +1,7 @@
 """What SmoothQuant's smoothing would buy w8a8's perplexity on the default model, emulated in float32.
 
 w8a8 rounds every linear's input to int8 per token, and Gemma 3's activations have outlier channels that per-token
-rounding crushes the other channels under (`--quantization w8a8`: +4.0% perplexity, `perplexity-2026-12-03-avx2-w8a8.md`).
+rounding crushes the other channels under (`--quantization w8a8`: +4.0% perplexity, `perplexity-2026-12-03-avx2-epyc-w8a8.md`).
 SmoothQuant (Xiao et al., 2023) moves part of each input channel's range into the weight: ``x W^T = (x / s)(W s)^T``
 with ``s_j = max|x_j|^alpha / max|W_j|^(1 - alpha)``, the activation maxima taken on calibration text. This script
 measures that before any kernel is written: the model runs dense in float32 (``quantization=none``: the GGUF's

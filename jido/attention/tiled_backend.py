@@ -14,7 +14,7 @@ from jido.utils.cpu import cpu_info
 
 # A prefill whose [query, key] mask has at most this many elements runs as one fused SDPA call over its
 # gathered keys: on 2k-token prompts that is ~2.5x faster than the tiled loop in PyTorch (measured:
-# benchmarks/results/attention-2026-12-01.md). Beyond it the tiled loop keeps memory linear in the context.
+# benchmarks/results/attention_kernels-2026-12-01-zen4.md). Beyond it the tiled loop keeps memory linear in the context.
 DENSE_PREFILL_MAX_SCORES = 1 << 23
 # Queries per work item of the C++ prefill kernel (csrc/flash_prefill.cpp); for 4:1 GQA, GEMMs of 256 rows.
 CPP_PREFILL_QUERY_TILE = 64

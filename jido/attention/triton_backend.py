@@ -19,7 +19,7 @@ from jido.utils.host_copy import to_device
 SMALL_TILES = (16, 32)
 LARGE_TILES = (64, 64)
 # Warps and software-pipeline stages of a launch with large tiles: swept on an H200 (benchmarks/results/
-# cuda-2026-12-04b-h200.md), 4 warps and 2 stages were fastest or within 1% of it on both prefill shapes (1 x 8k,
+# gpu_session-2026-12-04-h200-second.md), 4 warps and 2 stages were fastest or within 1% of it on both prefill shapes (1 x 8k,
 # 8 x 2k tokens, 32/8 heads of 128), 4-5% faster than Triton's default 3 stages; 8 warps took twice as long.
 PREFILL_LAUNCH = {"num_warps": 4, "num_stages": 2}
 # A KV split should get at least this many keys, or the merge costs more than the parallelism buys.

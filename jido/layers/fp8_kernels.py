@@ -5,7 +5,7 @@ the scale, saturated, rounded to nearest even) with IEEE divisions; PyTorch's CU
 and eager decode of a small model is bound by launches (measured on an H200: 0.14 ms for one fp8 call on a Gemma 3
 270M layer, of which 0.03 the matmul). Not bit-identical to PyTorch on a GPU, whose division by a tensor of
 scales rounds differently in the last bit: on an H200, 0 to 101 of 50,688 codes (one step of e4m3 each) and some
-scales' last bits differed (benchmarks/results/cuda-2026-12-04-h200.md). Not run under Triton's interpreter: its
+scales' last bits differed (benchmarks/results/gpu_session-2026-12-04-h200.md). Not run under Triton's interpreter: its
 fp8 conversion rounds differently from the GPU's (seen: 64 for a value PyTorch rounds to 128).
 """
 from __future__ import annotations

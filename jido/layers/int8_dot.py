@@ -148,7 +148,7 @@ def amx_runs() -> bool:
     process its tile state. Measured on a 2-core Xeon with AMX (Gemma 3 270M's shapes, medians, same process): the LM
     head (262,144 x 640, int8) at 16 rows 11.4 against 17.3 ms on the AVX-512 VNNI panels (8.1 with the codes
     prefetched), at 2 rows 8.8 against 9.1; gate/up at 16 rows in cache 0.11 against 0.27 ms; the default model's
-    16-row decode step 31.9 against 44.9 ms (benchmarks/results/amx-panels-2026-12-04.md)."""
+    16-row decode step 31.9 against 44.9 ms (benchmarks/results/amx_panels-2026-12-04-amx-xeon.md)."""
     ops = load_int8_dot_ops()
     return ops is not None and bool(ops.amx_supported())
 
@@ -240,7 +240,7 @@ def amx_gemm_linear(x: torch.Tensor, w: AmxGemmWeight, bias: torch.Tensor | None
     """What :func:`int_mm_linear` gives (the same codes, exact int32 sums, the same two scale products in the same
     order; with a bias, up to its fused add), by jido's int8 GEMM on AMX tiles. oneDNN's int8 GEMM ran slower than
     its bf16 one on a 2-core AMX Xeon (5.9 against 4.35 ms at 2,000 x 640 x 4,096), where tile multiplies of int8
-    carry twice bf16's products per byte loaded (benchmarks/results/w8a8-amx-gemm-2026-12-05.md)."""
+    carry twice bf16's products per byte loaded (benchmarks/results/int8_gemm-2026-12-05-amx-xeon.md)."""
     if w.gated:
         raise ValueError("a gated packing runs through amx_gemm_gated")
     out = _amx_gemm(x, w, bias, -1, channel_scale)

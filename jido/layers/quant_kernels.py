@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from jido.utils.cpp_build import load_ops_library
 
 SOURCE = Path(__file__).parent / "csrc" / "quant_linear.cpp"
-# Crossovers measured on Gemma 3 270M's shapes (benchmarks/results/quant-kernels-2026-12-01.md): bf16 x on a
+# Crossovers measured on Gemma 3 270M's shapes (benchmarks/results/quant_kernels-2026-12-01-zen4.md): bf16 x on a
 # CPU with AVX512_BF16 takes the bf16-dot kernel from this many rows (below it the fp32 kernel is as fast and
 # keeps w exact) ...
 BF16_DOTS_MIN_ROWS = 4

@@ -44,14 +44,14 @@ TABLE_GROUP_SIZE = 32  # int4's embedding table in int8: Q8_0's groups
 BF16_COPY_MIN_ROWS = 16
 # The same where the panels run on AMX tiles (int8_dot.amx_runs): the default model's 72 layer matmuls, weights from
 # memory, took 10.2 ms on the AMX panels against 12.5 on the bf16 copies at 16 rows, 15.4 against 16.3 at 32, 22.4
-# against 19.5 at 48 (benchmarks/results/amx-panels-2026-12-04.md).
+# against 19.5 at 48 (benchmarks/results/amx_panels-2026-12-04-amx-xeon.md).
 BF16_COPY_MIN_ROWS_AMX = 40
 # Without AMX, steps of BF16_COPY_MIN_ROWS up to PANEL_MAX_ROWS_VNNI rows stay on the panels (AVX-512 VNNI pairs)
 # where x rounded (a byte a column) is at most PANEL_X_MAX_BYTES_VNNI. Measured on a Zen 4 EPYC (2 threads, one
 # process, the default model's 18 layers of each kind; benchmarks/panels_vs_copy.py), panels' time over the copy's
 # at 16 / 24 / 32 / 48 rows: qkv (K 640) 0.77 / 0.87 / 0.81 / 0.95, gate/up (K 640) 0.70 / 0.74 / 0.84 / 0.92,
 # o (K 1,024) 0.92 / 0.94 / 1.08 / 1.15, down (K 2,048, groups of 16) 1.03 / 1.14 / 1.14 / 1.26
-# (benchmarks/results/panels-vs-copy-2026-12-06-zen4.md).
+# (benchmarks/results/panels_vs_copy-2026-12-06-zen4.md).
 PANEL_X_MAX_BYTES_VNNI = 20 << 10
 PANEL_MAX_ROWS_VNNI = 32
 # The rows the AMX case's copy is packed for: a full step of the default max_num_batched_tokens.
@@ -449,7 +449,7 @@ def keeps_bf16_copy(model_dtype: torch.dtype, device: torch.device) -> bool:
     a bf16 model on a CPU that multiplies bf16 natively (AMX or AVX-512 BF16), where oneDNN's bf16 matmul ran
     prefill faster than the int8 panels: 5-9x with AMX (2.3 TFLOP/s on 2 cores); on a Zen 4 EPYC without AMX, the
     default model's 72 layer matmuls took 19.5 against 27.5 ms at 16 rows, 85 against 140 at 128, 1.13 against 2.57 s
-    at 2,000 (benchmarks/results/bf16-copy-zen4-2026-12-04.md). Decode steps of fewer rows stay on the codes, which
+    at 2,000 (benchmarks/results/report-2026-12-04-zen4-bf16-copy.md). Decode steps of fewer rows stay on the codes, which
     they stream at half the bytes. Not under w8a8, whose point is int8
     activations; not for the LM head or the tied table (logits stay float32 from the codes).
 

@@ -49,7 +49,7 @@ def triton_ops_for(x: torch.Tensor) -> ModuleType | None:
     (:func:`for_cuda_graphs`; each kernel fewer is time saved on every replay) or on :data:`TRITON_MIN_ROWS` rows
     or more (the GPU's time dominates). An eager step of fewer rows is bound by launching, where Triton's launcher
     costs several of PyTorch's: eager batch-1 decode of a Gemma 3 270M-shaped model ran 54 tok/s on the kernels
-    against 64 on PyTorch's ops (H200, benchmarks/results/cuda-2026-12-04b-h200.md); None there and off CUDA."""
+    against 64 on PyTorch's ops (H200, benchmarks/results/gpu_session-2026-12-04-h200-second.md); None there and off CUDA."""
     if not x.is_cuda or (x.shape[0] < TRITON_MIN_ROWS and not _graph_depth):
         return None
     return load_triton_ops()

@@ -4,7 +4,7 @@ place, and the gated activation, each one launch where PyTorch's ops take severa
 On a GPU a decode step of a small model is bound by kernel launches, and with CUDA graphs by the kernels' count
 (a few microseconds each however little they do): a Gemma 3 270M-shaped step ran ~455 kernels, ~25 a layer, of
 which the rotary embedding alone (split, four products, a difference, a sum and a concatenation, for q and k)
-took ~14 (benchmarks/results/cuda-2026-12-04-h200.md). These are the GPU versions of the C++ CPU kernels
+took ~14 (benchmarks/results/gpu_session-2026-12-04-h200.md). These are the GPU versions of the C++ CPU kernels
 (``csrc/rms_norm.cpp``, ``csrc/activation.cpp``), with their arithmetic: float32 inside, values rounded to the
 dtype where the unfused ops round them (the normed values, each product of the rotation, the activation before
 the product), so in bf16 they match PyTorch's ops up to float32 rounding inside a value.

@@ -8,7 +8,7 @@ w8a8 checkpoints smoothed offline; jido quantizes at load, so it calibrates at l
 through the model on its float weights, each layer's input maxima recorded chunk by chunk, then every layer quantized
 again with factors from their mean (``QuantizedLinearMethod.observe_inputs`` / ``smooth``). Measured on the default
 model (pydoc perplexity, 20 chunks of 512): float32 emulation +3.6% -> +0.5% at alpha 0.75 (0.5: +1.7%, 0.65: +1.6%,
-0.85: +1.5%; benchmarks/results/smoothquant-emulation-2026-12-05-amx.json); through the kernels in bf16 +4.0% ->
+0.85: +1.5%; benchmarks/results/smoothquant_emulation-2026-12-05-amx-xeon.json); through the kernels in bf16 +4.0% ->
 +1.1% with these 2,048 calibration tokens (2, 6 and 8 chunks: +1.24%, +1.10%, +1.27%). The overall maximum instead of
 the chunks' mean gave +0.98% with 4 chunks but +1.41%, +1.36% and +1.85% with 2, 6 and 8: it grows with the text.
 Choosing each layer's alpha by its rounding error on sampled rows measured no better (+1.1%): not kept.

@@ -42,7 +42,7 @@ def test_each_cpu_attention_backend_batched_greedy_tokens_match_transformers(gem
 
 # benchmarks/bf16_accuracy.py --candidate dtype=float32 measured the default gguf kernels' error in the gap
 # between float32's top two logits on these prompts (x rounded to int8 per block of 32 in decode steps):
-# at most 0.42 (medians 0.05-0.13; bf16_accuracy-2026-12-01-dtype=float32.json), AVX2 EPYC, 2026-12-01. A run may
+# at most 0.42 (medians 0.05-0.13; bf16_accuracy-2026-12-01-avx2-epyc-dtype=float32.json), AVX2 EPYC, 2026-12-01. A run may
 # choose differently only where float32's gap is below that error; over twice the maximum leaves room for other
 # CPUs' summation orders and kernels (VNNI).
 GGUF_GAP_ERROR = 1.0

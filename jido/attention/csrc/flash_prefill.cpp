@@ -5,13 +5,13 @@
 //
 // Why: on an AVX-512 BF16 CPU without AMX (Zen 4) PyTorch's CPU flash SDPA runs Gemma 3's heads at 65 GFLOP/s
 // (a 2,000-token causal layer) to ~110 GFLOP/s (sliding-window tiles), where oneDNN's bf16 GEMMs reach 410 on the
-// same two cores (benchmarks/results/w8a8-int-mm-zen4-2026-12-04.md). Its bf16 -> float32 products do not go
+// same two cores (benchmarks/results/report-2026-12-04-zen4-w8a8-int-mm.md). Its bf16 -> float32 products do not go
 // through oneDNN (held to AVX-512 BF16 by ONEDNN_MAX_CPU_ISA on a Xeon, SDPA kept its AMX speed): likely MKL,
 // whose fast paths are Intel's. Here the query heads that share a KV head fold into the rows
 // of one GEMM (a tile of 64 queries is 256 rows for 4:1 GQA), each key block is packed once per request for every
 // tile, and blocks outside a tile's causal window are never touched. With AMX, MKL is fast and SDPA won on global
 // layers (7.7 against 13.8 ms at 2,000 tokens) and tied on sliding ones, so jido keeps SDPA there
-// (benchmarks/results/prefill-attention-2026-12-04.md).
+// (benchmarks/results/archive/prefill_attention-2026-12-04-amx-xeon.md).
 //
 // Per work item (KV head, query tile), per key block of kKeyBlock keys:
 //   S = Q K^T (bf16 x bf16 -> float32, brgemm), scaled (and soft-capped), masked by position,
