@@ -153,6 +153,10 @@ def markdown(doc: dict[str, Any]) -> str:
         load = record.get("load_average_at_start")
         lines.append(f"- **{name}** ({record.get('status')}): {record.get('version', '')}"
                      + ("" if load is None else f"; load average at start {load:.2f}"))
+        if record.get("memory"):
+            memory = record["memory"]
+            lines.append(f"  - start-up {memory['start_s']:.1f} s to ready; PSS of its processes "
+                         f"{memory['pss_after_load_mib']:,.0f} MiB after load, peak {memory['peak_pss_mib']:,.0f} MiB")
         if record.get("command"):
             lines.append(f"  - command: `{record['command']}` env {record.get('env')}")
         if record.get("llama_bench"):

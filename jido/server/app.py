@@ -50,7 +50,7 @@ def create_app(llm: LLMEngine | Sequence[LLMEngine], config: ServerConfig,
     engine = engine_class(replicas[0] if len(replicas) == 1 else replicas, config.max_waiting_requests,
                           on_report=lambda report: metrics.on_report(report, engine.num_waiting),
                           on_failure=on_engine_failure)
-    serving = OpenAIServing(engine, model_name, template, metrics)
+    serving = OpenAIServing(engine, model_name, template, metrics, config.auto_tool_call_parser)
     cache = CacheServing(serving)
 
     @asynccontextmanager

@@ -5,8 +5,10 @@ import os
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from jido.models.named import DEFAULT_MODEL, NAMED_MODELS
+from jido.server.tool_parsers import TOOL_CALL_PARSERS
 
 API_KEY_ENV = "JIDO_API_KEY"
 
@@ -33,6 +35,12 @@ class ServerConfig:
     chat_template: str | None = None
     """A Jinja file that replaces the model's chat template (default: the model's own; a model without one
     answers chat with a 400, as vLLM does)."""
+    enable_auto_tool_choice: bool = False
+    """vLLM's: with tools and tool_choice "auto", read the model's calls from its answer into tool_calls (needs
+    tool_call_parser); without it they stay text in content. "required" and a named function work either way."""
+    tool_call_parser: Literal["hermes", "llama3_json"] | None = None
+    """How calls are written: hermes (Qwen2.5: <tool_call>{"name", "arguments"}</tool_call>, and the bare or
+    fenced JSON calls Qwen2.5-Coder writes), llama3_json (Llama 3: {"name", "parameters"}) (default: none)."""
     max_waiting_requests: int = 256
     """Sequences accepted but not yet running; past it, requests get 503 with Retry-After."""
     max_request_body_bytes: int = 4 * 2**20
@@ -69,7 +77,15 @@ class ServerConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < float("inf"):
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+        if self.enable_auto_tool_choice and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError("enable_auto_tool_choice needs tool_call_parser: one of "
+                             f"{', '.join(TOOL_CALL_PARSERS)}, got {self.tool_call_parser!r}")
         self._check_tls()
+
+    @property
+    def auto_tool_call_parser(self) -> str | None:
+        """The parser for tool_choice "auto" answers, or None when they are not parsed."""
+        return self.tool_call_parser if self.enable_auto_tool_choice else None
 
     def _check_tls(self) -> None:
         """Both TLS files or neither, and they must load as a certificate chain and its private key."""

@@ -11,6 +11,7 @@ from pydantic_core import PydanticCustomError
 from jido.core.sampling_params import SamplingParams, StructuredOutputsParams
 from jido.engine.chat_template import RESERVED_TEMPLATE_VARIABLES
 from jido.models.tokenizer import check_encodable
+from jido.server.tools import check_tool_choice, forced_call_schema, template_messages_tool_calls
 
 # Fields passed to SamplingParams unchanged when the client sets them.
 _SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
@@ -24,9 +25,8 @@ _MAX_TOP_LOGPROBS = 20  # OpenAI's bound, and SamplingParams' for logprobs
 
 
 def _tool_choice_is_noop(value: Any, body: dict) -> bool:
-    # Chat's tools are rendered by the template and the model decides whether to call one: "auto" with tools;
-    # without tools, "none" asks for nothing.
-    return value is None or value == ("auto" if body.get("tools") else "none")
+    # Completions have no tools: "none" asks for nothing (chat declares tool_choice and checks it itself).
+    return value is None or value == "none"
 
 
 # Fields jido cannot honour, with what they would ask for and the values that ask for nothing (accepted as
@@ -39,7 +39,7 @@ _UNSUPPORTED: dict[str, tuple[str, Callable[[Any, dict], bool]]] = {
     "echo": ("echoing the prompt in chat", lambda v, body: v is None or v is False),
     "suffix": ("text after the completion (fill-in-the-middle)", lambda v, body: v is None or v == ""),
     "logit_bias": ("logit biases", lambda v, body: v is None or v == {}),
-    "tool_choice": ("forced or disabled tool calls", _tool_choice_is_noop),
+    "tool_choice": ("tool calls on /v1/completions (send tools to /v1/chat/completions)", _tool_choice_is_noop),
     "functions": ("function calling", lambda v, body: v is None or v == []),
     "function_call": ("function calling", lambda v, body: v is None or v == "none"),
 }
@@ -119,6 +119,15 @@ def _check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | N
                 raise _invalid(f"tools[{i}].function.{key} must be a JSON {_JSON_TYPES[kind]}, got "
                                f"{_json_type(function[key])}")
     return tools
+
+
+def _check_tool_choice(value: str | dict[str, Any] | None, info: ValidationInfo) -> str | dict[str, Any] | None:
+    if value is not None:
+        try:
+            check_tool_choice(value, info.data.get("tools"))
+        except ValueError as exc:
+            raise _invalid(str(exc)) from exc
+    return value
 
 
 def _check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -249,10 +258,14 @@ class CompletionRequest(_SamplingBody):
 
 
 class ChatMessage(_Body):
-    """One message; ``content`` is text or a list of ``{"type": "text", "text": ...}`` parts."""
+    """One message; ``content`` is text or a list of ``{"type": "text", "text": ...}`` parts. An assistant's
+    message may hold its ``tool_calls``; a ``tool`` message answers the call ``tool_call_id``."""
 
     role: str
     content: Content = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 class ChatCompletionRequest(_SamplingBody):
@@ -266,6 +279,10 @@ class ChatCompletionRequest(_SamplingBody):
     add_generation_prompt: bool = True
     # Rendered into the prompt as the chat template defines; a call comes back as the model's text in content.
     tools: Annotated[list[dict[str, Any]] | None, AfterValidator(_check_tools)] = None
+    # "auto" (the default with tools): calls are parsed from the answer under --enable-auto-tool-choice;
+    # "required" or a named function: the grammar makes the answer a call; "none": text. After tools: it reads them.
+    tool_choice: Annotated[str | dict[str, Any] | None, AfterValidator(_check_tool_choice)] = None
+    parallel_tool_calls: bool = True
     # vLLM's: more variables for the chat template (e.g. {"enable_thinking": false} for Qwen3's).
     chat_template_kwargs: Annotated[dict[str, Any] | None, AfterValidator(_check_template_kwargs)] = None
 
@@ -284,17 +301,44 @@ class ChatCompletionRequest(_SamplingBody):
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def template_messages(self) -> list[dict[str, str]]:
-        """Messages with text content, as chat templates expect; raises ValueError for other content."""
+    @property
+    def effective_tool_choice(self) -> str | dict[str, Any]:
+        """``tool_choice`` as given, else OpenAI's default: ``auto`` with tools, ``none`` without."""
+        return self.tool_choice if self.tool_choice is not None else ("auto" if self.tools else "none")
+
+    @property
+    def constraint_field(self) -> str:
+        return "tools" if self.forced_call_schema() is not None else super().constraint_field
+
+    def forced_call_schema(self) -> dict | None:
+        return forced_call_schema(self.tools or [], self.effective_tool_choice, self.parallel_tool_calls)
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        schema = self.forced_call_schema()
+        if schema is None:
+            return super().structured_outputs_params()
+        if self.structured_outputs is not None or self.response_format not in (None, {"type": "text"}):
+            raise ValueError("tool_choice forces a tool call, which response_format or structured_outputs cannot "
+                             "also constrain: give one of them")
+        return StructuredOutputsParams(json=schema)
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        """Messages with text content (and tool calls), as chat templates expect; raises ValueError for others."""
         return [_template_message(m, i) for i, m in enumerate(self.messages)]
 
 
-def _template_message(message: ChatMessage, index: int) -> dict[str, str]:
+def _template_message(message: ChatMessage, index: int) -> dict[str, Any]:
     # Checked here: the rendered prompt's text no longer says which message a bad character came from.
     check_encodable(message.role, f"messages[{index}].role")
     content = _text_content(message.content, index)
     check_encodable(content, f"messages[{index}].content")
-    return {"role": message.role, "content": content}
+    rendered: dict[str, Any] = {"role": message.role, "content": content}
+    if message.tool_calls:
+        rendered["tool_calls"] = template_messages_tool_calls(message.tool_calls, index)
+    for key in ("tool_call_id", "name"):
+        if getattr(message, key) is not None:
+            rendered[key] = getattr(message, key)
+    return rendered
 
 
 def _text_content(content: str | list[dict[str, Any]] | None, index: int) -> str:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from jido.core.outputs import Logprobs
 from jido.engine.outputs import CompletionOutput, RequestOutput
 from jido.models.tokenizer import Tokenizer
+from jido.server.tool_parsers import NamedCallParser, ToolCallParser, parse_tool_calls
+from jido.server.tools import ToolParserFactory, delta_of, response_tool_calls
 
 
 def usage(*outputs: RequestOutput) -> dict:
@@ -156,25 +158,44 @@ def _joined(prompt: dict, generated: dict) -> dict:
             "text_offset": prompt["text_offset"] + [o + shift for o in generated["text_offset"]]}
 
 
+@dataclass
 class ChatFormat(ResponseFormat):
-    """/v1/chat/completions: an assistant ``message`` per choice (``delta`` when streaming)."""
+    """/v1/chat/completions: an assistant ``message`` per choice (``delta`` when streaming).
 
+    With ``tool_parser`` the answer's calls come back in ``tool_calls`` (streamed as ``tool_calls`` deltas), the
+    text outside them in ``content``, and ``finish_reason`` is ``tool_calls`` when the model stopped after one.
+    """
+
+    tool_parser: ToolParserFactory | None = None
+    _parsers: dict[int, ToolCallParser | NamedCallParser] = field(default_factory=dict)  # a stream's, per choice
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
 
     def choice(self, completion: CompletionOutput) -> dict:
-        return {"index": completion.index, "message": {"role": "assistant", "content": completion.text},
+        message: dict = {"role": "assistant", "content": completion.text}
+        finish_reason = completion.finish_reason
+        if self.tool_parser is not None:
+            content, calls = parse_tool_calls(self.tool_parser(), completion.text)
+            message = {**message, "content": content if calls else completion.text,
+                       "tool_calls": response_tool_calls(calls)}
+            finish_reason = _tool_finish_reason(finish_reason, bool(calls))
+        return {"index": completion.index, "message": message,
                 "logprobs": self._logprobs(completion, slice(0, len(completion.token_ids))),
-                "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason}
+                "finish_reason": finish_reason, "stop_reason": completion.stop_reason}
 
     def role_choice(self, index: int) -> dict:
         return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                 "finish_reason": None}
 
     def delta_choice(self, completion: CompletionOutput, text: str, tokens: slice) -> dict:
-        return {"index": completion.index, "delta": {"content": text} if text else {},
-                "logprobs": self._logprobs(completion, tokens), "finish_reason": completion.finish_reason,
-                "stop_reason": completion.stop_reason}
+        delta, finish_reason = {"content": text} if text else {}, completion.finish_reason
+        if self.tool_parser is not None:
+            parser = self._parsers.setdefault(completion.index, self.tool_parser())
+            events = parser.feed(text) + (parser.finish() if finish_reason is not None else [])
+            delta = delta_of(events)
+            finish_reason = _tool_finish_reason(finish_reason, parser.num_calls > 0 and not parser.failed)
+        return {"index": completion.index, "delta": delta, "logprobs": self._logprobs(completion, tokens),
+                "finish_reason": finish_reason, "stop_reason": completion.stop_reason}
 
     def _logprobs(self, completion: CompletionOutput, tokens: slice) -> dict | None:
         if completion.logprobs is None:
@@ -190,3 +211,8 @@ class ChatFormat(ResponseFormat):
         if top is not None:
             entry["top_logprobs"] = top
         return entry
+
+
+def _tool_finish_reason(finish_reason: str | None, called: bool) -> str | None:
+    # OpenAI's: "tool_calls" when the model stopped after calling; a call cut off by max_tokens stays "length".
+    return "tool_calls" if called and finish_reason == "stop" else finish_reason

@@ -23,6 +23,7 @@ from jido.server.metrics import RequestTimer, ServerMetrics
 from jido.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                                   check_supported)
 from jido.server.responses import ChatFormat, CompletionFormat, ResponseFormat, StreamCursor, usage
+from jido.server.tools import parser_factory
 
 _RETRY_AFTER_S = "1"
 # Prompts with more UTF-8 bytes than max_model_len times this are refused before tokenizing: real text
@@ -35,8 +36,10 @@ class OpenAIServing:
     """The /v1 endpoints over one AsyncEngine and the model it serves."""
 
     def __init__(self, engine: AsyncEngine, model_name: str, chat_template: ChatTemplate | None,
-                 metrics: ServerMetrics) -> None:
+                 metrics: ServerMetrics, tool_call_parser: str | None = None) -> None:
+        """``tool_call_parser``: how ``tool_choice: "auto"`` answers are read (None: their calls stay text)."""
         self.engine = engine
+        self.tool_call_parser = tool_call_parser
         self.model_name = model_name
         self.chat_template = chat_template
         self.metrics = metrics
@@ -83,7 +86,8 @@ class OpenAIServing:
         params = self._params(body, prompt_ids, body.requested_max_tokens, body.num_logprobs)
         self._check_transfer(body, params)
         await asyncio.to_thread(self._check_grammar, body, params)
-        fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer)
+        fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer,
+                         tool_parser=parser_factory(body.tools, body.effective_tool_choice, self.tool_call_parser))
         return await self._respond(http_request, fmt, ProcessedPrompt(None, prompt_ids), params, body, timer)
 
     async def tokenize(self, http_request: Request) -> Response:
@@ -137,7 +141,9 @@ class OpenAIServing:
             self.llm.compile_grammar(params)
         except ValueError as exc:
             field, message = body.constraint_field, str(exc)
-            if field != "structured_outputs":
+            if field == "tools":  # a forced call's schema: the tools' parameters
+                message = message.replace("structured_outputs.json", "tools[].function.parameters", 1)
+            elif field != "structured_outputs":
                 message = message.replace("structured_outputs.json", "response_format.json_schema.schema", 1)
                 message = message.replace("structured_outputs", "response_format", 1)
             raise bad_request(message, field.split(".")[0]) from exc

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -196,7 +199,7 @@ def test_every_server_serves_the_named_model_and_its_results_get_their_own_file(
     qwen = "qwen2.5-coder-1.5b-instruct"
     (tmp_path / qwen).mkdir()
     monkeypatch.setattr(compare, "hf_folder", lambda model: tmp_path / model)
-    monkeypatch.setattr(compare, "PEERS_DIR", tmp_path / "peers")
+    monkeypatch.setattr(compare, "peer_folder", lambda model: tmp_path / "peers" / "models" / model)
     table = compare.peers("float32", "float32", "float32", qwen)
     jido_command, vllm_command = table["jido"].command(8765)[0], table["vllm"].command(8765)[0]
     assert jido_command[jido_command.index("--model") + 1] == qwen
@@ -228,3 +231,31 @@ def test_a_peer_gets_a_float_checkpoint_made_once_outside_jidos_cache(compare, t
     os.utime(source, ns=(1, 1))  # a changed GGUF is decoded again
     compare.peer_folder("gemma-3-270m")
     assert written == [source, source]
+
+def test_a_servers_process_group_pss_counts_its_children_and_the_peak_is_sampled(compare):
+    # A group of two processes, each touching 64 MiB of its own: the group's PSS holds both.
+    code = "import time; b = bytearray(64 << 20); b[::4096] = b'x' * (len(b) // 4096); print(1, flush=True); " \
+           "time.sleep(30)"
+    leader = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.Popen([sys.executable, "
+                               f"'-c', {code!r}]); exec({code!r})"], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert leader.stdout.readline().strip() == b"1"
+        deadline = time.monotonic() + 30
+        while compare.process_group_pss_mib(leader.pid) < 128 and time.monotonic() < deadline:
+            time.sleep(0.1)  # the child touches its pages a little later than the leader
+        assert 128 <= compare.process_group_pss_mib(leader.pid) < 512
+        memory = compare.ServerMemory()
+        with compare.sampling_peak(memory, leader.pid, interval_s=0.05):
+            time.sleep(0.3)
+        assert memory.peak_pss_mib >= 128
+    finally:
+        os.killpg(leader.pid, 9)
+        leader.wait()
+
+
+def test_the_report_shows_each_servers_start_up_and_memory(compare):
+    doc = {"date": "2026-12-07", "machine": dict(CPU, platform="Linux"), "workloads": {},
+           "peers": {"jido[dtype=float32]": {**jido("float32", 100.0), "memory": {
+               "start_s": 12.3, "pss_after_load_mib": 1234.4, "peak_pss_mib": 1500.0}}}}
+    text = compare.markdown(doc)
+    assert "start-up 12.3 s to ready; PSS of its processes 1,234 MiB after load, peak 1,500 MiB" in text
