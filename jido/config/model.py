@@ -27,12 +27,11 @@ class ModelConfig:
     quantization: Quantization | None = None
     """How weights are stored and multiplied: gguf keeps a GGUF file's quantized tensors as stored (int8/int4 codes
     with the file's scales), gguf_w8a8 the same for decode with prefill-sized steps in w8a8 in a bf16 model (an int8
-    copy of each layer, smoothed at load; the default for a .gguf model on CPU, gguf for a pipeline stage or draft),
-    int8 quantizes weights per output channel at load,
+    copy of each layer, smoothed at load; opt-in), int8 quantizes weights per output channel at load,
     int4 in groups of quantization_group_size at load, w8a8 int8 weights per output channel with activations
     rounded to int8 per token, fp8 e4m3 weights per output channel and activations per token on a GPU with FP8
-    tensor cores (CUDA compute capability 8.9 or newer), none computes with dense weights in dtype (the default for
-    other models and on CUDA). The int8 and int4 schemes run CPU kernels that round activations to int8 (per block
+    tensor cores (CUDA compute capability 8.9 or newer), none computes with dense weights in dtype (default: gguf for a .gguf
+    model on CPU, none for other models and on CUDA). The int8 and int4 schemes run CPU kernels that round activations to int8 (per block
     of 32 columns, per token under w8a8) where the CPU has AVX2."""
     quantization_group_size: int | None = None
     """Inputs per scale for int8 and int4 (default: a whole row for int8, 32 for int4)."""

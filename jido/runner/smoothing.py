@@ -1,17 +1,14 @@
 """w8a8's SmoothQuant smoothing, calibrated once the model is loaded and its KV cache exists.
 
 w8a8 rounds each linear's input to int8 per token. Gemma 3's inputs have outlier channels, and per-token rounding
-crushes the other channels under them: +3.6% perplexity for the default model's layer linears in float32 emulation,
-+4.0% through the kernels. SmoothQuant (Xiao et al., 2023) moves part of each channel's range into the weight,
-``x W^T = (x / s)(W s)^T``, ``s`` from the largest ``|x|`` each channel takes on calibration text. vLLM takes
+crushes the other channels under them. SmoothQuant (Xiao et al., 2023) moves part of each channel's range into the
+weight, ``x W^T = (x / s)(W s)^T``, ``s`` from the largest ``|x|`` each channel takes on calibration text. vLLM takes
 w8a8 checkpoints smoothed offline; jido quantizes at load, so it calibrates at load: a few chunks of text run
 through the model on its float weights, each layer's input maxima recorded chunk by chunk, then every layer quantized
-again with factors from their mean (``QuantizedLinearMethod.observe_inputs`` / ``smooth``). Measured on the default
-model (pydoc perplexity, 20 chunks of 512): float32 emulation +3.6% -> +0.5% at alpha 0.75 (0.5: +1.7%, 0.65: +1.6%,
-0.85: +1.5%; benchmarks/results/smoothquant_emulation-2026-12-05-amx-xeon.json); through the kernels in bf16 +4.0% ->
-+1.1% with these 2,048 calibration tokens (2, 6 and 8 chunks: +1.24%, +1.10%, +1.27%). The overall maximum instead of
-the chunks' mean gave +0.98% with 4 chunks but +1.41%, +1.36% and +1.85% with 2, 6 and 8: it grows with the text.
-Choosing each layer's alpha by its rounding error on sampled rows measured no better (+1.1%): not kept.
+again with factors from their mean (``QuantizedLinearMethod.observe_inputs`` / ``smooth``). The mean of the chunks'
+maxima, not the overall maximum, because the maximum grows with the text; alpha 0.75 and one alpha for every layer,
+because per-layer alphas measured no better (benchmarks/results/smoothquant_emulation-2026-12-05-amx-xeon.json,
+benchmarks/results/report-2026-12-05-amx-xeon-w8a8-smoothing.md).
 
 The text is jido's calibration set (``text_domains``, split ``calibration``): one chunk from each domain (English
 and Korean prose, Python and C code, chat, numbers and tables), so the scales see every kind of input the held-out
