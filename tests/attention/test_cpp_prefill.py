@@ -27,6 +27,8 @@ needs_bf16 = pytest.mark.skipif(not cpu_info().has_native_bf16, reason="the kern
 TILES_BUILD = "amx_bf16" in cpu_info().flags and os.environ.get(cpp_build.BUILD_ISA_ENV, "amx") == "amx"
 needs_amx = pytest.mark.skipif(not TILES_BUILD, reason="the tile kernel runs where AMX-BF16 is, in the AMX build")
 TOLERANCE = {"atol": 3e-2, "rtol": 2e-2}  # bf16 inputs and output
+# The random prefills' seeds come from one fixed seed, so a run is replayed exactly; each failure names its own seed.
+_SEEDS = random.Random(20261207)
 
 
 def check_random_prefills(draws: int, tiles: bool = False) -> None:
@@ -35,7 +37,7 @@ def check_random_prefills(draws: int, tiles: bool = False) -> None:
     kernel = cpu_extension.load_tile_prefill() if tiles else cpu_extension.load_flash_prefill(on_amx=True)
     assert kernel is not None
     for _ in range(draws):
-        seed = random.SystemRandom().randrange(2**32)
+        seed = _SEEDS.randrange(2**32)
         rng = random.Random(seed)
         backend = TiledAttentionBackend(prefill_query_tile=rng.choice([1, 7, 16, 64] if tiles else [16, 64]))
         backend._cpp_prefill_kernel = lambda spec, q, kv_cache: (kernel, backend.prefill_query_tile)

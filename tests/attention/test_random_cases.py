@@ -20,12 +20,14 @@ from jido.attention.tiled_backend import TiledAttentionBackend
 
 # bf16 keeps 8 bits of mantissa: inputs and the output are rounded, so compare loosely.
 TOLERANCE = {torch.float32: {"atol": 3e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 3e-2, "rtol": 2e-2}}
+# The random cases' seeds come from one fixed seed, so a run is replayed exactly; each failure names its own seed.
+_SEEDS = random.Random(20261207)
 
 
 def _check_random_case(backend: str | AttentionBackend, dtype: torch.dtype, max_len: int = 200) -> None:
-    """One fresh random step (its seed is in the failure message) against the float64 reference; prefixes and
-    queries up to ``max_len`` tokens."""
-    seed = random.SystemRandom().randrange(2**32)
+    """One random step (its seed, drawn from _SEEDS, is in the failure message) against the float64 reference;
+    prefixes and queries up to ``max_len`` tokens."""
+    seed = _SEEDS.randrange(2**32)
     rng = random.Random(seed)
     num_kv_heads, group = rng.choice([1, 2, 4]), rng.choice([1, 2, 4])
     head_dim, block_size = rng.choice([8, 32, 64, 256]), rng.choice([1, 4, 16, 32])
