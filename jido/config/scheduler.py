@@ -21,6 +21,9 @@ class SchedulerConfig:
     """Requests running at once (one step computes a token or a prompt chunk for each)."""
     max_num_batched_tokens: int = 2048
     """Tokens one step computes; longer prompts are prefilled in chunks."""
+    max_num_prefill_tokens_while_decoding: int = 512
+    """Prompt tokens one step computes while other requests decode in it: a long prompt is prefilled in chunks
+    this small then, so the running streams wait for one small chunk between tokens, not a full budget's worth."""
     scheduling_policy: SchedulingPolicy = "fcfs"
     """Order of admission: fcfs (arrival), lpm (longest cached prefix first, bounded so none starves), priority
     (each request's priority, lower first; under memory pressure the least urgent is preempted)."""
@@ -48,6 +51,7 @@ class SchedulerConfig:
                              f"got {self.scheduling_policy!r}")
         check_positive_int("max_num_seqs", self.max_num_seqs)
         check_positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        check_positive_int("max_num_prefill_tokens_while_decoding", self.max_num_prefill_tokens_while_decoding)
         if self.scheduling_mode not in SCHEDULING_MODES:
             raise ValueError(f"scheduling_mode must be one of {', '.join(SCHEDULING_MODES)}, "
                              f"got {self.scheduling_mode!r}")

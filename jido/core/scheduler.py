@@ -31,6 +31,8 @@ class SchedulerLimits:
     enable_chunked_prefill: bool = True  # off: a prompt is admitted only when it fits the budget whole
     scheduling_mode: str = "continuous"  # continuous | dynamic | static (jido.core.batching_mode)
     max_batch_wait_s: float = 0.1  # dynamic: how long a batch waits to fill
+    # Prompt tokens per step while any request decodes in it (the stall a long prompt adds to their next token).
+    max_num_prefill_tokens_while_decoding: int | None = None
 
 
 class Scheduler:
@@ -113,24 +115,41 @@ class Scheduler:
         return self._make_output(num_scheduled, new_block_ids, blend_plans)
 
     def _schedule_running(self, num_scheduled: dict[str, int], new_block_ids: dict[str, list[list[int]]]) -> int:
+        """Schedule the running requests; returns the prompt tokens waiting requests may still take this step."""
         budget = self.limits.max_num_batched_tokens
         self._preempted_this_step = False
+        decodes: set[str] = set()
         # Decodes first, then prefill chunks; sorted() is stable, so each group keeps admission order.
-        for request in sorted(self.running, key=lambda r: r.num_tokens - r.num_computed_tokens > 1):
-            if budget == 0:
-                break
+        for request in sorted(self.running, key=_is_prefilling):
             if request.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
+            room = self._prefill_room(num_scheduled, decodes) if _is_prefilling(request) else budget
+            if room == 0:
+                break
             # Never past max_model_len: a proposal beyond the last position has nowhere to go.
             num_new = min(request.num_tokens_with_spec, self.limits.max_model_len) - request.num_computed_tokens
-            num_new = min(num_new, budget)
+            num_new = min(num_new, room)
             blocks = self._allocate_or_preempt(request, num_new, num_scheduled, new_block_ids)
             if blocks is None:
                 continue
             num_scheduled[request.request_id] = num_new
             new_block_ids[request.request_id] = _ids(blocks)
             budget -= num_new
-        return self.limits.max_num_batched_tokens - sum(num_scheduled.values())
+            if not _is_prefilling(request):
+                decodes.add(request.request_id)
+        return self._prefill_room(num_scheduled, decodes)
+
+    def _prefill_room(self, num_scheduled: dict[str, int], decodes: set[str]) -> int:
+        """Prompt tokens this step may still take: what is left of the budget, and while requests decode in the
+        step (of ``decodes``, those still scheduled: a preemption may have dropped some) at most
+        ``max_num_prefill_tokens_while_decoding`` prompt tokens in all, so a long prompt stalls them little. Without
+        chunked prefill a prompt is computed whole, so the cap would hold it back for as long as anything decodes."""
+        room = self.limits.max_num_batched_tokens - sum(num_scheduled.values())
+        cap = self.limits.max_num_prefill_tokens_while_decoding
+        if cap is None or not self.limits.enable_chunked_prefill or not decodes.intersection(num_scheduled):
+            return room
+        num_prefill = sum(n for request_id, n in num_scheduled.items() if request_id not in decodes)
+        return max(0, min(room, cap - num_prefill))
 
     def _allocate_or_preempt(self, request: Request, num_new: int, num_scheduled: dict[str, int],
                              new_block_ids: dict[str, list[list[int]]]) -> list[list[KVCacheBlock]] | None:
@@ -165,8 +184,10 @@ class Scheduler:
                         continue
             if not self.limits.enable_chunked_prefill and request.num_tokens - num_hit_tokens > budget:
                 break
-            num_new = min(request.num_tokens - num_hit_tokens, budget)
             plan = self._plan_blend(request, num_hit_tokens)
+            # A blended prefill is one step whole: the cap on prompt tokens beside decodes would hold it back forever.
+            room = self.limits.max_num_batched_tokens - sum(num_scheduled.values()) if plan is not None else budget
+            num_new = min(request.num_tokens - num_hit_tokens, room)
             if plan is not None and num_new < request.num_tokens - num_hit_tokens:
                 self.blends.release(request.request_id)
                 break  # a blended prefill is one step: wait for a step with room for all of it
@@ -366,3 +387,8 @@ class Scheduler:
 
 def _ids(blocks: list[list[KVCacheBlock]]) -> list[list[int]]:
     return [[b.block_id for b in group] for group in blocks]
+
+
+def _is_prefilling(request: Request) -> bool:
+    """More than one token to compute: a prompt chunk (or a preempted request's recompute), not a decode."""
+    return request.num_tokens - request.num_computed_tokens > 1

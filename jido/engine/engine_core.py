@@ -127,7 +127,8 @@ class EngineCore:
         limits = SchedulerLimits(sched.max_num_seqs, sched.max_num_batched_tokens, self.kv_plan.max_model_len,
                                  lookahead, policy=sched.scheduling_policy,
                                  enable_chunked_prefill=sched.enable_chunked_prefill,
-                                 scheduling_mode=sched.scheduling_mode, max_batch_wait_s=sched.max_batch_wait_ms / 1000)
+                                 scheduling_mode=sched.scheduling_mode, max_batch_wait_s=sched.max_batch_wait_ms / 1000,
+                                 max_num_prefill_tokens_while_decoding=sched.max_num_prefill_tokens_while_decoding)
         self.scheduler = Scheduler(limits, kv_manager, connector)
 
     def _initialize_kv_cache(self, model_arch: ModelArchConfig) -> KVCachePlan:

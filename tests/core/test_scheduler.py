@@ -50,6 +50,31 @@ def test_decodes_are_scheduled_before_prefill_chunks_and_new_requests():
     assert list(out.num_scheduled_tokens.items()) == [("a", 1), ("b", 9)]
 
 
+def test_prompt_chunks_beside_decodes_are_capped_so_a_long_prompt_barely_stalls_the_streams():
+    kv = KVCacheManager(64, 4)
+    scheduler = Scheduler(SchedulerLimits(8, 32, 256, max_num_prefill_tokens_while_decoding=6), kv)
+    add(scheduler, "a", 4, max_tokens=20)
+    add(scheduler, "b", 4, max_tokens=20, first=50)
+    assert run_step(scheduler)[0].num_scheduled_tokens == {"a": 4, "b": 4}  # nothing decodes yet: no cap
+    add(scheduler, "long", 40, first=100)
+    add(scheduler, "short", 3, first=200)
+    chunks = [run_step(scheduler)[0].num_scheduled_tokens for _ in range(3)]
+    # 6 prompt tokens a step in all beside the decodes; "short" waits behind "long" (arrival order).
+    assert chunks == [{"a": 1, "b": 1, "long": 6}] * 3
+    scheduler.finish_requests(["a", "b"], RequestStatus.FINISHED_ABORTED)
+    assert run_step(scheduler)[0].num_scheduled_tokens == {"long": 22, "short": 3}  # alone: the whole budget
+
+
+def test_without_chunked_prefill_the_cap_beside_decodes_does_not_hold_a_prompt_back():
+    kv = KVCacheManager(64, 4)
+    limits = SchedulerLimits(8, 32, 32, enable_chunked_prefill=False, max_num_prefill_tokens_while_decoding=6)
+    scheduler = Scheduler(limits, kv)
+    add(scheduler, "a", 4, max_tokens=20)
+    run_step(scheduler)
+    add(scheduler, "whole", 20, first=100)
+    assert run_step(scheduler)[0].num_scheduled_tokens == {"a": 1, "whole": 20}
+
+
 def test_new_requests_are_sent_in_full_then_as_diffs():
     scheduler = make_scheduler()
     add(scheduler, "a", 6)
