@@ -11,8 +11,9 @@ from jido.core.kv_cache_spec import KVCacheConfig, KVCacheSpec
 from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
 from jido.parallel.group import CommStats
 from jido.parallel.state import ModelParallel, destroy_model_parallel, init_model_parallel
-from jido.runner.model_runner import ModelRunner, resolve_device
+from jido.runner.model_runner import ModelRunner, resolve_device, weight_bytes
 from jido.runner.pipeline_runner import PipelineModelRunner
+from jido.utils.host_memory import StepWorkspace, check_kv_cache_fits, mem_available_bytes
 from jido.utils.malloc_policy import give_back_free_memory, keep_freed_blocks
 
 
@@ -48,13 +49,27 @@ class Worker:
         return self.runner.get_kv_cache_spec()
 
     def determine_available_memory(self) -> int:
-        """Bytes this worker may give to the KV cache: ``kv_cache_memory`` (measured profiling comes with GPUs)."""
-        return self.config.cache_config.kv_cache_bytes
+        """Bytes this worker may give to the KV cache: ``kv_cache_memory`` (measured profiling comes with GPUs).
+
+        Raises:
+            InsufficientMemoryError: on CPU, the KV cache and the step workspace do not fit in the host's available
+                memory with the weights loaded.
+        """
+        kv_cache_bytes = self.config.cache_config.kv_cache_bytes
+        if self.runner.device.type == "cpu":
+            give_back_free_memory()  # what the load freed is available, and counted so
+            check_kv_cache_fits(kv_cache_bytes, self._step_workspace(), weight_bytes(self.runner.model),
+                                mem_available_bytes())
+        return kv_cache_bytes
+
+    def _step_workspace(self) -> StepWorkspace:
+        arch, sched = self.runner.model_arch, self.config.scheduler_config
+        return StepWorkspace(sched.max_num_seqs, sched.max_num_batched_tokens, arch.vocab_size, arch.hidden_size,
+                             arch.intermediate_size)
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         self.runner.initialize_kv_cache(kv_cache_config)
         if self.runner.device.type == "cpu":  # from here on steps, not the load, make the large blocks
-            give_back_free_memory()  # what the load freed, before the policy keeps what steps free
             keep_freed_blocks()
 
     def capture_model(self, max_model_len: int) -> None:
