@@ -5,17 +5,22 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PROMPT ?= The capital of France is
 
-.PHONY: run generate test bench clean
+.PHONY: run generate test bench kernels clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev,qwen,ray]"
 	touch $@
 
-run: $(VENV)/.installed
+# Every C++ kernel compiled for this CPU before anything runs: a failed build stops here with its compiler output,
+# instead of a server on its PyTorch fallbacks (jido build-kernels reports each library; builds are cached).
+kernels: $(VENV)/.installed
+	$(VENV)/bin/jido build-kernels
+
+run: kernels
 	$(VENV)/bin/jido serve
 
-generate: $(VENV)/.installed
+generate: kernels
 	$(VENV)/bin/jido generate "$(PROMPT)" --max-tokens 64 --temperature 0
 
 # The suite runs as three pytest processes: each holds its own models (the default one, Qwen, engines made
@@ -23,12 +28,12 @@ generate: $(VENV)/.installed
 ENGINE_TESTS := tests/engine tests/models tests/layers tests/attention tests/sampling
 SERVING_TESTS := tests/server tests/router tests/bench tests/tools
 
-test: $(VENV)/.installed
+test: kernels
 	$(PY) -m pytest -q $(ENGINE_TESTS)
 	$(PY) -m pytest -q $(SERVING_TESTS)
 	$(PY) -m pytest -q tests $(addprefix --ignore=,$(ENGINE_TESTS) $(SERVING_TESTS))
 
-bench: $(VENV)/.installed
+bench: kernels
 	$(PY) benchmarks/offline_throughput.py
 
 clean:

@@ -230,6 +230,8 @@ _DELEGATES = {
     "roofline": ("jido.tools.roofline:roofline_main", "this machine's limits for the model, next to jido's figures"),
     "ablate": ("jido.tools.ablate.cli:ablate_main", "which serving techniques pay on a workload, each on its own "
                                                      "server"),
+    "build-kernels": ("jido.tools.build_kernels:build_kernels_main", "compile every C++ kernel for this CPU now and "
+                                                                     "report any that failed"),
 }
 
 

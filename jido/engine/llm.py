@@ -65,6 +65,13 @@ class LLM:
         """Stop the engine's worker processes, if any (they also stop when the LLM is garbage-collected)."""
         self.llm_engine.shutdown()
 
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """``with LLM(...) as llm:`` stops the workers when the block ends, however it ends."""
+        self.shutdown()
+
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:

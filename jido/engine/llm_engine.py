@@ -322,6 +322,12 @@ class LLMEngine:
     def shutdown(self) -> None:
         self.core.shutdown()
 
+    def __enter__(self) -> LLMEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
     # -- one step ---------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one engine step; returns a delta for every request that advanced.

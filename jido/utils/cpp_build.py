@@ -1,8 +1,10 @@
 """Builds a C++ source of torch ops once per source, torch version and CPU ISA, and loads it into the process.
 
-The build runs at first use with ``torch.utils.cpp_extension.load`` (g++ and ninja) into
-``~/.cache/jido/torch_extensions/<key>``, so a machine compiles each version once. A build that fails (no
-compiler, no ninja, a compile error) logs a warning and reports False, leaving the caller on its PyTorch path.
+The build runs with ``torch.utils.cpp_extension.load`` (g++ and ninja) into ``~/.cache/jido/torch_extensions/<key>``,
+so a machine compiles each version once: ahead of time by ``jido build-kernels`` (``make`` runs it), else at first
+use. A build that fails (no compiler, no ninja, a compile error) is logged at ERROR with the command that rebuilds it,
+its compiler output is kept in ``<key>.log``, and the caller stays on its PyTorch path, several times slower; every
+library's outcome is in :data:`BUILDS`.
 
 torch guards a build folder with a ``lock`` file that a process killed inside ``load`` (a timeout, Ctrl-C)
 leaves behind, and every later ``load`` of that folder then waits for it forever. jido's processes take an
@@ -17,6 +19,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -45,6 +48,22 @@ ISA_FLAGS = {
 # libgomp: the loader finds that soname already loaded by torch, so both share one thread pool.
 COMMON_FLAGS = ["-O3", "-fopenmp"]
 LINK_FLAGS = ["-fopenmp"]
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    """One library's build in this process: loaded, or why not and what runs instead."""
+
+    purpose: str
+    fallback: str
+    loaded: bool
+    reason: str = ""
+    log: Path | None = None
+
+
+# Every library this process built or tried to, by prefix: `jido build-kernels` reports them.
+BUILDS: dict[str, BuildOutcome] = {}
+REBUILD_COMMAND = "jido build-kernels"
 
 
 def build_key(prefix: str, source: Path, isa: str) -> str:
@@ -89,11 +108,18 @@ def load_ops_library(prefix: str, source: Path, purpose: str, fallback: str, isa
             load(name=key, sources=[str(source)], build_directory=str(build_dir), is_python_module=False,
                  extra_cflags=[*COMMON_FLAGS, *ISA_FLAGS[isa]], extra_ldflags=list(LINK_FLAGS),
                  extra_include_paths=[str(SHARED_HEADERS)], verbose=False)
+        BUILDS[prefix] = BuildOutcome(purpose, fallback, loaded=True)
         return True
     except Exception as exc:  # noqa: BLE001 - any failure to build or load means: use the PyTorch path
         message = str(exc).strip()
-        logger.warning("%s unavailable (%s: %s); using %s", purpose, type(exc).__name__,
-                       message.splitlines()[-1] if message else "", fallback)
+        reason = f"{type(exc).__name__}: {message.splitlines()[-1] if message else ''}"
+        log = CACHE_ROOT / f"{key}.log"
+        with contextlib.suppress(OSError):
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text(f"{purpose} ({source}, {isa}) failed to build or load:\n{message}\n", encoding="utf-8")
+        BUILDS[prefix] = BuildOutcome(purpose, fallback, loaded=False, reason=reason, log=log)
+        logger.error("%s unavailable (%s); running %s instead, several times slower. The compiler's output is in %s; "
+                     "`%s` rebuilds every kernel and reports each", purpose, reason, fallback, log, REBUILD_COMMAND)
         return False
 
 

@@ -42,3 +42,12 @@ def test_a_killed_worker_fails_the_request_and_the_health_check():
         llm.llm_engine.check_health()
     assert not llm.llm_engine.has_unfinished_requests()  # the failed generate aborted what it queued
     llm.shutdown()
+
+
+def test_an_llm_used_as_a_context_manager_stops_its_worker_processes_when_the_block_ends(tiny_model_folder):
+    with LLM(str(tiny_model_folder), kv_cache_memory="4MiB", distributed_executor_backend="mp") as llm:
+        (pid,) = llm.collective_rpc(worker_pid)
+        assert llm.generate(["w3 w4"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+        os.kill(pid, 0)  # alive inside the block
+    with pytest.raises(ProcessLookupError):  # stopped and joined by the block's end
+        os.kill(pid, 0)

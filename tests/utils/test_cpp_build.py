@@ -96,3 +96,39 @@ def test_a_build_leaves_the_flags_and_so_the_next_build_key_as_they_were(probe_o
     assert cpp_build.load_ops_library("jido_build_probe_two", second, "the second probe", "nothing")
     assert (list(cpp_build.COMMON_FLAGS), list(cpp_build.LINK_FLAGS)) == flags
     assert cpp_build.build_key("k", source, "avx2") == key
+
+
+def test_a_failed_build_is_an_error_with_its_compiler_output_kept_and_its_outcome_recorded(
+        probe_ops, tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(cpp_build, "CACHE_ROOT", tmp_path / "extensions")
+    source = tmp_path / "broken.cpp"
+    source.write_text("int broken( { return undeclared_name; }\n")
+    with caplog.at_level("ERROR", logger="jido.utils.cpp_build"):
+        assert not cpp_build.load_ops_library("jido_broken_probe", source, "the broken probe", "the slow path")
+    outcome = cpp_build.BUILDS["jido_broken_probe"]
+    assert not outcome.loaded and outcome.fallback == "the slow path" and outcome.log.parent == tmp_path / "extensions"
+    assert "undeclared_name" in outcome.log.read_text()  # the compiler's own words, kept
+    (record,) = [r for r in caplog.records if "broken probe" in r.getMessage()]
+    assert record.levelname == "ERROR" and "jido build-kernels" in record.getMessage()
+    assert cpp_build.BUILDS["jido_build_probe"].loaded
+
+
+def test_build_kernels_reports_each_library_and_fails_when_one_did_not_build(monkeypatch, capsys) -> None:
+    from jido.tools import build_kernels
+
+    def fake_loaders():
+        def built():
+            cpp_build.BUILDS["lib_ok"] = cpp_build.BuildOutcome("fast kernels", "slow path", loaded=True)
+
+        def failed():
+            cpp_build.BUILDS["lib_bad"] = cpp_build.BuildOutcome("other kernels", "ATen", loaded=False,
+                                                                 reason="CalledProcessError: g++", log=Path("/x.log"))
+        return [("lib_ok", built), ("lib_bad", failed), ("lib_unused", lambda: None)]
+
+    monkeypatch.setattr(build_kernels, "_loaders", fake_loaders)
+    assert build_kernels.build_kernels_main([]) == 1
+    out = capsys.readouterr()
+    assert "lib_ok             built: fast kernels" in out.out and "lib_unused         not used on this CPU" in out.out
+    assert "lib_bad            FAILED: other kernels (CalledProcessError: g++); ATen runs instead" in out.out
+    assert "1 of 3 libraries failed to build: lib_bad" in out.err
+    del cpp_build.BUILDS["lib_ok"], cpp_build.BUILDS["lib_bad"]
