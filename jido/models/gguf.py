@@ -91,8 +91,16 @@ def is_gguf(path: Path) -> bool:
 
 
 def open_gguf(path: Path) -> GGUFFile:
-    """Open a GGUF file; raises ValueError for an architecture jido has no model for."""
-    reader = GGUFReader(path)
+    """Open a GGUF file.
+
+    Raises:
+        ValueError: a file gguf-py cannot read (cut short, or corrupt), or an architecture jido has no model for.
+    """
+    try:
+        reader = GGUFReader(path)
+    except (ValueError, IndexError, KeyError, OSError) as exc:  # gguf-py's errors where bytes are missing or wrong
+        raise ValueError(f"{path}: not a readable GGUF file, cut short or corrupt ({type(exc).__name__}: {exc}); "
+                         "copy or download it again") from exc
     metadata = {key: f.contents() for key, f in reader.fields.items()}
     arch = metadata.get("general.architecture")
     if arch not in ARCHS:

@@ -232,6 +232,16 @@ def test_failed_conversion_leaves_no_folder_behind(tiny_llama, tmp_path: Path, m
     assert (resolve_model(str(tiny_llama[0]), cache_dir=tmp_path) / "config.json").is_file()
 
 
+def test_a_gguf_cut_short_is_refused_as_such_and_leaves_no_folder_behind(tiny_llama, tmp_path: Path) -> None:
+    whole = tiny_llama[0].read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[:len(whole) - 100])
+    cache = tmp_path / "cache"
+    with pytest.raises(ValueError, match=r"cut\.gguf: not a readable GGUF file, cut short or corrupt"):
+        resolve_model(str(cut), cache_dir=cache)
+    assert not cache.exists() or list(cache.iterdir()) == []
+
+
 # --- HF folders and bad paths ---
 
 
