@@ -41,6 +41,7 @@ from jido.bench.config import BenchConfig
 from jido.bench.corpus import Corpus
 from jido.bench.datasets import SampleRequest, sample_requests
 from jido.bench.machine import machine_info, now_iso
+from jido.bench.plots import plot_engines
 from jido.bench.runner import run_benchmark
 from jido.bench.tokens import make_counter
 from jido.config.model import DTYPES, Quantization
@@ -616,6 +617,7 @@ def save(records: dict[str, Any], workloads: list[Workload], model: str = DEFAUL
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
     path.with_suffix(".md").write_text(markdown(doc))
+    plot_engines(doc["peers"], list(doc["workloads"]), path.with_suffix(".png"))
     return path
 
 

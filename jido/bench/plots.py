@@ -52,6 +52,31 @@ def plot_sweep(results: Sequence[dict[str, Any]], key: str, path: Path) -> Path:
     return save_figure(plt, fig, path)
 
 
+# What a compare run's figure shows per workload, and which way is better.
+ENGINE_PANELS = (("output_throughput", "output tokens/s (higher is better)"),
+                 ("mean_ttft_ms", "mean TTFT ms (lower is better)"),
+                 ("median_tpot_ms", "median TPOT ms (lower is better)"))
+
+
+def plot_engines(peers: dict[str, dict[str, Any]], workloads: Sequence[str], path: Path) -> Path:
+    """A compare run as bars: one panel per figure of :data:`ENGINE_PANELS`, a group per workload, a bar per engine
+    (engines without a result for a workload have no bar there)."""
+    plt = pyplot()
+    names = [name for name, record in peers.items() if record.get("results")]
+    fig, axes = plt.subplots(1, len(ENGINE_PANELS), figsize=(4.2 * len(ENGINE_PANELS), 3.6))
+    width = 0.8 / max(1, len(names))
+    for ax, (key, title) in zip(axes, ENGINE_PANELS):
+        for i, name in enumerate(names):
+            values = [(peers[name]["results"].get(w) or {}).get(key) for w in workloads]
+            xs = [x + i * width for x, v in enumerate(values) if v is not None]
+            ax.bar(xs, [v for v in values if v is not None], width, label=name)
+        ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(workloads))], list(workloads))
+        ax.set_title(title, fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    return save_figure(plt, fig, path)
+
+
 def save_figure(plt: Any, fig: Any, path: Path) -> Path:
     """Lay out, write the PNG (its folder made if missing), close the figure; returns ``path``."""
     fig.tight_layout()

@@ -210,6 +210,7 @@ def test_every_server_serves_the_named_model_and_its_results_get_their_own_file(
     monkeypatch.setattr(compare, "decode_limit", lambda dtype, model, quantization=None: (30.0, 40.0, 300.0))
     path = compare.save({"jido[dtype=float32]": jido("float32", 100.0)}, [compare.WORKLOADS["batch1"]], qwen)
     assert path.name.startswith(f"compare-{qwen}-") and json.loads(path.read_text())["model"] == qwen
+    assert path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the engines side by side
 
 
 def test_a_peer_gets_a_float_checkpoint_made_once_outside_jidos_cache(compare, tmp_path, monkeypatch):
