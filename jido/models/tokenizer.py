@@ -21,8 +21,11 @@ class Tokenizer:
         eos_token_ids: list[int],
         pad_token_id: int | None,
         chat_template: str | None = None,
+        settings: dict[str, Any] | None = None,
     ) -> None:
+        """``settings``: the checkpoint's tokenizer_config.json, as read (what ``info`` reports)."""
         self._backend = backend
+        self._settings = dict(settings or {})
         self._bos_token_id = bos_token_id
         self._eos_token_ids = list(eos_token_ids)
         self._pad_token_id = pad_token_id
@@ -56,6 +59,7 @@ class Tokenizer:
             eos_token_ids=eos_ids,
             pad_token_id=token_id("pad_token_id", "pad_token"),
             chat_template=_chat_template(folder, settings),
+            settings=settings,
         )
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -101,6 +105,20 @@ class Tokenizer:
     def chat_template(self) -> str | None:
         return self._chat_template
 
+    def info(self) -> dict[str, Any]:
+        """tokenizer_config.json as transformers' tokenizer holds it (vLLM's /tokenizer_info): special tokens as
+        their text, file paths left out, a ``tokenizer_class`` (transformers' for a bare tokenizer.json where the
+        file names none), and the BOS, EOS and pad tokens filled in from their ids where the file leaves them out."""
+        info = {key: _added_token_text(value) for key, value in self._settings.items()
+                if key not in ("vocab_file", "merges_file", "tokenizer_file")}
+        info["tokenizer_class"] = info.get("tokenizer_class") or "PreTrainedTokenizerFast"
+        ids = {"bos_token": self.bos_token_id, "eos_token": (self.eos_token_ids or [None])[0],
+               "pad_token": self.pad_token_id}
+        for key, token_id in ids.items():
+            if info.get(key) is None and token_id is not None:
+                info[key] = self._backend.id_to_token(token_id)
+        return info
+
 
 def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
@@ -109,6 +127,17 @@ def _read_json(path: Path) -> dict[str, Any]:
 def _token_str(token: str | dict | None) -> str | None:
     # HF tokenizer_config.json writes a special token either as a string or as a serialized AddedToken.
     return token.get("content") if isinstance(token, dict) else token
+
+
+def _added_token_text(value: Any) -> Any:
+    """``value`` with each serialized AddedToken (a dict with its ``content``) replaced by its text."""
+    if isinstance(value, dict):
+        if isinstance(value.get("content"), str):
+            return value["content"]
+        return {key: _added_token_text(v) for key, v in value.items()}
+    if isinstance(value, list):
+        return [_added_token_text(v) for v in value]
+    return value
 
 
 def _chat_template(folder: Path, settings: dict[str, Any]) -> str | None:

@@ -1,9 +1,10 @@
-"""The router's HTTP app: the OpenAI endpoints it proxies, /health, /v1/models, /tokenize and /detokenize (from a
-decode instance) and its own /metrics."""
+"""The router's HTTP app: the OpenAI endpoints it proxies, /health, /v1/models[/{id}], /tokenize, /detokenize and
+/tokenizer_info (from a decode instance) and its own /metrics."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from urllib.parse import quote
 
 from fastapi import FastAPI, Request
 from starlette.responses import PlainTextResponse, Response
@@ -39,6 +40,14 @@ def create_router_app(config: RouterConfig) -> FastAPI:
     @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def models() -> Response:
         return await router.passthrough("GET", "/v1/models")
+
+    @app.api_route("/v1/models/{model_id:path}", methods=["GET", "HEAD"])
+    async def model(model_id: str) -> Response:
+        return await router.passthrough("GET", f"/v1/models/{quote(model_id, safe='/')}")
+
+    @app.api_route("/tokenizer_info", methods=["GET", "HEAD"])
+    async def tokenizer_info() -> Response:
+        return await router.passthrough("GET", "/tokenizer_info")
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:

@@ -302,7 +302,7 @@ class Router:
 
     async def passthrough(self, method: str, path: str, raw: bytes | None = None) -> Response:
         """An endpoint every instance answers alike for the one model they serve (/v1/models, /tokenize,
-        /detokenize), answered by the first healthy decode instance; `jido bench` counts prompt tokens with it."""
+        /detokenize, /tokenizer_info), answered by the first healthy decode instance; `jido bench` counts prompt tokens with it."""
         headers = {"Content-Type": "application/json"} if raw is not None else None
         for instance in self.decode.usable():
             try:

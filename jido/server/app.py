@@ -64,7 +64,7 @@ def create_app(llm: LLMEngine | Sequence[LLMEngine], config: ServerConfig,
     # without their bodies (the handlers parse raw requests), telling clients less than OpenAI's API docs.
     app = FastAPI(title="jido", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.serving = serving
-    _add_routes(app, serving)
+    _add_routes(app, serving, config.enable_tokenizer_info_endpoint)
     _add_cache_routes(app, cache)
     _add_error_handlers(app)
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_request_body_bytes,
@@ -77,7 +77,7 @@ def _get(app: FastAPI, path: str) -> Callable[[Callable[..., Any]], Callable[...
     return app.api_route(path, methods=["GET", "HEAD"])
 
 
-def _add_routes(app: FastAPI, serving: OpenAIServing) -> None:
+def _add_routes(app: FastAPI, serving: OpenAIServing, tokenizer_info: bool) -> None:
     @_get(app, "/health")
     async def health() -> Response:
         try:
@@ -93,6 +93,10 @@ def _add_routes(app: FastAPI, serving: OpenAIServing) -> None:
     @_get(app, "/v1/models")
     async def models() -> Response:
         return JSONResponse(serving.models())
+
+    @_get(app, "/v1/models/{model_id:path}")  # :path: a served name may hold a slash (Qwen/Qwen2.5-0.5B)
+    async def model(model_id: str) -> Response:
+        return JSONResponse(serving.model(model_id))
 
     @_get(app, "/kv_transfer")
     async def kv_transfer() -> Response:
@@ -113,6 +117,11 @@ def _add_routes(app: FastAPI, serving: OpenAIServing) -> None:
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:
         return await serving.detokenize(request)
+
+    if tokenizer_info:  # vLLM serves it only when asked (--enable-tokenizer-info-endpoint)
+        @_get(app, "/tokenizer_info")
+        async def get_tokenizer_info() -> Response:
+            return JSONResponse(serving.tokenizer_info())
 
 
 def _add_cache_routes(app: FastAPI, cache: CacheServing) -> None:

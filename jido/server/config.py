@@ -41,6 +41,9 @@ class ServerConfig:
     tool_call_parser: Literal["hermes", "llama3_json"] | None = None
     """How calls are written: hermes (Qwen2.5: <tool_call>{"name", "arguments"}</tool_call>, and the bare or
     fenced JSON calls Qwen2.5-Coder writes), llama3_json (Llama 3: {"name", "parameters"}) (default: none)."""
+    enable_tokenizer_info_endpoint: bool = False
+    """vLLM's: serve GET /tokenizer_info (the tokenizer's settings and the chat template, which lm-evaluation-harness's
+    remote tokenizer reads); off by default, as vLLM, since it shows the chat template and tokenizer settings."""
     max_waiting_requests: int = 256
     """Sequences accepted but not yet running; past it, requests get 503 with Retry-After."""
     max_request_body_bytes: int = 4 * 2**20

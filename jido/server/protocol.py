@@ -102,6 +102,13 @@ def _check_top_logprobs(value: int | None, info: ValidationInfo) -> int | None:
     return value
 
 
+def _check_prompt_logprobs(value: int | None, info: ValidationInfo) -> int | None:
+    # vLLM's rule: a stream has no place for them (0 asks for none, so it is let through, as vLLM does).
+    if value and info.data.get("stream"):
+        raise _invalid("prompt_logprobs are not available with stream: true; ask without streaming")
+    return value
+
+
 def _check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     """OpenAI's tools, as vLLM takes them: ``{"type": "function", "function": {"name", "description"?,
     "parameters"?}}`` (``type`` may be left out); anything else would be rendered into the prompt as it came."""
@@ -145,6 +152,7 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, the counts so far on every chunk
 
 
 class _SamplingBody(_Body):
@@ -176,6 +184,9 @@ class _SamplingBody(_Body):
     # structured_outputs ({"json"|"regex"|"choice"|"grammar"|"json_object": ...}): enforced by the grammar engine.
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
+    # vLLM's: each prompt token's log-probability and the top N alternatives, in the response's prompt_logprobs.
+    # After stream: it reads it.
+    prompt_logprobs: Annotated[int | None, AfterValidator(_check_prompt_logprobs)] = None
 
     def client_name(self, name: str) -> str:
         """The request field that set SamplingParams' ``name``, for error messages and ``param``."""
@@ -184,6 +195,10 @@ class _SamplingBody(_Body):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage_stats(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
     def sampling_params(self, max_tokens: int, logprobs: int | None,
                         prompt_logprobs: int | None = None) -> SamplingParams:
@@ -250,9 +265,10 @@ class CompletionRequest(_SamplingBody):
 
     @property
     def num_prompt_logprobs(self) -> int | None:
-        """The prompt logprobs to compute: with echo, as many as ``logprobs`` asks of each token."""
-        if not self.echo:
-            return None
+        """The prompt logprobs to compute: ``prompt_logprobs`` if given (as vLLM), else with echo as many as
+        ``logprobs`` asks of each token."""
+        if self.prompt_logprobs is not None or not self.echo:
+            return self.prompt_logprobs
         # The engine takes max_tokens=0 only as "score the prompt": 0 alternatives costs a log-softmax per row.
         return self.logprobs if self.logprobs is not None or self.max_tokens != 0 else 0
 

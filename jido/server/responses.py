@@ -5,10 +5,14 @@ import time
 from dataclasses import dataclass, field
 
 from jido.core.outputs import Logprobs
-from jido.engine.outputs import CompletionOutput, RequestOutput
+from jido.engine.outputs import CompletionOutput, PromptLogprobs, RequestOutput
 from jido.models.tokenizer import Tokenizer
 from jido.server.tool_parsers import NamedCallParser, ToolCallParser, parse_tool_calls
 from jido.server.tools import ToolParserFactory, delta_of, response_tool_calls
+
+
+# vLLM's floor for a log-probability in a response: JSON has no -inf.
+_MIN_LOGPROB = -9999.0
 
 
 def usage(*outputs: RequestOutput) -> dict:
@@ -18,6 +22,34 @@ def usage(*outputs: RequestOutput) -> dict:
     return {"prompt_tokens": num_prompt, "completion_tokens": num_completion,
             "total_tokens": num_prompt + num_completion,
             "prompt_tokens_details": {"cached_tokens": sum(o.num_cached_tokens for o in outputs)}}
+
+
+@dataclass(frozen=True)
+class StreamUsage:
+    """What a request's stream chunks say of usage. With ``include_usage``, OpenAI's ``"usage": null`` on every
+    chunk (the counts follow in a chunk of their own before [DONE]); with vLLM's ``continuous_usage_stats`` too,
+    the counts so far on every chunk instead. Without ``include_usage`` chunks have no ``usage`` field."""
+
+    include_usage: bool = False
+    continuous: bool = False
+    num_prompt_tokens: int = 0
+
+    def stamp(self, chunk: dict, output: RequestOutput | None) -> dict:
+        """``chunk`` with its ``usage``; ``output`` is the request's latest (None before the first: nothing generated)."""
+        if self.include_usage and self.continuous:
+            chunk["usage"] = usage(output) if output is not None else {
+                "prompt_tokens": self.num_prompt_tokens, "completion_tokens": 0, "total_tokens": self.num_prompt_tokens}
+        elif self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+
+def prompt_logprobs_body(positions: PromptLogprobs) -> list[dict | None]:
+    """vLLM's ``prompt_logprobs`` field: per prompt position None (the first) or ``{token id: {"logprob", "rank",
+    "decoded_token"}}``, the prompt token first."""
+    return [None if p is None else {str(token_id): {"logprob": max(e.logprob, _MIN_LOGPROB), "rank": e.rank,
+                                                    "decoded_token": e.decoded_token} for token_id, e in p.items()}
+            for p in positions]
 
 
 @dataclass
@@ -53,6 +85,7 @@ class ResponseFormat:
     model: str
     tokenizer: Tokenizer
     created: int = field(default_factory=lambda: int(time.time()))
+    with_prompt_logprobs: bool = False  # vLLM's prompt_logprobs field was asked for
     object_name = "text_completion"
     chunk_object_name = "text_completion"
 
@@ -71,11 +104,8 @@ class ResponseFormat:
         """What a stream sends of the prompt before the first delta: nothing, unless echo asks."""
         return []
 
-    def chunk(self, choices: list[dict], output: RequestOutput | None = None) -> dict:
-        body = self.envelope(self.chunk_object_name, choices)
-        if output is not None:  # the final usage-only chunk of stream_options.include_usage
-            body["usage"] = usage(output)
-        return body
+    def chunk(self, choices: list[dict]) -> dict:
+        return self.envelope(self.chunk_object_name, choices)
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
@@ -93,44 +123,55 @@ class CompletionFormat(ResponseFormat):
 
     With echo (``echo_text`` set), each choice starts with the prompt's text and its logprobs with the
     prompt tokens' (the first token's null: nothing precedes it), as vLLM and OpenAI answer; a stream
-    sends them in a chunk of their own before the first delta.
+    sends them in a chunk of their own before the first delta. A stream's ``text_offset`` counts on from
+    the chunks before, so the chunks' logprobs laid end to end are the unstreamed answer's.
     """
 
     echo_text: str | None = None
+    _text_offsets: dict[int, int] = field(default_factory=dict)  # a stream's, per choice: where the next starts
+    _prompt_text_len: int = 0  # a stream's: where the first generated token starts (after an echoed prompt)
 
     def response(self, output: RequestOutput) -> dict:
         body = super().response(output)
-        if self.echo_text is not None:
-            for choice in body["choices"]:
+        for choice in body["choices"]:
+            if self.echo_text is not None:
                 choice["text"] = self.echo_text + choice["text"]
                 if choice["logprobs"] is not None:
                     choice["logprobs"] = _joined(self._prompt_logprobs(output), choice["logprobs"])
+            if self.with_prompt_logprobs:  # vLLM's, per choice on /v1/completions
+                choice["prompt_logprobs"] = prompt_logprobs_body(output.prompt_logprobs)
         return body
 
     def prompt_choices(self, output: RequestOutput) -> list[dict]:
         if self.echo_text is None:
             return []
-        return [{"index": c.index, "text": self.echo_text,
-                 "logprobs": None if c.logprobs is None else self._prompt_logprobs(output),
-                 "finish_reason": None, "stop_reason": None} for c in output.outputs]
+        logprobs = None if output.outputs[0].logprobs is None else self._prompt_logprobs(output)
+        if logprobs is not None:  # the generated tokens' offsets follow the prompt's text
+            self._prompt_text_len = sum(len(t) for t in logprobs["tokens"])
+        return [{"index": c.index, "text": self.echo_text, "logprobs": logprobs, "finish_reason": None,
+                 "stop_reason": None} for c in output.outputs]
 
     def choice(self, completion: CompletionOutput) -> dict:
         return self._choice(completion, completion.text, slice(0, len(completion.token_ids)))
 
     def delta_choice(self, completion: CompletionOutput, text: str, tokens: slice) -> dict:
-        return self._choice(completion, text, tokens)
+        start = self._text_offsets.get(completion.index, self._prompt_text_len)
+        choice = self._choice(completion, text, tokens, start)
+        if choice["logprobs"] is not None:
+            self._text_offsets[completion.index] = start + sum(len(t) for t in choice["logprobs"]["tokens"])
+        return choice
 
-    def _choice(self, completion: CompletionOutput, text: str, tokens: slice) -> dict:
-        logprobs = None if completion.logprobs is None else self._logprobs(completion.logprobs[tokens])
+    def _choice(self, completion: CompletionOutput, text: str, tokens: slice, text_offset: int = 0) -> dict:
+        logprobs = None if completion.logprobs is None else self._logprobs(completion.logprobs[tokens], text_offset)
         return {"index": completion.index, "text": text, "logprobs": logprobs,
                 "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason}
 
-    def _logprobs(self, entries: list[Logprobs]) -> dict:
+    def _logprobs(self, entries: list[Logprobs], text_offset: int = 0) -> dict:
         tokens = [self.token_text(e.sampled_token_id) for e in entries]
         return {"tokens": tokens, "token_logprobs": [e.sampled_logprob for e in entries],
                 "top_logprobs": [{self.token_text(t): lp for t, lp in zip(e.top_token_ids, e.top_logprobs)}
                                  for e in entries],
-                "text_offset": _offsets(tokens)}
+                "text_offset": _offsets(tokens, text_offset)}
 
     def _prompt_logprobs(self, output: RequestOutput) -> dict:
         ids, positions = output.prompt_token_ids, output.prompt_logprobs[1:]
@@ -140,9 +181,9 @@ class CompletionFormat(ResponseFormat):
                 "text_offset": _offsets(tokens)}
 
 
-def _offsets(tokens: list[str]) -> list[int]:
-    """Where each token's text starts in the tokens' texts laid end to end."""
-    offsets, offset = [], 0
+def _offsets(tokens: list[str], start: int = 0) -> list[int]:
+    """Where each token's text starts in the tokens' texts laid end to end, the first at ``start``."""
+    offsets, offset = [], start
     for token in tokens:
         offsets.append(offset)
         offset += len(token)
@@ -170,6 +211,12 @@ class ChatFormat(ResponseFormat):
     _parsers: dict[int, ToolCallParser | NamedCallParser] = field(default_factory=dict)  # a stream's, per choice
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
+
+    def response(self, output: RequestOutput) -> dict:
+        body = super().response(output)
+        if self.with_prompt_logprobs:  # vLLM's, once for the request on chat (its prompt is every choice's)
+            body["prompt_logprobs"] = prompt_logprobs_body(output.prompt_logprobs)
+        return body
 
     def choice(self, completion: CompletionOutput) -> dict:
         message: dict = {"role": "assistant", "content": completion.text}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -22,7 +23,7 @@ from jido.server.errors import APIError, bad_request, from_validation_error, par
 from jido.server.metrics import RequestTimer, ServerMetrics
 from jido.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
                                   check_supported)
-from jido.server.responses import ChatFormat, CompletionFormat, ResponseFormat, StreamCursor, usage
+from jido.server.responses import ChatFormat, CompletionFormat, ResponseFormat, StreamCursor, StreamUsage, usage
 from jido.server.tools import parser_factory
 
 _RETRY_AFTER_S = "1"
@@ -45,10 +46,24 @@ class OpenAIServing:
         self.metrics = metrics
         self.llm = engine.engine
         self.max_prompt_bytes = self.llm.max_model_len * PROMPT_BYTES_PER_TOKEN
+        self.created = int(time.time())  # the model objects' "created": when this server started serving it
 
     def models(self) -> dict:
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
-                                            "owned_by": "jido", "max_model_len": self.llm.max_model_len}]}
+        return {"object": "list", "data": [self.model(self.model_name)]}
+
+    def model(self, model_id: str) -> dict:
+        """GET /v1/models/{id}: the model object; OpenAI's 404 (model_not_found) for a model not served here."""
+        self.check_model(model_id)
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "jido",
+                "max_model_len": self.llm.max_model_len}
+
+    def tokenizer_info(self) -> dict:
+        """vLLM's GET /tokenizer_info: the tokenizer's settings (see ``Tokenizer.info``) with the chat template
+        served; lm-evaluation-harness's ``remote`` tokenizer reads its special tokens and template."""
+        info = self.llm.tokenizer.info()
+        if self.chat_template is not None:
+            info["chat_template"] = self.chat_template.source
+        return info
 
     async def completions(self, http_request: Request) -> Response:
         timer = RequestTimer()
@@ -67,6 +82,7 @@ class OpenAIServing:
         await asyncio.to_thread(self._check_grammar, body, params[0])
         request_id = f"cmpl-{uuid.uuid4().hex}"
         fmts = [CompletionFormat(request_id, self.model_name, self.llm.tokenizer,
+                                 with_prompt_logprobs=body.prompt_logprobs is not None,
                                  echo_text=self._echo_text(p if body.kv_blend is None else ids, ids)
                                  if body.echo else None)
                 for p, ids in zip(prompts, prompt_ids)]
@@ -83,11 +99,11 @@ class OpenAIServing:
         if not body.messages:
             raise bad_request("messages is empty: give at least one message", "messages")
         prompt_ids = await asyncio.to_thread(self._chat_prompt_ids, body)  # off the event loop, as above
-        params = self._params(body, prompt_ids, body.requested_max_tokens, body.num_logprobs)
+        params = self._params(body, prompt_ids, body.requested_max_tokens, body.num_logprobs, body.prompt_logprobs)
         self._check_transfer(body, params)
         await asyncio.to_thread(self._check_grammar, body, params)
         fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, self.llm.tokenizer,
-                         tool_parser=parser_factory(body.tools, body.effective_tool_choice, self.tool_call_parser))
+                         with_prompt_logprobs=body.prompt_logprobs is not None, tool_parser=parser_factory(body.tools, body.effective_tool_choice, self.tool_call_parser))
         return await self._respond(http_request, fmt, ProcessedPrompt(None, prompt_ids), params, body, timer)
 
     async def tokenize(self, http_request: Request) -> Response:
@@ -222,7 +238,7 @@ class OpenAIServing:
         outputs = self.submit(fmt.request_id, prompt, params, timer, body.priority,
                               kv_transfer_params=body.kv_transfer_params)
         if body.stream:
-            chunks = _numbered(self._chunks(outputs, fmt, params, timer), 0)
+            chunks = _numbered(self._chunks(outputs, fmt, params, timer, _stream_usage(body, prompt.token_ids)), 0)
             return StreamingResponse(self._sse(chunks, body.include_usage), media_type="text/event-stream")
         final = await self._collect(http_request, self._last(outputs, timer))
         return JSONResponse(fmt.response(final))
@@ -243,8 +259,8 @@ class OpenAIServing:
                 submitted.close()  # aborts the prompts already queued
             raise
         if body.stream:
-            chunks = [_offset_choices(self._chunks(s, f, p, t), i * n)
-                      for i, (s, f, p, t) in enumerate(zip(streams, fmts, params, timers))]
+            chunks = [_offset_choices(self._chunks(s, f, p, t, _stream_usage(body, prompt.token_ids)), i * n)
+                      for i, (s, f, p, t, prompt) in enumerate(zip(streams, fmts, params, timers, prompts))]
             return StreamingResponse(self._sse(_merged(chunks), body.include_usage), media_type="text/event-stream")
         finals = await self._collect(http_request, asyncio.gather(*(self._last(s, t) for s, t in zip(streams, timers))))
         bodies = [f.response(out) for f, out in zip(fmts, finals)]
@@ -323,20 +339,21 @@ class OpenAIServing:
         return final
 
     async def _chunks(self, outputs: RequestStream, fmt: ResponseFormat, params: SamplingParams,
-                      timer: RequestTimer) -> AsyncIterator[tuple[dict, RequestOutput | None]]:
+                      timer: RequestTimer, stream_usage: StreamUsage) -> AsyncIterator[_Chunk]:
         """One request's stream chunks, each with the request's latest output (None before the first)."""
         cursors = [StreamCursor(stop_string_holdback(params)) for _ in range(params.n)]
         if isinstance(fmt, ChatFormat):
-            yield fmt.chunk([fmt.role_choice(i) for i in range(params.n)]), None
+            yield stream_usage.stamp(fmt.chunk([fmt.role_choice(i) for i in range(params.n)]), None), None
         output_is_first = True
         async with aclosing(self._outputs(outputs, timer)) as stream:
             async for output in stream:
                 if output_is_first and (prompt_choices := fmt.prompt_choices(output)):
-                    yield fmt.chunk(prompt_choices), output  # echo: the prompt, before the first delta
+                    # echo: the prompt, before the first delta
+                    yield stream_usage.stamp(fmt.chunk(prompt_choices), output), output
                 output_is_first = False
                 choices = [fmt.delta_choice(c, *step) for c, cursor in zip(output.outputs, cursors)
                            if (step := cursor.advance(c)) is not None]
-                yield (fmt.chunk(choices) if choices else None), output
+                yield (stream_usage.stamp(fmt.chunk(choices), output) if choices else None), output
 
     async def _sse(self, chunks: AsyncIterator[_NumberedChunk], include_usage: bool) -> AsyncIterator[str]:
         """Server-sent events of the chunks of one or more requests (numbered); an engine error ends the
@@ -361,6 +378,10 @@ class OpenAIServing:
 _Result = TypeVar("_Result")
 _Chunk = tuple[dict | None, RequestOutput | None]  # a stream chunk (None: nothing to send), the latest output
 _NumberedChunk = tuple[dict | None, RequestOutput | None, int]  # ... and which request of a batch it is from
+
+
+def _stream_usage(body: CompletionRequest | ChatCompletionRequest, prompt_ids: list[int]) -> StreamUsage:
+    return StreamUsage(body.include_usage, body.continuous_usage_stats, len(prompt_ids))
 
 
 def _batch_of_prompts(prompt: object) -> list[object]:

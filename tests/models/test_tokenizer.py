@@ -1,7 +1,8 @@
-"""The Gemma 3 tokenizer built from GGUF metadata gives transformers' ids and text."""
+"""The Gemma 3 tokenizer built from GGUF metadata gives transformers' ids and text; info() is its settings as vLLM's /tokenizer_info gives them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,27 @@ def test_folder_without_tokenizer_json_is_rejected(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
         Tokenizer.from_folder(tmp_path)
+
+
+def test_info_gives_the_special_tokens_transformers_gives(tokenizer: Tokenizer, gemma_folder: Path) -> None:
+    from transformers import AutoTokenizer
+
+    reference = AutoTokenizer.from_pretrained(gemma_folder)
+    info = tokenizer.info()
+    assert {key: info[key] for key in ("bos_token", "eos_token", "pad_token", "unk_token")} == {
+        "bos_token": reference.bos_token, "eos_token": reference.eos_token, "pad_token": reference.pad_token,
+        "unk_token": reference.unk_token}
+    assert info["tokenizer_class"] == "PreTrainedTokenizerFast"
+
+
+def test_info_is_the_tokenizer_config_with_added_tokens_as_text_and_no_file_paths(tmp_path: Path,
+                                                                                 tiny_model_folder: Path) -> None:
+    for name in ("tokenizer.json", "config.json"):
+        (tmp_path / name).write_bytes((tiny_model_folder / name).read_bytes())
+    added = {"content": "<eos>", "lstrip": False, "rstrip": False, "special": True, "__type": "AddedToken"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": added, "added_tokens_decoder": {"1": added}, "vocab_file": "/home/me/vocab.txt",
+        "tokenizer_file": "tokenizer.json", "model_max_length": 256, "tokenizer_class": "GemmaTokenizer"}))
+    assert Tokenizer.from_folder(tmp_path).info() == {
+        "eos_token": "<eos>", "added_tokens_decoder": {"1": "<eos>"}, "model_max_length": 256,
+        "tokenizer_class": "GemmaTokenizer", "bos_token": "<bos>", "pad_token": "<pad>"}

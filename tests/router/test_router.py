@@ -95,6 +95,10 @@ def test_router_serves_models_tokenize_health_and_metrics(tiny_model_folder):
     with tiny_server(tiny_model_folder) as server, router(None, [server.base_url]) as proxy:
         status, _, body = proxy.request("GET", "/v1/models")
         assert status == 200 and json.loads(body)["data"][0]["id"] == "tiny-gemma30"
+        status, _, body = proxy.request("GET", "/v1/models/tiny-gemma30")
+        assert status == 200 and json.loads(body) == json.loads(server.request("GET", "/v1/models/tiny-gemma30")[2])
+        status, _, body = proxy.request("GET", "/v1/models/org/other")
+        assert status == 404 and json.loads(body)["error"]["code"] == "model_not_found"
         # /tokenize and /detokenize come from a decode instance: `jido bench` through the router counts tokens
         request = {"prompt": "hello world"}
         status, _, body = proxy.request("POST", "/tokenize", request)
