@@ -119,6 +119,12 @@ class KVConnectorScheduler(ABC):
         """
         return False, None
 
+    def has_pending_work(self) -> bool:
+        """Whether the workers have instructions waiting for the next step (saves of blocks released since the
+        last one). The engine steps once more for them even with no request left: the blocks a request releases
+        as it finishes reach the tiers then, not whenever the next request happens to come."""
+        return False
+
     def stats(self) -> tuple:
         """Cumulative records for metrics (``jido.metrics.stats`` types); empty when there are none."""
         return ()

@@ -84,7 +84,12 @@ class Scheduler:
                 self._finish(request, status)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running or self.loads or self.held)
+        """Requests, or KV work the engine keeps stepping for: loads, held blocks, saves not yet handed over."""
+        return bool(self.waiting or self.running or self.loads or self.held) or self.has_pending_kv_work()
+
+    def has_pending_kv_work(self) -> bool:
+        """Whether the connector has instructions (saves of blocks the last step released) only a next step carries."""
+        return self.connector is not None and self.connector.has_pending_work()
 
     @property
     def kv_cache_usage(self) -> float:

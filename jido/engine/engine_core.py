@@ -210,7 +210,16 @@ class EngineCore:
                        kwargs: dict[str, Any] | None = None) -> list[Any]:
         return self.executor.collective_rpc(method, args, kwargs)
 
+    def has_pending_kv_work(self) -> bool:
+        """Whether the KV connector waits for a step to hand its workers saves (of blocks the last step released)."""
+        return self.scheduler.has_pending_kv_work()
+
     def shutdown(self) -> None:
+        if self.scheduler.has_pending_kv_work():  # blocks the last step (or an abort) released still go to the tiers
+            try:
+                self.step()
+            except Exception as exc:  # noqa: BLE001 - a failed worker: what it would have saved is lost, no more
+                logger.warning("KV offload saves pending at shutdown were dropped: %s", exc)
         self.executor.shutdown()
 
     def step(self) -> EngineCoreOutputs:

@@ -303,7 +303,9 @@ class LLMEngine:
             self.core.abort_requests(self._warmups.abort(request_id))
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._parents)
+        """Requests not yet finished, or KV saves that the next step hands to the offload tiers (so the blocks a
+        generate's last request released are on their way to the tiers when it returns)."""
+        return bool(self._parents) or self.core.has_pending_kv_work()
 
     def get_scheduler_stats(self) -> SchedulerStats:
         return self.core.get_scheduler_stats()

@@ -71,7 +71,10 @@ class FailedEvent:
 
 @dataclass(frozen=True)
 class LoadedEvent:
+    """``key`` came back intact from ``tier`` into the cache."""
+
     tier: str
+    key: BlockKey
     num_bytes: int
     seconds: float
 

@@ -238,6 +238,9 @@ class OffloadScheduler(KVConnectorScheduler):
         meta, self._meta = self._meta, OffloadMetadata()
         return None if meta.is_empty else meta
 
+    def has_pending_work(self) -> bool:
+        return not self._meta.is_empty
+
     # -- reports -----------------------------------------------------------------------------------
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         for event in output.events:
@@ -253,6 +256,8 @@ class OffloadScheduler(KVConnectorScheduler):
                 counters.loaded_blocks += 1
                 counters.loaded_bytes += event.num_bytes
                 counters.load_seconds += event.seconds
+                if event.tier == "remote":
+                    self._remember_written(event.key)  # Redis has it: not written back when the block is released
             elif isinstance(event, FailedEvent):
                 self._forget(event.tier, event.key)
                 counters.errors += 1

@@ -182,7 +182,7 @@ class OffloadWorker(KVConnectorWorker):
                 return [*events, FailedEvent(block.tier, block.key, "corrupt", str(exc))], False
             except (KeyError, OSError, StoreError) as exc:
                 return [*events, FailedEvent(block.tier, block.key, "load", str(exc))], False
-            events.append(LoadedEvent(block.tier, data.numel() * data.element_size(), time.perf_counter() - start))
+            events.append(LoadedEvent(block.tier, block.key, data.numel() * data.element_size(), time.perf_counter() - start))
         return events, True
 
     def _drop(self, tier: str, key: BlockKey) -> None:

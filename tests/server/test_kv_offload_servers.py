@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from redis_server import redis_server
 from server_harness import metric, running_server
@@ -36,3 +37,24 @@ def test_second_server_reports_cached_tokens_for_a_prompt_only_the_first_has_see
             assert metric(metrics, "jido:kv_offload_hits_total", tier="remote") == 10
             assert metric(metrics, "jido:kv_offload_loaded_blocks_total", tier="remote") > 0
             assert metric(metrics, "jido:kv_offload_errors_total", tier="remote") == 0
+
+
+@pytest.mark.slow
+def test_a_second_default_model_server_takes_a_long_prompt_from_redis(tmp_path):
+    # The default model is hybrid (five sliding-window groups, one full group): the blocks its request releases
+    # as it finishes, the whole full group among them, must reach Redis although no request follows.
+    prompt = " ".join(f"Item {i} weighs {i * 7 % 13} kilograms." for i in range(110))
+    body = {"prompt": prompt, "max_tokens": 4, "temperature": 0}
+    small = dict(kv_cache_memory="64MiB", max_num_seqs=1)
+    with redis_server(tmp_path) as redis:
+        with running_server(kv_offload={"remote": redis.url}, **small) as first:
+            status, _, raw = first.request("POST", "/v1/completions", body)
+            assert status == 200, raw
+        first.serving.llm.shutdown()  # as `jido serve` does on exit: waits for the background writes
+        with running_server(kv_offload={"remote": redis.url}, **small) as second:
+            status, _, raw = second.request("POST", "/v1/completions", body)
+            assert status == 200, raw
+            usage = json.loads(raw)["usage"]
+            assert usage["prompt_tokens"] > 1000
+            assert usage["prompt_tokens_details"]["cached_tokens"] >= 0.95 * usage["prompt_tokens"]
+            assert metric(second.metrics(), "jido:kv_offload_errors_total", tier="remote") == 0
