@@ -11,8 +11,9 @@ group's layers for that block's tokens. A hit of ``m`` blocks loads blocks ``n0.
 attention group, and of each sliding-window group only those the query at ``m * block_size`` can see
 (the last ``window - 1`` keys), as the device prefix cache does.
 
-The local tiers' index (keys, sizes, LRU order) lives here, the bytes in the workers; Redis is its own
-index, asked in one round trip per lookup. A remote tier that fails is left alone for a few seconds.
+The local tiers' index (keys, sizes, LRU order) lives here, the bytes in the workers; a disk tier's files
+outlive the process and are indexed again at start. Redis is its own index, asked in one round trip per
+lookup. A remote tier that fails is left alone for a few seconds.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from jido.config.kv_offload import KVOffloadConfig
+from jido.config.kv_offload import KVOffloadConfig, TierConfig
 from jido.core.kv_cache_manager import positions_to_load
 from jido.core.kv_cache_spec import KVCacheConfig, SlidingWindowSpec
 from jido.core.kv_connector import BlockKey, ReleasedBlock, KVConnectorOutput, KVConnectorScheduler
@@ -31,7 +32,7 @@ from jido.core.request import Request
 from jido.kvtransfer.offload_metadata import (FailedEvent, LoadBlock, LoadedEvent, LoadRequest, MoveEntry,
                                               OffloadMetadata, SaveBlock, StoredEvent, TierDisabledEvent)
 from jido.metrics.stats import KVTierStats
-from jido.offload.stores import ByteStore, StoreError, WarnEvery, make_store
+from jido.offload.stores import ByteStore, StoreError, WarnEvery, disk_entries, make_store
 
 logger = logging.getLogger("jido")
 REMOTE_RETRY_S = 5.0  # after a failed remote lookup, skip the remote tier this long
@@ -107,6 +108,20 @@ class OffloadScheduler(KVConnectorScheduler):
         self._counted: set[str] = set()
         self._meta = OffloadMetadata()
         self._warn = WarnEvery(logger)
+        for tier in config.tiers:
+            if tier.name == "disk":
+                self._adopt_disk_entries(tier, fingerprint)
+
+    def _adopt_disk_entries(self, tier: TierConfig, fingerprint: str) -> None:
+        """Index what the disk tier kept from earlier runs, oldest first: the newest that fit the budget stay (the
+        first step's moves delete the rest). Entries carry the fingerprint and a checksum, so a stale or damaged
+        one is caught when it is read, as any corrupt entry."""
+        entries = disk_entries(tier, fingerprint)
+        for key, num_bytes in entries:
+            self._place("disk", key, num_bytes)
+        if entries:
+            index = self.local["disk"]
+            logger.info("KV offload tier disk: %d entries of earlier runs kept (%d bytes)", len(index.entries), index.used)
 
     # -- lookups -----------------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> int:

@@ -27,6 +27,15 @@ def key_name(key: BlockKey) -> str:
     return f"{group}-{block_hash.hex()}"
 
 
+def parse_key_name(name: str) -> BlockKey | None:
+    """The key :func:`key_name` made ``name`` from, or None for a name it cannot have made."""
+    group, _, digits = name.partition("-")
+    try:
+        return int(group), bytes.fromhex(digits)
+    except ValueError:
+        return None
+
+
 class ByteStore(ABC):
     """Entries by block key, for one fingerprint (model, dtype, KV layout and block size)."""
 
@@ -73,15 +82,18 @@ class CpuStore(ByteStore):
 
 
 class DiskStore(ByteStore):
-    """One file per entry under ``path/<fingerprint>/``; written aside and renamed, so a reader never sees half."""
+    """One file per entry under ``path/<fingerprint>/``; written aside and renamed, so a reader never sees half.
+
+    Entries outlive the process: a later run of the same fingerprint indexes them (:func:`disk_entries`).
+    """
 
     name = "disk"
 
     def __init__(self, tier: TierConfig, fingerprint: str) -> None:
-        self.folder = Path(tier.path or "") / fingerprint
+        self.folder = disk_folder(tier, fingerprint)
         self.folder.mkdir(parents=True, exist_ok=True)
-        for stale in self.folder.iterdir():  # entries of an earlier run are not in this run's index
-            stale.unlink(missing_ok=True)
+        for partial in self.folder.glob("*.partial"):  # a write an earlier run did not finish
+            partial.unlink(missing_ok=True)
 
     def _path(self, key: BlockKey) -> Path:
         return self.folder / key_name(key)
@@ -104,6 +116,24 @@ class DiskStore(ByteStore):
 
     def delete(self, key: BlockKey) -> None:
         self._path(key).unlink(missing_ok=True)
+
+
+def disk_folder(tier: TierConfig, fingerprint: str) -> Path:
+    return Path(tier.path or "") / fingerprint
+
+
+def disk_entries(tier: TierConfig, fingerprint: str) -> list[tuple[BlockKey, int]]:
+    """The entries a disk tier holds from earlier runs, with their sizes, least recently written first."""
+    found = []
+    for path in disk_folder(tier, fingerprint).glob("*"):
+        key = parse_key_name(path.name)
+        try:
+            stat = path.stat()
+        except FileNotFoundError:
+            continue
+        if key is not None:
+            found.append((stat.st_mtime_ns, key, stat.st_size))
+    return [(key, size) for _, key, size in sorted(found)]
 
 
 def write_file(path: Path, data: bytes) -> None:

@@ -134,26 +134,47 @@ def hybrid_model_folder(tmp_path_factory) -> Path:
                                    layer_types=["sliding_attention"] * 5 + ["full_attention"])
 
 
-def test_a_fresh_engine_loads_a_hybrid_models_prefix_from_redis(hybrid_model_folder, tmp_path):
+def _hybrid_prompt() -> list[int]:
     gen = torch.Generator().manual_seed(1)
-    prompt = [BOS_ID, *torch.randint(3, VOCAB_SIZE, (60,), generator=gen).tolist()]
-    pool = {**SMALL_POOL, "kv_cache_memory": "64KiB"}  # 128 blocks: a prompt holds 17 in the full group, 3 per sliding
+    return [BOS_ID, *torch.randint(3, VOCAB_SIZE, (60,), generator=gen).tolist()]
+
+
+def _hybrid_llm(folder: Path, **kv_offload) -> LLM:
+    # 128 blocks: a prompt holds 17 in the full group, 3 in each sliding one.
+    return LLM(str(folder), **{**SMALL_POOL, "kv_cache_memory": "64KiB"}, kv_offload=kv_offload)
+
+
+def _assert_prefix_loaded(llm: LLM, tier: str, prompt: list[int], tokens: list[int]) -> None:
+    """The prompt's 15 whole blocks before its last token came from ``tier``: the full group's 15, and of each of
+    the 5 sliding groups the 2 the query at token 60 sees (53..59); the greedy tokens are the first run's."""
+    assert _run(llm, [prompt]) == ([tokens], [60])
+    stats = _tier(llm, tier)
+    assert (stats.hits, stats.misses, stats.loaded_blocks, stats.errors) == (15, 0, 15 + 5 * 2, 0)
+
+
+def test_a_fresh_engine_loads_a_hybrid_models_prefix_from_redis(hybrid_model_folder, tmp_path):
+    prompt = _hybrid_prompt()
     with redis_server(tmp_path) as redis:
-        first = LLM(str(hybrid_model_folder), **pool, kv_offload={"remote": redis.url})
+        first = _hybrid_llm(hybrid_model_folder, remote=redis.url)
         (tokens,), _ = _run(first, [prompt])
         # generate() returns once the blocks its request released are handed to the writer: no later step needed.
         _flush_writes(first)
-        second = LLM(str(hybrid_model_folder), **pool, kv_offload={"remote": redis.url})
-        assert _run(second, [prompt]) == ([tokens], [60])  # 15 of 15 whole blocks before the last prompt token
-        remote = _tier(second, "remote")
-        # The full group's 15 blocks, and of each of the 5 sliding groups the 2 the query at token 60 sees (53..59).
-        assert (remote.hits, remote.misses, remote.loaded_blocks, remote.errors) == (15, 0, 15 + 5 * 2, 0)
+        second = _hybrid_llm(hybrid_model_folder, remote=redis.url)
+        _assert_prefix_loaded(second, "remote", prompt, tokens)
         _flush_writes(second)
         second.llm_engine.step()  # reports the writes
         # Written back: block 15 (tokens 60..63, computed here) in each of the 6 groups; none of the 25 it loaded.
         assert _tier(second, "remote").stored_blocks == 6
         first.shutdown()
         second.shutdown()
+
+
+def test_a_restarted_engine_loads_a_hybrid_models_prefix_from_its_disk_tier(hybrid_model_folder, tmp_path):
+    prompt, disk = _hybrid_prompt(), {"path": str(tmp_path), "size": "1MiB"}
+    first = _hybrid_llm(hybrid_model_folder, disk=disk)
+    (tokens,), _ = _run(first, [prompt])
+    first.shutdown()
+    _assert_prefix_loaded(_hybrid_llm(hybrid_model_folder, disk=disk), "disk", prompt, tokens)
 
 
 def test_a_corrupt_redis_entry_is_dropped_and_recomputed(tiny_model_folder, reference, tmp_path, caplog):
