@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     text = header + "\n" + table(runs, args.gate) + "\n"
     print(text)
     kind = args.cpu_kind or cpu_info().as_dict().get("isa", "cpu")
-    stem = f"quality-gate-{datetime.date.today().isoformat()}-{kind}-{model}"
+    stem = f"quality_gate-{datetime.date.today().isoformat()}-{kind}-{model}"
     (RESULTS / f"{stem}.md").write_text(text, encoding="utf-8")
     (RESULTS / f"{stem}.json").write_text(json.dumps({"variants": dict(variants), "runs": runs}, indent=1) + "\n",
                                           encoding="utf-8")
