@@ -207,6 +207,18 @@ def test_unpermute_matches_transformers_gguf_loader() -> None:
     assert np.array_equal(gguf.unpermute_qk(w, 2), reference)
 
 
+def test_a_conversion_removes_the_same_files_folders_from_earlier_versions(tiny_llama, tmp_path: Path) -> None:
+    folder = resolve_model(str(tiny_llama[0]), cache_dir=tmp_path / "first")
+    stem = folder.name.rsplit("-v", 1)[0]
+    cache = tmp_path / "cache"
+    old, other = cache / f"{stem}-v2", cache / "another-model-0123456789ab-v2"
+    for stale in (old, other):
+        stale.mkdir(parents=True)
+        (stale / "model.safetensors").write_bytes(b"float32 weights")
+    assert resolve_model(str(tiny_llama[0]), cache_dir=cache).name == folder.name
+    assert not old.exists() and other.exists()  # another model's folder is not this conversion's to remove
+
+
 def test_sentencepiece_tokenizer_adds_prefix_space_and_bos(tiny_llama, tmp_path: Path) -> None:
     tokenizer = Tokenizer.from_folder(resolve_model(str(tiny_llama[0]), cache_dir=tmp_path))
     ids = tokenizer.encode("a ab")
