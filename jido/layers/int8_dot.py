@@ -40,19 +40,16 @@ ISAS = ("avx2", "avx512_vnni")
 # From this many rows of x on, the panel kernel (below it, the rows kernel) when the panels are packed per call.
 PANEL_MIN_ROWS = 8
 # Prepacked panels (PackedPanels) serve every step of at least this many rows. One row stays on the rows kernel:
-# measured on Gemma 3 270M's GGUF (AVX2 EPYC; the C++ kernels then ran on one thread, see jido/utils/cpp_build.py),
-# a decode step of one row took 38.8 ms with it and 46.7 ms with the layers on panels (their int4 codes are bytes
-# there: twice the memory read), the LM head alone 14.0 against 18.2 ms; from two rows on, panels won every shape
-# (LM head at 4 rows: 19.5 against 43.4 ms).
+# the panels hold int4 codes as bytes, so a one-row step, bound by the bytes it reads, ran slower on them; from two
+# rows on, the panels won every shape (benchmarks/results/prepacked_panels-2026-12-01-avx2-epyc.md).
 PREPACKED_MIN_ROWS = 2
-# w8a8 steps of this many rows or more run as one int8 GEMM (int_mm_linear) rather than on the panels. Measured on
-# Gemma 3 270M's shapes (2-core Zen 4, AVX-512 VNNI, medians of 3 interleaved rounds): at 64 rows gate_up 4096 x 640
-# took 0.64 against 0.86 ms on the panels, o_proj 0.24 against 0.29, down 0.55 against 0.54; at 2,000 rows 17.6
-# against 21.6, 5.4 against 8.8, 10.5 against 18.3; below 64 the panels won or tied on every shape but qkv.
+# w8a8 steps of this many rows or more run as one int8 GEMM (int_mm_linear) rather than on the panels: on a Zen 4
+# with AVX-512 VNNI the GEMM won or tied on Gemma 3 270M's shapes from 64 rows, and below 64 the panels won or tied
+# on every shape but qkv (benchmarks/results/report-2026-12-04-zen4-w8a8-int-mm.md).
 INT_MM_MIN_ROWS = 64
 # w8a8 steps of at least this many rows run on jido's AMX int8 GEMM (amx_gemm_linear) where it runs; fewer stay on
-# the AMX panels. The default model's 4 layer linears, w8a8 weights, same process: 16 rows 0.19 (panels) against
-# 0.22 ms (GEMM), 32 rows 0.25 against 0.19, 64 rows 0.43 against 0.28.
+# the AMX panels: on the default model's layer linears (w8a8 weights) the panels won at 16 rows and the GEMM from
+# 32 (benchmarks/results/int8_gemm-2026-12-05-amx-xeon.md).
 AMX_GEMM_MIN_ROWS = 32
 
 
@@ -145,10 +142,8 @@ class PackedPanels:
 @functools.cache
 def amx_runs() -> bool:
     """Whether prepacked panels run on AMX tiles here: the C++ kernels built, the CPU has AMX-INT8 and Linux gave this
-    process its tile state. Measured on a 2-core Xeon with AMX (Gemma 3 270M's shapes, medians, same process): the LM
-    head (262,144 x 640, int8) at 16 rows 11.4 against 17.3 ms on the AVX-512 VNNI panels (8.1 with the codes
-    prefetched), at 2 rows 8.8 against 9.1; gate/up at 16 rows in cache 0.11 against 0.27 ms; the default model's
-    16-row decode step 31.9 against 44.9 ms (benchmarks/results/amx_panels-2026-12-04-amx-xeon.md)."""
+    process its tile state. There the tiles beat the AVX-512 VNNI panels on the LM head, on the layers and on a whole
+    decode step, more so the more rows (benchmarks/results/amx_panels-2026-12-04-amx-xeon.md)."""
     ops = load_int8_dot_ops()
     return ops is not None and bool(ops.amx_supported())
 
@@ -196,7 +191,8 @@ def panel_argmax(x: torch.Tensor, panels: PackedPanels, bias: torch.Tensor | Non
 def amx_panel_argmax(x: torch.Tensor, panels: PackedPanels, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Each row's ``argmax`` of ``panel_linear(x.float(), panels, bias)`` ([M] int64: the first column of the largest
     value, or of the first NaN, as ``torch.argmax``) from AMX panels, without the outputs: a greedy step's LM head
-    then neither writes its logits nor reads them back (16 rows of Gemma 3's 262,144: ~1.5 ms of a 29 ms step)."""
+    then neither writes its logits nor reads them back, [rows, vocab] floats that were a visible share of a step
+    (benchmarks/results/report-2026-12-05-amx-xeon-decode-kernels.md)."""
     if not panels.amx:
         raise ValueError("amx_panel_argmax needs AMX panels (pack_panels with amx)")
     n, k = panels.shape
@@ -239,8 +235,8 @@ def amx_gemm_linear(x: torch.Tensor, w: AmxGemmWeight, bias: torch.Tensor | None
                     channel_scale: torch.Tensor | None = None) -> torch.Tensor:
     """What :func:`int_mm_linear` gives (the same codes, exact int32 sums, the same two scale products in the same
     order; with a bias, up to its fused add), by jido's int8 GEMM on AMX tiles. oneDNN's int8 GEMM ran slower than
-    its bf16 one on a 2-core AMX Xeon (5.9 against 4.35 ms at 2,000 x 640 x 4,096), where tile multiplies of int8
-    carry twice bf16's products per byte loaded (benchmarks/results/int8_gemm-2026-12-05-amx-xeon.md)."""
+    its bf16 one on an AMX Xeon, where tile multiplies of int8 carry twice bf16's products per byte loaded
+    (benchmarks/results/int8_gemm-2026-12-05-amx-xeon.md)."""
     if w.gated:
         raise ValueError("a gated packing runs through amx_gemm_gated")
     out = _amx_gemm(x, w, bias, -1, channel_scale)
@@ -274,8 +270,8 @@ def int_mm_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None
     ``channel_scale`` (float32 [K], holding values of x's dtype): x * channel_scale in x's dtype is rounded instead,
     in the same pass (w8a8's smoothing; the GEMM routes take it too).
 
-    Prefill is compute-bound, and oneDNN's int8 GEMM ran twice bf16's rate on a 2-core Zen 4 with AVX-512 VNNI
-    (0.85 against 0.42 T ops/s at 2,000 x 640 x 4,096), where the panel kernel ran about bf16's.
+    Prefill is compute-bound, and oneDNN's int8 GEMM outran bf16 on a Zen 4 with AVX-512 VNNI, where the panel
+    kernel ran about bf16's rate (benchmarks/results/report-2026-12-04-zen4-w8a8-int-mm.md).
     """
     return _int_mm(x, w, bias, -1, channel_scale)
 
@@ -318,10 +314,10 @@ class FiveBitRows:
     j + 16 in its high half), then its fifth bits. A block's fifth bit of column 4 * i + b is bit 8 * b + i of its
     32-bit word. 20 bytes a block against 32: decode streams 0.625 of the bytes.
 
-    The layout is the one the AVX2 kernel unpacks in fewest instructions: measured on the AVX2 EPYC (Zen 3),
-    one-row decode on these rows was compute-bound (gate_up 4096 x 640: 104 us with the weight in cache, 106 from
-    memory, against 66 / 110 us for the same codes in bytes) with 16-byte nibble loads and fifth bits spread by a
-    byte shuffle and compare. Scales and mins are the weight's own tensors."""
+    The layout is the one the AVX2 kernel unpacks in fewest instructions: on the AVX2 EPYC (Zen 3) one-row decode on
+    these rows is compute-bound (about as fast from memory as from cache), so the unpacking sets its speed; it uses
+    16-byte nibble loads and fifth bits spread by a byte shuffle and compare
+    (benchmarks/results/report-2026-12-03-avx2-epyc-fast-avx2.md). Scales and mins are the weight's own tensors."""
 
     data: torch.Tensor  # uint8 [N, K / 32 * 20]
     scales: torch.Tensor  # the QuantizedWeight's

@@ -37,21 +37,17 @@ logger = logging.getLogger(__name__)
 DEFAULT_INT4_GROUP_SIZE = 32  # llama.cpp's Q4_0 group: int4 with larger groups loses visibly more
 TABLE_GROUP_SIZE = 32  # int4's embedding table in int8: Q8_0's groups
 # Steps of this many rows or more multiply a layer's bf16 copy (see keeps_bf16_copy) rather than its codes.
-# Measured on Gemma 3 270M's GGUF layers (2-core Xeon with AMX, weights in cache): at 16 rows oneDNN's bf16 matmul
-# took 0.15 ms for gate/up against 0.33 on the int8 panels, at 128 rows 0.46 against 2.2, at 2,000 rows 4.3
-# against 37.6; at 8 rows the two were even with the weights in cache, and from memory the copy reads twice
-# the bytes, so the panels keep 2-15 rows.
+# From 16 rows oneDNN's bf16 matmul outruns the int8 panels (on a Xeon with AMX, Gemma 3 270M's GGUF layers), and
+# the lead grows with the rows; below that the two are even with the weights in cache, and from memory the copy
+# reads twice the bytes, so the panels keep steps of 2-15 rows.
 BF16_COPY_MIN_ROWS = 16
-# The same where the panels run on AMX tiles (int8_dot.amx_runs): the default model's 72 layer matmuls, weights from
-# memory, took 10.2 ms on the AMX panels against 12.5 on the bf16 copies at 16 rows, 15.4 against 16.3 at 32, 22.4
-# against 19.5 at 48 (benchmarks/results/amx_panels-2026-12-04-amx-xeon.md).
+# The same where the panels run on AMX tiles (int8_dot.amx_runs): there the panels win with the weights from memory
+# up to 32 rows and the bf16 copies from 48 (benchmarks/results/amx_panels-2026-12-04-amx-xeon.md).
 BF16_COPY_MIN_ROWS_AMX = 40
 # Without AMX, steps of BF16_COPY_MIN_ROWS up to PANEL_MAX_ROWS_VNNI rows stay on the panels (AVX-512 VNNI pairs)
-# where x rounded (a byte a column) is at most PANEL_X_MAX_BYTES_VNNI. Measured on a Zen 4 EPYC (2 threads, one
-# process, the default model's 18 layers of each kind; benchmarks/panels_vs_copy.py), panels' time over the copy's
-# at 16 / 24 / 32 / 48 rows: qkv (K 640) 0.77 / 0.87 / 0.81 / 0.95, gate/up (K 640) 0.70 / 0.74 / 0.84 / 0.92,
-# o (K 1,024) 0.92 / 0.94 / 1.08 / 1.15, down (K 2,048, groups of 16) 1.03 / 1.14 / 1.14 / 1.26
-# (benchmarks/results/panels_vs_copy-2026-12-06-zen4.md).
+# where x rounded (a byte a column) is at most PANEL_X_MAX_BYTES_VNNI: on a Zen 4 EPYC the panels beat the copy
+# while x stays small (qkv and gate/up, K 640, up to 32 rows) and lose once it grows (o and down, K 1,024 and more)
+# (benchmarks/panels_vs_copy.py; benchmarks/results/panels_vs_copy-2026-12-06-zen4.md).
 PANEL_X_MAX_BYTES_VNNI = 20 << 10
 PANEL_MAX_ROWS_VNNI = 32
 # The rows the AMX case's copy is packed for: a full step of the default max_num_batched_tokens.
@@ -119,8 +115,8 @@ class QuantizedLinearMethod(LinearMethod):
     ``per_token`` rounds x once per row (``w8a8``) instead of per block of 32.
     ``panel_min_rows``: steps of this many rows or more run on the prepacked panels; a model's one-row decode stays
     on the rows kernel (see ``int8_dot.PREPACKED_MIN_ROWS``). A draft takes the panels from one row: its codes are
-    int8 (the panels hold them at the same bytes) or int4, and on AMX tiles its one-row layers ran in 0.6-0.8x the rows
-    kernel's time (EAGLE's 16,384-row head 236 against 268 us, its gate/up 44 against 81 us, weights in cache).
+    int8 (the panels hold them at the same bytes) or int4, and on AMX tiles its one-row layers ran faster there
+    than on the rows kernel (benchmarks/results/spec_decode-2026-12-05-amx-xeon.md).
     ``prefill_w8a8`` (``gguf_w8a8``): in a bf16 model where the int8 kernels run, prefill-sized steps run as w8a8 on
     an int8 copy of the dequantized weight, smoothed as w8a8 is (:meth:`smooth`): on AMX tiles from
     :data:`PREFILL_W8A8_MIN_ROWS` rows (``qgemm``), elsewhere on oneDNN's int8 GEMM from ``int8_dot.INT_MM_MIN_ROWS``
@@ -172,7 +168,7 @@ class QuantizedLinearMethod(LinearMethod):
         if getattr(layer, "qweight", None) is None:
             return self.dense.apply_logits(layer, hidden)
         # In float32: the kernels sum in float32 and the sampler reads float32, so a bf16 model's logits skip
-        # rounding to bf16 and the two [rows, vocab] copies there and back (1.4 ms of a 25 ms decode step).
+        # rounding to bf16 and the two [rows, vocab] copies there and back, a visible share of a decode step.
         return self.apply(layer, hidden.float())
 
     def apply_gated(self, layer: nn.Module, x: torch.Tensor, activation: str,
@@ -205,7 +201,7 @@ class QuantizedLinearMethod(LinearMethod):
 
     def greedy_token_ids(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
         # Where the head's panels run on AMX tiles, at any number of rows: a one-row greedy step then sums as a verify
-        # step's rows do, and skips the rows kernel's logits (the sampler's part of a step 0.42 -> 0.22 ms).
+        # step's rows do, and skips the rows kernel's logits, which the sampler would otherwise read back.
         # Elsewhere, where the step's rows run on the vector panels (see _bind).
         panels = getattr(layer, "qpanels", None)
         if panels is not None and panels.amx:
@@ -237,8 +233,8 @@ class QuantizedLinearMethod(LinearMethod):
     def smooth(self, layer: nn.Module, step_maxima: list[torch.Tensor], alpha: float) -> bool:
         """Quantize the layer again as SmoothQuant does: ``x W^T = (x / s)(W s)^T``, W s rounded to int8 per output
         channel and x / s rounded per token, ``s`` from :func:`smoothing_factors` on the mean of the steps' maxima
-        (steady where the overall maximum grows with the text: on the default model, 2-8 chunks of 512 tokens gave
-        +1.10-1.27% perplexity over GGUF-native, against +0.98-1.85% from the overall maximum). Drops the float
+        (steady where the overall maximum grows with the text: its perplexity varies less with the number of chunks
+        seen; benchmarks/results/report-2026-12-05-amx-xeon-w8a8-smoothing.md). Drops the float
         source. A layer that saw no input (an untied LM head: the forward does not run it) gets codes of W itself
         again; returns whether the layer was smoothed."""
         source = layer.smoothing_source
@@ -304,8 +300,8 @@ class QuantizedLinearMethod(LinearMethod):
         """Drop the checkpoint's float weight for ``qweight`` (an embedding keeps gathering in its dtype from it),
         and where the panel kernel runs keep its panels packed beside it (int8_dot.PackedPanels): steps of a few
         rows then skip repacking the whole weight per call, which dominated the LM head. Codes that fit five bits
-        (Q5_0's) are kept in five bits too, for one-row decode (int8_dot.FiveBitRows): same outputs, 0.625 of the
-        bytes (Gemma 3 270M's GGUF: 21 MB less read a token, of 298)."""
+        (Q5_0's) are kept in five bits too, for one-row decode (int8_dot.FiveBitRows): same outputs, 5/8 of the
+        bytes, and one-row decode is bound by the bytes it reads."""
         model_dtype = layer.weight.dtype
         del layer.weight
         self._pack(layer, qweight, model_dtype, gemm)
@@ -357,8 +353,9 @@ class QuantizedLinearMethod(LinearMethod):
         the layer keeps one; under ``w8a8``, steps of many rows as one int8 GEMM: on AMX tiles from
         ``int8_dot.AMX_GEMM_MIN_ROWS`` rows, ``amx_gemm_linear``, where the layer keeps ``qgemm``, else from
         ``int8_dot.INT_MM_MIN_ROWS``, ``int_mm_linear``), as ``layer.qlinear(x, bias)``. A one-row decode of Gemma 3
-        270M runs 73 linears a step, and choosing per call (attribute probes that miss, the kernels' checks) cost ~4 us
-        of Python each on the AVX2 EPYC. The weights are read from the layer at each call: moving them into huge pages
+        270M runs 73 linears a step, and choosing per call (attribute probes that miss, the kernels' checks) added
+        Python time to each (benchmarks/results/report-2026-12-03-avx2-epyc-step-overhead.md). The weights are read
+        from the layer at each call: moving them into huge pages
         replaces them after load."""
         if not hasattr(layer, "qpanels"):
             return  # the int8 kernels do not run here: apply's other routes
@@ -447,13 +444,12 @@ def keeps_bf16_copy(model_dtype: torch.dtype, device: torch.device) -> bool:
     """Whether a quantized layer also keeps its weight dequantized to bf16 in oneDNN's layout, for steps of
     :func:`bf16_copy_min_rows` rows or more (from 16 on vector units, 40 where its panels run on AMX tiles): in
     a bf16 model on a CPU that multiplies bf16 natively (AMX or AVX-512 BF16), where oneDNN's bf16 matmul ran
-    prefill faster than the int8 panels: 5-9x with AMX (2.3 TFLOP/s on 2 cores); on a Zen 4 EPYC without AMX, the
-    default model's 72 layer matmuls took 19.5 against 27.5 ms at 16 rows, 85 against 140 at 128, 1.13 against 2.57 s
-    at 2,000 (benchmarks/results/report-2026-12-04-zen4-bf16-copy.md). Decode steps of fewer rows stay on the codes, which
+    prefill faster than the int8 panels, with AMX and on a Zen 4 EPYC without it, more so the more rows
+    (benchmarks/results/report-2026-12-04-zen4-bf16-copy.md). Decode steps of fewer rows stay on the codes, which
     they stream at half the bytes. Not under w8a8, whose point is int8
     activations; not for the LM head or the tied table (logits stay float32 from the codes).
 
-    NOTE: the copy costs 2 bytes a weight beside the codes (Gemma 3 270M: 200 MB of layers).
+    NOTE: the copy costs 2 bytes a weight beside the codes.
     """
     info = cpu_info()
     return (device.type == "cpu" and model_dtype == torch.bfloat16 and info.has_native_bf16
@@ -533,8 +529,8 @@ class Int8Config(QuantizationConfig):
 class Int4Config(QuantizationConfig):
     """int4 weights, asymmetric, in groups of ``group_size`` inputs (32 by default); float activations.
 
-    The LM head (with the embedding, when tied) gets int8 in groups of 32 instead, as llama.cpp's Q4_K_M keeps its output
-    table at 6-8 bits: in int4 it alone took Gemma 3 270M's perplexity from +0.6% (int8) to +34% over bf16.
+    The LM head (with the embedding, when tied) gets int8 in groups of 32 instead, as llama.cpp's Q4_K_M keeps its
+    output table at 6-8 bits: in int4 the LM head alone cost Gemma 3 270M far more perplexity than int8 there did.
     """
 
     name = "int4"
