@@ -130,7 +130,7 @@ def build_groups_metadata(query_lens: list[int], seq_lens: list[int], block_tabl
                           block_size: int, device: torch.device | str = "cpu") -> list[AttentionMetadata]:
     """:func:`build_common_metadata` for each KV cache group's block table, the same flat batch: what the groups
     share (positions, query starts, context lengths) is computed once and its tensors shared, read-only. Gemma 3
-    has six groups; building each whole took ~30 us of a one-row step's ~0.26 ms of input preparation."""
+    has six groups, and building each whole was a large share of a one-row step's input preparation."""
     query_lens_np = np.asarray(query_lens, dtype=np.int64)
     seq_lens_np = np.asarray(seq_lens, dtype=np.int64)
     query_start_loc = np.concatenate([[0], np.cumsum(query_lens_np)]).astype(np.int32)

@@ -52,8 +52,7 @@ def load_flash_prefill(source: Path = PREFILL_SOURCE, on_amx: bool = False) -> o
 def load_tile_prefill(source: Path = PREFILL_SOURCE) -> object | None:
     """``torch.ops.jido_cpu_prefill.tile_prefill`` (bf16 causal prefill on AMX tiles), or None where this process
     cannot multiply AMX-BF16 tiles or the library cannot be built (with a warning). Where it runs it beats PyTorch's
-    SDPA (Gemma 3 270M's 2,000-token layers: sliding 7.6 -> 3.6 ms, global 8.7 -> 6.4 ms;
-    benchmarks/results/prefill_attention-2026-12-05-amx-xeon.md)."""
+    SDPA on sliding and global layers (benchmarks/results/prefill_attention-2026-12-05-amx-xeon.md)."""
     ops = _prefill_ops(source)
     if ops is None or not ops.tiles():
         return None

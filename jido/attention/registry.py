@@ -18,10 +18,11 @@ def supported_attention_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
-# The default per device type: the fastest measured there. CPU: benchmarks/results/archive/decode_step-2026-12-01-zen4.md.
+# The default per device type: the fastest measured there.
+# CPU: benchmarks/results/archive/decode_step-2026-12-01-zen4.md.
 # CUDA: benchmarks/results/gpu_session-2026-12-04-h200.md, where triton beat torch on every workload of both model
-# shapes (its decode replayed from CUDA graphs, which the torch backend does not support: batch 1 340 against
-# 31 tok/s, a 2,000-token prompt 18 against 51 ms), if triton is installed (it comes with PyTorch's CUDA wheels).
+# shapes (its decode replays from CUDA graphs, which the torch backend does not support), if triton is installed
+# (it comes with PyTorch's CUDA wheels).
 _DEFAULT_BY_DEVICE = {"cpu": "tiled", "cuda": "triton"}
 
 

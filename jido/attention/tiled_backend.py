@@ -13,13 +13,14 @@ from jido.attention.torch_backend import TorchAttentionMetadata, build_plan, cau
 from jido.utils.cpu import cpu_info
 
 # A prefill whose [query, key] mask has at most this many elements runs as one fused SDPA call over its
-# gathered keys: on 2k-token prompts that is ~2.5x faster than the tiled loop in PyTorch (measured:
-# benchmarks/results/attention_kernels-2026-12-01-zen4.md). Beyond it the tiled loop keeps memory linear in the context.
+# gathered keys: on 2k-token prompts that is faster than the tiled loop in PyTorch
+# (benchmarks/results/attention_kernels-2026-12-01-zen4.md). Beyond it the tiled loop keeps memory linear in the
+# context.
 DENSE_PREFILL_MAX_SCORES = 1 << 23
 # Queries per work item of the C++ prefill kernel (csrc/flash_prefill.cpp); for 4:1 GQA, GEMMs of 256 rows.
 CPP_PREFILL_QUERY_TILE = 64
-# Query x head rows per work item of the AMX tile kernel: 16 queries of 4:1 GQA. Measured on Gemma 3 270M's
-# 2,000-token layers (sliding / global): 32 rows 3.76 / 6.45 ms, 64 3.63 / 6.39, 128 3.77 / 7.05.
+# Query x head rows per work item of the AMX tile kernel: 16 queries of 4:1 GQA, the best of 32, 64 and 128 on
+# both sliding and global layers (benchmarks/results/prefill_attention-2026-12-05-amx-xeon.md).
 TILE_PREFILL_ROWS = 64
 
 

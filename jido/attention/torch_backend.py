@@ -185,14 +185,14 @@ def first_visible_key(spec: AttentionLayerSpec, first_query: int) -> int:
     return 0 if spec.sliding_window is None else max(0, first_query - spec.sliding_window + 1)
 
 
-# Query tiles of causal prefill (see causal_attention). Measured on the AVX2 EPYC, 2,000 tokens in Gemma 3 270M's
-# shapes (4 query heads on 1 KV head of 256, float32), one fused SDPA call per tile: a 512-token sliding layer took
-# 51 ms in tiles of a window (512), 36 ms in tiles of 32, 34 of 64, 35 of 96; a global layer 102 ms as one masked
-# call, 62 ms in tiles of 256 (66 of 64) and 61 ms unmasked with is_causal.
+# Query tiles of causal prefill (see causal_attention), one fused SDPA call per tile. On the AVX2 EPYC (Gemma 3
+# 270M's shapes, float32) a sliding layer ran best in tiles well under its window, where fewer masked keys are
+# computed and thrown away; a global layer in tiles of 256 ran far faster than one masked call and about as fast
+# as one unmasked is_causal call.
 SLIDING_QUERY_TILE = 64
 GLOBAL_QUERY_TILE = 256
-# Where SDPA runs bf16 on AMX, larger sliding tiles paid (2-core Xeon, the same 2,000 tokens in bf16, interleaved
-# medians): 8.6 ms in tiles of 64, 6.6 of 128, 6.2 of 256, 6.3 of 384, 7.2 of 512.
+# Where SDPA runs bf16 on AMX, larger sliding tiles paid (the tiles multiply the masked keys cheaply, and fewer
+# calls cost less); 256 did best of 64 to 512.
 SLIDING_QUERY_TILE_AMX = 256
 
 
@@ -244,7 +244,7 @@ def _visible(lag: int, query_len: int, num_keys: int, window: int | None, device
 def _additive_mask(lag: int, query_len: int, num_keys: int, window: int | None, dtype: torch.dtype,
                    device: torch.device) -> torch.Tensor:
     """:func:`_visible` as SDPA's additive mask (0 or -inf in ``dtype``): SDPA turns a bool mask into this on every
-    call, ~30 us of a 64-query sliding tile's ~250 (2-core Xeon, bf16), where the layers of a step share one."""
+    call, a large share of a small sliding tile's time, where the layers of a step share one."""
     hidden = ~_visible(lag, query_len, num_keys, window, device)
     return torch.zeros(query_len, num_keys, dtype=dtype, device=device).masked_fill_(hidden, float("-inf"))
 
@@ -274,8 +274,8 @@ def _fused(spec: AttentionLayerSpec, q: torch.Tensor, keys: torch.Tensor) -> boo
 def _sdpa(spec: AttentionLayerSpec, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
           mask: torch.Tensor | None) -> torch.Tensor:
     """One 4-D SDPA call, [1, heads, tokens, head_dim], whose GQA reads each KV head for its group of query heads:
-    on CPU that is the fused flash kernel (2,000 tokens, Gemma 3's 4:1 heads, bf16: 14 ms), where the 3-D folded
-    call of _causal_attention falls back to the math path (154 ms, a [rows, keys] score matrix in memory). ``mask``
+    on CPU that is the fused flash kernel, where the 3-D folded call of _causal_attention falls back to the math
+    path, many times slower with a [rows, keys] score matrix in memory. ``mask``
     is additive (see :func:`_additive_mask`); causal from the first key (``is_causal``) where it is None."""
     group = spec.num_heads // spec.num_kv_heads
     out = F.scaled_dot_product_attention(q.permute(1, 0, 2)[None], keys[None], values[None], attn_mask=mask,

@@ -19,8 +19,8 @@ from jido.utils.host_copy import to_device
 SMALL_TILES = (16, 32)
 LARGE_TILES = (64, 64)
 # Warps and software-pipeline stages of a launch with large tiles: swept on an H200 (benchmarks/results/
-# gpu_session-2026-12-04-h200-second.md), 4 warps and 2 stages were fastest or within 1% of it on both prefill shapes (1 x 8k,
-# 8 x 2k tokens, 32/8 heads of 128), 4-5% faster than Triton's default 3 stages; 8 warps took twice as long.
+# gpu_session-2026-12-04-h200-second.md), 4 warps and 2 stages were fastest or close to it on both prefill shapes
+# (1 x 8k, 8 x 2k tokens, 32/8 heads of 128), ahead of Triton's default 3 stages and of 8 warps.
 PREFILL_LAUNCH = {"num_warps": 4, "num_stages": 2}
 # A KV split should get at least this many keys, or the merge costs more than the parallelism buys.
 MIN_KEYS_PER_SPLIT = 256

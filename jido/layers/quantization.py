@@ -71,9 +71,8 @@ class UnquantizedLinearMethod(LinearMethod):
     """A dense ``weight`` in the model dtype; on CPU repacked for oneDNN once loaded.
 
     oneDNN's matmul wants the weight in a blocked layout. Given a plain ``[out, in]`` tensor, every
-    ``F.linear`` call reorders it first; packing once after loading removes that per-call copy (measured on
-    Gemma 3 270M's shapes, AVX-512 BF16 EPYC, 2 threads: the 72 layer matmuls of a batch-1 decode step
-    17.4 -> 9.4 ms in bf16, 33 -> 18 ms in fp32; the 262k-row LM head 26 -> 11 ms in bf16).
+    ``F.linear`` call reorders it first; packing once after loading removes that per-call copy, which at batch-1
+    decode cost about as much as the matmul itself, in bf16 and fp32 alike.
     """
 
     def create_weights(
@@ -102,7 +101,7 @@ class UnquantizedLinearMethod(LinearMethod):
             return packed_linear(hidden, layer.weight if packed is None else packed)
         if hidden.shape[0] <= _FEW_ROWS:
             # [vocab, hidden] @ [hidden, N]: with a huge vocab and a few rows, BLAS runs this orientation
-            # ~2x faster than hidden @ weight.T on CPU (measured: 36 vs 79 ms for 8 rows of Gemma 3's head).
+            # faster than hidden @ weight.T on CPU (Gemma 3's head at 8 rows).
             return torch.matmul(layer.weight, hidden.t()).t().contiguous()
         return F.linear(hidden, layer.weight)
 
@@ -126,9 +125,8 @@ def pack_dense(weight: torch.Tensor, rows_hint: int = 1) -> torch.Tensor:
 
     The default hint of one row is the decode case, where the layout matters most (memory-bound); larger batches
     still run on it near full speed (float32: within noise of a layout packed for 32 or 256 rows). A weight that
-    only serves steps of many rows is packed for them: bf16 on AMX, the default model's 4 layer shapes at 2,000 /
-    256 / 40 rows took 8.7-8.8 / 1.31-1.54 / 0.51-0.56 ms packed for 2,000 rows against 9.7-9.9 / 1.48-1.69 /
-    0.56-0.59 for one (same process; at 16 rows and 1 the one-row layout stays faster).
+    only serves steps of many rows is packed for them: bf16 on AMX, the default model's layer shapes ran faster from
+    40 rows up packed for 2,000 rows than for one (at 16 rows and 1 the one-row layout stays faster).
     """
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows_hint)
 

@@ -3,9 +3,8 @@
 glibc serves a block of 32 MiB or more with its own ``mmap`` and unmaps it on ``free``, whatever its dynamic
 threshold has learned (that threshold stops at 32 MiB). torch's CPU allocator caches nothing, so a tensor of that
 size made every step, such as a 32-row decode step's logits over Gemma 3's 262,144-token vocabulary (exactly
-32 MiB in float32), comes back as fresh pages each time: 8,192 page faults, and the kernel zeroes every page.
-Measured on a 2-core Zen 4 (2026-12-06): a fresh [32, 262144] float32 tensor filled in 10.6 ms against 0.64 ms
-for a reused one, and the LM head's 32-row step 36.5 -> 26.7 ms inside the engine.
+32 MiB in float32), comes back as fresh pages each time: 8,192 page faults, and the kernel zeroes every page,
+which costs far more than filling a reused tensor (benchmarks/results/report-2026-12-06-zen4-lm-head.md).
 
 vLLM's CPU images get the same from tcmalloc in ``LD_PRELOAD``; here the policy is set with ``mallopt`` once the
 model and its KV cache are loaded, so that the load's own temporaries are still given back. The cost is memory the
