@@ -1,10 +1,10 @@
 """Gated MLP activations, ``act(gate) * up``, looked up by their HF ``hidden_act`` name.
 
 On CPU, float32 and bf16 SiLU and tanh-GELU run as one C++ pass (``csrc/activation.cpp``): ATen's two ops over a
-strided half of the input, with its GELU's tanh, took 8.6 ms a call for a 2,000-token prefill of Gemma 3 270M on the
-AVX2 EPYC (bf16 on a Zen 4: 5.9 ms for the GELU alone). The kernel's exp is within 2 ulp, so its values can differ
-from ATen's in the last bits (in bf16, now and then by one unit where the activation lies near a rounding boundary). On CUDA, in any dtype,
-one Triton kernel (``triton_ops.act_and_mul``) where ATen launches two, where it pays (``triton_ops_for``).
+strided half of the input, with its GELU's tanh, were a visible part of a prefill's time on the AVX2 EPYC and in
+bf16 on a Zen 4. The kernel's exp is within 2 ulp, so its values can differ from ATen's in the last bits (in bf16,
+now and then by one unit where the activation lies near a rounding boundary). On CUDA, in any dtype, one Triton
+kernel (``triton_ops.act_and_mul``) where ATen launches two, where it pays (``triton_ops_for``).
 """
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ the weights (Gemma 3 270M's 262,144 x 640 table is 62%), and decode reads it eve
 embedding, whose gathers need the float table: its e4m3 copy sits beside it, as the dense method keeps a packed
 one beside it on CPU.
 
-``torch._scaled_mm`` also runs on CPU tensors in torch 2.13, as a reference implementation: ~20 ms for one row
-against a 2048 x 640 weight, 200x float32's F.linear (measured on a 2-core EPYC). The engine therefore refuses
+``torch._scaled_mm`` also runs on CPU tensors in torch 2.13, as a reference implementation: a loop orders of
+magnitude slower than float32's F.linear. The engine therefore refuses
 fp8 on a CPU (see :func:`jido.runner.model_runner.resolve_quantization`); tests run the method there on small
 shapes.
 """

@@ -109,9 +109,9 @@ def norm_and_rotate_qk(qkv: torch.Tensor, q_size: int, kv_size: int, head_dim: i
 
     On CPU one C++ call does it in place in ``qkv`` (``csrc/rms_norm.cpp``, ``qk_norm_rope_``), rounding as the
     unfused ops do, so the results are the same bits: a decode step of Gemma 3 270M ran ~20 ATen ops per layer
-    for this (1.6 ms a step on a 2-core Xeon). On CUDA one Triton kernel does the same where it pays (``triton_ops_for``):
+    for this, each with its dispatch cost. On CUDA one Triton kernel does the same where it pays (``triton_ops_for``):
     ~14 of a layer's ~25 kernels were this. The returned q and k are views of ``qkv`` there, else new tensors.
-    It runs once a layer, so the path is chosen with few Python calls: each cost ~1 us of a ~0.35 ms one-row layer.
+    It runs once a layer, so the path is chosen with few Python calls: each is a measurable part of a one-row layer.
     """
     num_tokens = qkv.shape[0]
     q_weight = k_weight = None

@@ -27,8 +27,8 @@ QUANT_GROUP = 32  # columns per scale of a draft's int8 / int4 codes
 
 class DraftNorm(nn.Module):
     """RMSNorm ``w * x``: in plain autograd ops while training (jido's fused kernel has no backward), on that kernel
-    when proposing on a CPU (``F.rms_norm`` runs there as ~10 ATen ops: 35 us of a one-row norm in a proposal's
-    ~1 ms, against ~4 us)."""
+    when proposing on a CPU (``F.rms_norm`` runs there as ~10 ATen ops, whose dispatch dominates a one-row norm
+    and was a visible share of a proposal)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -46,7 +46,8 @@ class DraftNorm(nn.Module):
 class DraftLinear(nn.Linear):
     """``nn.Linear`` for training; for proposing, its weight held by one of jido's linear methods (:meth:`prepare`).
 
-    Dense: oneDNN's blocked copy (plain ``F.linear`` of one row ran at ~4 GB/s here). int8 / int4: jido's codes in
+    Dense: oneDNN's blocked copy (plain ``F.linear`` of one row reorders the weight each call, far below the
+    memory's bandwidth). int8 / int4: jido's codes in
     groups of 32, as ``--quantization int8`` / ``int4``, on the int8 dot kernels with panels for steps of two rows or
     more (from one row where they run on AMX tiles): a quarter / an eighth of float32's bytes a proposal reads.
     """

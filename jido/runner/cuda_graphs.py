@@ -1,8 +1,8 @@
 """Decode steps replayed from CUDA graphs: one graph per padded batch size, captured once (vLLM's cudagraphs).
 
 On a GPU an eager decode step of a small model is bound by the CPU launching its kernels: a step of a Gemma 3
-270M-shaped model launched ~455 kernels, 12.2 ms of host time against 1.3 ms on the GPU (H200, triton backend,
-benchmarks/results/gpu_session-2026-12-04-h200.md). A graph replays all of a step's kernels with one launch.
+270M-shaped model launched hundreds of kernels, and the host's time launching them far exceeded the GPU's running
+them (benchmarks/results/gpu_session-2026-12-04-h200.md). A graph replays all of a step's kernels with one launch.
 
 A graph replays the kernels it recorded on the tensors it recorded, so every input lives in a buffer owned
 here: token ids, positions, the rows sampled, and per KV cache group the context lengths, block tables and slots.

@@ -32,10 +32,10 @@ class EagleProposer:
 
     def __init__(self, config: SpeculativeConfig, context: ProposerContext) -> None:
         self.context = context
-        # int4 codes: on the AMX Xeon, the x4 draft at batch 1 proposed with the same acceptance as in int8 (1.91 against
-        # 1.89 tokens a step at K = 3) and read half the bytes (its 16.9 MB of int8 weights streamed from memory three
-        # times a step): proposing 3.98 -> 3.76 ms a step; K = 3 ran ahead of int8 in two paired runs of three, within
-        # the machine's noise (benchmarks/results/spec_decode-2026-12-05-amx-xeon.md).
+        # int4 codes: on the AMX Xeon, the x4 draft at batch 1 proposed with the same acceptance as in int8 and
+        # read half the bytes (its weights are streamed from memory once per proposed token), so proposing took
+        # less time; end to end int4 ran ahead of int8, within the machine's noise
+        # (benchmarks/results/spec_decode-2026-12-05-amx-xeon.md).
         self.draft: EagleDraft = load_trained_draft(config, context, load_eagle_draft, "EAGLE", quantized="int4")
         c, arch = self.draft.config, context.model_arch
         draft_arch = replace(arch, num_layers=1, sliding_windows=(None,), num_heads=c.num_heads,

@@ -51,9 +51,8 @@ def load_trained_draft(config: SpeculativeConfig, context: ProposerContext,
     ``quantized`` under a quantized target unless ``config.quantization`` says otherwise (``int8``, ``int4`` or
     ``none``), as the draft model's; ``name`` is how errors call it.
 
-    Codes because a proposal then reads a quarter (int8) or an eighth (int4) of float32's bytes (an EAGLE proposal at
-    batch 1, layer + head + full-vocabulary argmax: 13.3 ms on plain F.linear, 8.6 ms on oneDNN-packed float32,
-    3.1 ms in int8; the target's step was ~28-35 ms).
+    Codes because a proposal then reads a quarter (int8) or an eighth (int4) of float32's bytes, and a proposal's
+    time, bound by those bytes, is what speculation must keep small beside the target's step.
 
     Raises:
         ValueError: a quantization other than int8, int4 or none, or a draft trained for another hidden size or
@@ -230,8 +229,8 @@ class SpecDecoder:
             return self.config.max_num_speculative_tokens
         outcomes = [(self._asked.pop(r, 0), len(ids) - 1) for r, ids in zip(inputs.sampled_req_ids, verified.token_ids)]
         # Only a pass whose every row is sampled (decode and verify rows) measures what K changes: a prefill
-        # chunk's tokens skip the LM head and attend causally, and cost a third of a verify row each (measured:
-        # 281 prefill tokens in 623 ms, 216 verify rows in 1545 ms), so they would price verifying far too low.
+        # chunk's tokens skip the LM head and attend causally, and cost far less than a verify row each, so they
+        # would price verifying far too low.
         all_sampled = len(inputs.logits_indices) == sched.total_num_scheduled_tokens
         self.auto_k.observe_step(sched.total_num_scheduled_tokens if all_sampled else None, model_s, outcomes)
         return self.auto_k.choose(len(inputs.sampled_req_ids)).k if inputs.sampled_req_ids else 0

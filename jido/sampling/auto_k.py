@@ -15,8 +15,8 @@ DECAY = 0.99
 FIRST_PRIOR, PRIOR_WEIGHT = 0.5, 2.0
 # Every EXPLORE_EVERY-th step proposes one more or one fewer token than the fit prefers, so the costs of the
 # neighbouring step sizes stay measured rather than extrapolated; but once measured, only a neighbour the fit
-# puts within EXPLORE_MARGIN of the best. At 32 streams K = 1 costs twice a plain step here (measured), so
-# trying it every 16th step alone cost ~4% of the throughput.
+# puts within EXPLORE_MARGIN of the best. At 32 streams K = 1 costs far more than a plain step, so trying it
+# every 16th step alone cost a visible share of the throughput.
 EXPLORE_EVERY, EXPLORE_MARGIN = 16, 0.8
 
 
@@ -76,7 +76,7 @@ class CostCurve:
     def observe(self, size: int, seconds: float) -> None:
         i = bisect.bisect_left(self.sizes, size)
         if i < len(self.sizes) and self.sizes[i] == size:
-            # The plain mean of the first ten passes of a size (a slow first pass, 2.7x the next ones here, fades
+            # The plain mean of the first ten passes of a size (a slow first pass, well above the next ones, fades
             # as fast as it can), then a mean over about the last ten.
             self.counts[i] += 1
             self.seconds[i] += (seconds - self.seconds[i]) / min(self.counts[i], 10)

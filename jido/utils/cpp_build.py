@@ -44,7 +44,7 @@ ISA_FLAGS = {
 }
 # -fopenmp, not only -fopenmp-simd: ATen's at::parallel_for is inline code that forks threads only where the
 # extension itself is compiled with OpenMP (`#ifdef _OPENMP`); without it every kernel ran on one thread (a read
-# of the 189 MB LM head: 10.9 GB/s on 1 or 2 threads, 23.0 on 2 with it). The library links torch's own
+# of the LM head read at one thread's bandwidth, about half the memory's, on 2 threads). The library links torch's own
 # libgomp: the loader finds that soname already loaded by torch, so both share one thread pool.
 COMMON_FLAGS = ["-O3", "-fopenmp"]
 LINK_FLAGS = ["-fopenmp"]

@@ -10,8 +10,8 @@ def to_device(array: np.ndarray, device: torch.device | str) -> torch.Tensor:
     and sent asynchronously.
 
     A copy from pageable memory makes the host wait for the GPU: a CUDA-graph decode step made ~20 of them in
-    preparing its inputs (1,292 stream synchronizations in 64 steps on an H200, ~46 us each,
-    benchmarks/results/gpu_session-2026-12-04-h200.md). Pinned memory comes from PyTorch's caching host allocator, which
+    preparing its inputs, each a stream synchronization (benchmarks/results/gpu_session-2026-12-04-h200.md).
+    Pinned memory comes from PyTorch's caching host allocator, which
     keeps each buffer until the copy out of it has run, so the array may change as soon as this returns.
     """
     tensor = torch.from_numpy(array)

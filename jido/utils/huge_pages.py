@@ -5,8 +5,8 @@ CPU's hardware prefetchers stop at each 4 KiB boundary. Most kernels set transpa
 memory gets them only where the process asks with ``madvise(MADV_HUGEPAGE)``, and torch's allocator never asks.
 So the large weight tensors are copied, once loaded, into anonymous mappings that ask before first touch.
 
-Measured on Gemma 3 270M's GGUF (2-core Xeon, THP ``madvise``), at one row of x: the LM head's 189 MB
-8.66 -> 7.00 ms (21.8 -> 27.0 GB/s), and the 72 layer matmuls' 105 MB 6.92 -> 6.38 ms.
+On a Xeon with THP ``madvise`` this sped up one-row decode of Gemma 3 270M's GGUF, the LM head most: it is the
+largest single stream.
 Where THP is off (``never``), missing or not Linux, nothing is moved.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ MIN_BYTES = 4096  # below a page a tensor gains nothing from moving
 # Module attributes holding weights outside parameters: quantized codes, their prepacked panels and five-bit rows
 # (jido/layers/quantized_linear.py). Dataclasses of tensors: each tensor field is moved. Not the AMX GEMM's packing
 # (qgemm): prefill-sized steps alone read it, compute-bound, and w8a8's smoothing replaces it once the KV cache
-# exists, so a copy made at load was left behind in its arena (the default model: 100 MB).
+# exists, so a copy made at load was left behind in its arena, its size in memory wasted.
 HELD_WEIGHTS = ("qweight", "qpanels", "qfive")
 
 
@@ -104,7 +104,7 @@ def in_huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 def zeros_in_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A zero CPU tensor in memory advised for huge pages (where THP is on): the KV cache, which attention streams
     like the weights. Written once here, as ``torch.zeros`` does: left untouched, each 2 MiB page would be faulted
-    in and zeroed by the step that first writes it (the KV write then took ~0.1 ms a layer in 16-stream decode)."""
+    in and zeroed by the step that first writes it, a cost that lands on decode steps."""
     nbytes = math.prod(shape) * dtype.itemsize
     advised = _advised_region(nbytes) if _thp_on() and nbytes >= MIN_BYTES else None
     if advised is None:
