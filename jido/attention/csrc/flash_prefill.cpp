@@ -10,7 +10,7 @@
 // whose fast paths are Intel's. Here the query heads that share a KV head fold into the rows
 // of one GEMM (a tile of 64 queries is 256 rows for 4:1 GQA), each key block is packed once per request for every
 // tile, and blocks outside a tile's causal window are never touched. With AMX, MKL is fast and SDPA won on global
-// layers (7.7 against 13.8 ms at 2,000 tokens) and tied on sliding ones, so jido keeps SDPA there
+// layers and tied on sliding ones, so jido keeps SDPA there
 // (benchmarks/results/archive/prefill_attention-2026-12-04-amx-xeon.md).
 //
 // Per work item (KV head, query tile), per key block of kKeyBlock keys:
@@ -355,8 +355,7 @@ void pack(const Problem& p, int64_t num_blocks, const bf16* keys, const bf16* va
 }
 
 // A buffer left uninitialized: every element a tile reads was written first. std::vector zeroed the packed keys and
-// values and these first, serially: a 256-token layer of Gemma 3 ran 0.19 -> 0.15 ms without it (2,000 tokens 3.67 ->
-// 3.61, within noise), medians of 3 alternating processes on the AMX Xeon.
+// values and these first, serially, a cost that shows on short prompts (on long ones it is lost in the noise).
 template <typename T>
 struct Uninit {
   std::unique_ptr<T[]> p;
@@ -388,9 +387,8 @@ void scores_tiles(const bf16* q, int64_t rows, int64_t D, const bf16* k_packed, 
       for (int64_t c = 0; c < D; c += 32) {
         _tile_loadd(4, q + r * D + c, D * 2);
         _tile_loadd(5, q + (r + 16) * D + c, D * 2);
-        // K by the streaming load, so that the tile's q rows (32 KiB for 64 rows) are what L1 keeps: 2-8% off a
-        // 2,000-token layer (sliding and global, three runs of 15-21 alternating rounds on the AMX Xeon). The same
-        // for V in values_tiles measured 5-10% slower.
+        // K by the streaming load, so that the tile's q rows (32 KiB for 64 rows) are what L1 keeps: faster on
+        // sliding and global layers. The same for V in values_tiles measured slower.
         _tile_stream_loadd(6, kb + c * 16, 64);
         _tile_stream_loadd(7, kb + half + c * 16, 64);
         _tile_dpbf16ps(0, 4, 6);

@@ -16,10 +16,9 @@
 // key and value block is read once per KV head and run. Threads come from ATen's pool (at::parallel_for), the
 // same the model uses.
 //
-// Measured on the AVX2 EPYC (2 threads, Gemma 3's 4 query heads on one KV head of 256), against the kernel before
-// runs (each verify row attended as its own request; each score's 16 lanes summed in scalar order), same process:
-// a run of 5 rows at 300-600 tokens 131-174 against 156-266 us with the cache warm, 138 against 218 us flushed;
-// one row a request within 10% either way (32 requests of 1,024 tokens, flushed: 2.15 against 2.19 ms).
+// Against the kernel before runs (each verify row attended as its own request; each score's 16 lanes summed in
+// scalar order), runs made a verify step's attention faster, warm or flushed, and left one row a request about even
+// (benchmarks/results/report-2026-12-03-avx2-epyc-verify-step.md).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -109,9 +108,9 @@ inline void visible_range(const Shape& s, int64_t seq_len, int64_t* first, int64
   *end = seq_len;
 }
 
-// Vectors of kLanes floats, one AVX2 register. 16 lanes (AVX-512) alone measured no faster on a 2-core AMX Xeon (bf16
-// cache, Gemma 3's heads: 16 decodes at 300 tokens 265 against 245 us, 32 at 1,000 tokens 1.71 against 1.62 ms): what
-// bounded it were the widening of bf16 and the accumulators loaded and stored per value row. bf16 caches on AVX-512
+// Vectors of kLanes floats, one AVX2 register. 16 lanes (AVX-512) alone measured no faster on an AMX Xeon (bf16
+// cache): what bounded it were the widening of bf16 and the accumulators loaded and stored per value row. bf16
+// caches on AVX-512
 // take the split-order kernels below instead.
 constexpr int kLanes = 8;
 typedef float fvec __attribute__((vector_size(4 * kLanes)));
@@ -180,9 +179,8 @@ inline fvec expv(fvec x) {
 
 // Softmax weights of one row's scores s[t_lo..t_hi): exp(s[t] - m) for the keys it sees, [lo, hi), 0 for the
 // others; returns their sum. Every weight goes through expv, a block's last keys too (padded to a vector), so a
-// key's weight is the same bits whichever run or split it falls in. With std::exp per key, 16 decodes at 300 tokens
-// took 308 against 256 us, one at 2,000 tokens 141 against 117, 32 at 1,000 tokens 2.03 against 1.62 ms (2-core AMX
-// Xeon, bf16 cache, Gemma 3's heads, cache warm).
+// key's weight is the same bits whichever run or split it falls in. std::exp per key, a scalar call that does not
+// vectorize, ran the decode kernel markedly slower.
 inline float softmax_weights(float* s, int64_t t_lo, int64_t t_hi, int64_t lo, int64_t hi, float m) {
   ivec index;
   for (int j = 0; j < kLanes; ++j) index[j] = j;
@@ -286,10 +284,10 @@ inline void block_values_by_column(const float* p, const T* v, int64_t t_lo, int
 // instruction each, its even elements (x << 16) and its odd ones (x & 0xffff0000), where widening 16 at a time
 // took a load and a convert per 16. The queries and the accumulated outputs are kept in the same order (per 32
 // columns: the 16 even ones, then the 16 odd ones; `split_order`), so each dot product and sum has the same terms, and
-// the output is put back in column order when it is stored. Measured on a 2-core AMX Xeon (Gemma 3's heads, 18
-// layers' caches cycled, in huge pages), against the 8-lane kernels: 16 decodes at 320 tokens 396 -> 259 us a layer,
-// 1 at 2,000 127 -> 81, 4 at 1,000 235 -> 185, 32 at 1,000 2.62 -> 2.17 ms. The values go by column here whatever the
-// rows (64 columns of each accumulator in registers; by row, each FMA loaded and stored its accumulator).
+// the output is put back in column order when it is stored. On an AMX Xeon it beat the 8-lane kernels at every
+// batch and context (benchmarks/results/report-2026-12-05-amx-xeon-decode-kernels.md). The values go by column
+// here whatever the rows (64 columns of each accumulator in registers; by row, each FMA loaded and stored its
+// accumulator).
 constexpr bool kSplitBf16 = true;
 constexpr int64_t kSplitCols = 32;
 
@@ -309,8 +307,8 @@ inline void prefetch_rows(const uint16_t* k, int64_t plane, int64_t t, int64_t D
 // s[i * bs + t] = q_i . k_t for NQ queries in split order (q_i at q + i * D) and keys t_lo..t_hi-1 of one block.
 // With next_k, key row t of the next block (at next_k) and its value row (`plane` further) are asked into L2 with
 // key t: spread over the block, where asking for the whole next block at once (prefetch_block) stalled on the
-// misses it had in flight. Measured on a 2-core AMX Xeon, caches from memory (700 MB cycled, huge pages), Gemma 3's
-// heads: 16 decodes at 320 tokens 398 -> 308 us a layer, 1 at 2,000 152 -> 123, 32 at 1,000 2.21 -> 1.74 ms.
+// misses it had in flight. With caches from memory, this kept decode from waiting on them
+// (benchmarks/results/report-2026-12-05-amx-xeon-decode-kernels.md).
 template <int NQ>
 inline void block_scores_split(const float* q, const uint16_t* k, int64_t t_lo, int64_t t_hi, int64_t D, int64_t W,
                                int64_t bs, float* s, const uint16_t* next_k, int64_t plane) {
@@ -369,8 +367,7 @@ inline void block_values_split(const float* p, const uint16_t* v, int64_t t_lo, 
 // row against a query, exact, added in float32 (pairs in a fixed order, so a key's score is the same bits in any run
 // or split). Against block_scores_split (the bf16 widened by shifts, two float32 FMAs per 32 columns and query): half
 // the instructions a key, and no q in float. The values keep the split-order kernel (their weights are float32).
-// Measured on a 2-core Zen 4 (Gemma 3's heads, bf16, 18 layers' caches cycled, one process a build, 3 rounds each):
-// 16 decodes at 300 tokens 214-232 against 243-282 us a layer; 32 at 1,024 tokens even (1.44-1.48 ms, from memory).
+// On a Zen 4 that made short contexts faster and left long ones, bound by the memory, even.
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16")
 template <int NQ>
@@ -468,9 +465,9 @@ void attend_split(const Shape& s, const T* cache, const int32_t* table, const in
   std::fill(l, l + Q, 0.f);
   std::fill(acc, acc + Q * D, 0.f);
   const int64_t plane = s.num_blocks * s.num_kv_heads * bs * W;  // keys, then values
-  // Measured on the AVX2 EPYC (2 threads, 4 query heads on one KV head of 256, caches flushed): by row, one row a
-  // request at 32 x 1,024 tokens took 1.95 ms where by column took 2.28-2.32 (at the memory's bandwidth); a run of
-  // 5 rows at 300 tokens, 207 us by row against 131-145 by column (and 175 against 95-101 in cache).
+  // On the AVX2 EPYC one row a request ran faster by row (by column it fell short of the memory's bandwidth),
+  // and a run of several rows faster by column, which reads each value row once for all of them
+  // (benchmarks/results/report-2026-12-03-avx2-epyc-verify-step.md).
   const bool split_order = takes_split<T>(D);
   const bool by_column = rows > 1 || split_order;
   for (int64_t blk = blk_lo; blk < blk_hi; ++blk) {
@@ -751,11 +748,10 @@ constexpr int64_t kMaxRunRows = 16;
 // A step's keys and values per thread past which one-row runs prefetch their next block (see decode).
 constexpr int64_t kPrefetchBytesPerThread = 1536 * 1024;
 
-// Runs of at least this many rows go on AMX tiles, where the cache and queries are bf16 and the tiles run. Measured on
-// the 2-core AMX Xeon (Gemma 3's 4 query heads on one KV head of 256, 18 layers' caches cycled, medians), vector
-// kernels -> tiles: a run of 4 rows at 300 tokens 50.6 -> 24.3 us, at 1,000 120 -> 57; 2 rows at 300 29.9 -> 22.8;
-// 8 rows at 1,000 213 -> 76. A run of one row lost on tiles (300 tokens 18.7 -> 19.9 us, 1,000 40.9 -> 52.7; 16
-// decodes at 100 tokens 87.8 -> 93.6): its 4 queries fill a quarter of the tile's rows.
+// Runs of at least this many rows go on AMX tiles, where the cache and queries are bf16 and the tiles run: from 2
+// rows the tiles beat the vector kernels, more so the more rows
+// (benchmarks/results/spec_decode-2026-12-05-amx-xeon.md).
+// A run of one row lost on tiles: its 4 queries fill a quarter of the tile's rows.
 constexpr int64_t kTileMinRows = 2;
 constexpr int64_t amx_tile_keys = 16;  // keys per S^T tile: block sizes must be multiples of it
 template <typename T, typename C>
@@ -782,8 +778,7 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
   // Items per run: its visible blocks (from its first row's first key to its last row's last) cut into splits of
   // equal size, at most blocks_per_split blocks each, and at least enough of them that a batch of fewer (run, kv
   // head) pairs than threads keeps every thread busy. Equal sizes matter: a 512-token window spans 33 blocks of
-  // 16, which splits of 32 cut 32 + 1, leaving one thread all the work (a batch-1 decode at 1,024 tokens of
-  // context: 20.9 -> 19.0 ms a step on 2 cores).
+  // 16, which splits of 32 cut 32 + 1, leaving one thread all the work (visible in a whole batch-1 decode step).
   const int64_t pairs = std::max<int64_t>(1, static_cast<int64_t>(runs.size()) * H);  // NOTE: may be no rows
   const int64_t min_splits = (at::get_num_threads() + pairs - 1) / pairs;
   std::vector<int64_t> item_run, item_q;  // each item's run, and the offset of its first query's state
@@ -806,10 +801,8 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
   bool any_tiles = false;
   for (Run& run : runs) any_tiles |= run.tiles = tiles && run.rows >= kTileMinRows;
   // One-row runs of the 8-lane kernels ask for their next block too once the step's keys and values outgrow what the
-  // threads' L2 caches hold (the split-order kernels always do, row by row). Measured on a 2-core AMX Xeon (bf16
-  // cache, Gemma 3's heads, 18 layers' caches cycled, medians): 16 decodes at 320 tokens (5.2 MB a layer) 526 -> 449
-  // us, 4 at 1,000 347 -> 274, 32 at 1,000 2.99 -> 2.86 ms; below it no gain or a loss (8 at 320: 185 -> 191 us, 1 at
-  // 2,000: 134 -> 136).
+  // threads' L2 caches hold (the split-order kernels always do, row by row): past that the prefetch hides memory
+  // latency; below it, with the data in L2, it only adds instructions (no gain or a loss).
   int64_t step_bytes = 0;
   for (const Run& run : runs) step_bytes += run.num_splits * run.split_blocks * bs * s.width * 2 * H;
   step_bytes *= static_cast<int64_t>(sizeof(C));
@@ -945,9 +938,8 @@ void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& kv_cach
 // This step's keys and values into their slots of a cache of their own dtype: k, v [tokens, kv_heads * head_dim]
 // (rows may be strided, as splits of the fused QKV output are), token t to block slot[t] / block_size, offset
 // slot[t] % block_size, each (token, kv head) row one copy. The PyTorch path (tiled_backend.write_kv) does this
-// with ~8 ATen ops per layer, ~40 us of a batch-1 decode layer. Every slot is checked before any row is written, so
-// a bad slot leaves the cache as it was; a prefill's rows are split over the threads (one thread wrote a 2,000-token
-// layer's 2 MB in 0.32 ms).
+// with ~8 ATen ops per layer, whose dispatch was a visible share of a batch-1 decode layer. Every slot is checked
+// before any row is written, so a bad slot leaves the cache as it was; a prefill's rows are split over the threads.
 template <typename I>
 void copy_rows(char* cache, const char* k, const char* v, const I* slots, int64_t tokens, const at::Tensor& kv_cache,
                int64_t k_stride, int64_t v_stride, int64_t row_bytes) {

@@ -1,7 +1,7 @@
 // Gated MLP activations in one pass: out[t, j] = act(x[t, j]) * x[t, I + j] for x [tokens, 2 * I] float32 or
 // bfloat16, act SiLU or GELU's tanh form (their arithmetic: gated_activation.h). ATen runs them as two ops over a
-// strided half of x, and its GELU evaluates tanh by Sleef (a 2,000-token prefill of Gemma 3 270M: 18 calls of 7.6 ms
-// on the AVX2 EPYC, plus 1 ms for each product). The AVX-512 loop, the AVX2 loop and the scalar tail run the same
+// strided half of x, and its GELU evaluates tanh by Sleef, slow enough to show in a prefill's time.
+// The AVX-512 loop, the AVX2 loop and the scalar tail run the same
 // operations, so a value does not depend on its column.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -81,12 +81,12 @@ inline void store_bf16(uint16_t* p, __m256 x) {
 #endif
 
 // One bf16 row: act(gate) rounded to bf16, times up, rounded (as ATen's two bf16 ops round, each computing in
-// float32): a bf16 2,000-token prefill of Gemma 3 270M spent 5.9 ms a layer in ATen's GELU alone (2-core Zen 4).
+// float32), in one pass where ATen's GELU alone was a visible part of a bf16 prefill layer.
 #if defined(__AVX2__) && defined(__GNUC__)
 
 // The AVX2 loop's operations, 16 lanes at a time; bf16 rounding by the CPU's own conversion (to nearest even, as
-// bf16_bits does for every number). Where the CPU has AVX-512 BF16: a 2,000-token row block of Gemma 3 270M's
-// gated GELU (2,000 x 2 x 2,048) on the 2-core AMX Xeon took 2.36 ms on the AVX2 loop, 1.03 here.
+// bf16_bits does for every number). Where the CPU has AVX-512 BF16, twice the lanes and a native conversion
+// make this loop much faster than the AVX2 one on a prefill's rows.
 JIDO_AVX512_BF16 inline __m512 load_bf16x16(const uint16_t* p) {
   const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));

@@ -2,8 +2,9 @@
 //   out = x / sqrt(mean(x^2) + eps) * w            (residual absent)
 //   out = residual + (x / sqrt(mean(x^2) + eps) * w)  rounded to x's dtype first, as the unfused ops round
 // Sums and products in float32, one rounding to the dtype (as F.rms_norm and HF's norms do). On CPU,
-// F.rms_norm runs as ~10 ATen ops (~40 us for a 640-wide row); a decode step of Gemma 3 270M runs 109
-// norms, so this saves ~4 ms of a ~35 ms step.
+// F.rms_norm runs as ~10 ATen ops, each with its dispatch cost; a decode step of Gemma 3 270M runs 109 norms
+// on rows that are small, so the dispatch was a large share of the step
+// (benchmarks/results/archive/report-2026-12-01-avx2-epyc-fast-avx2.md).
 //
 // qk_norm_rope_: the per-head q/k norms (where the model has them) and the rotary embedding that follows,
 // in place on the fused QKV projection's output, in one call per layer instead of ~20 ATen ops (rotary.py).
@@ -11,8 +12,8 @@
 // difference), so the result is theirs bit for bit; hence no FMA contraction in the rotation (rotate_head).
 //
 // bf16 rows and heads of a multiple of 16 (32 for a rotated head) run in 16-lane AVX-512 vectors (bf16x16), with
-// the scalar loops' roundings: the q/k norm + RoPE of a 2,000-token Gemma 3 prefill layer 0.92 -> 0.70 ms on the
-// AMX Xeon (the norm itself stayed at ~0.18 ms for [2000, 640]: it is bound by memory, not by its arithmetic).
+// the scalar loops' roundings: that speeds up the q/k norm + RoPE of a prefill layer, while the plain norm gains
+// nothing, bound as it is by memory, not by its arithmetic.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
