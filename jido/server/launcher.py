@@ -113,9 +113,9 @@ def with_worker_process(engine_config: EngineConfig) -> EngineConfig:
     """The config ``jido serve`` runs: the model in a worker process (``mp``) unless an executor was chosen.
 
     In the server's own process the engine thread shares the interpreter and the cores with the event loop that
-    streams every token, and the model's threads lost time to it. Measured on Gemma 3 270M (Xeon, 2 cores,
-    2026-12-02): batch-1 TPOT served 32.7 ms with ``uni`` and 25.9 with ``mp`` (offline: 24.5), 16 streams 113
-    against 132 tok/s. vLLM's engine core runs in its own process for the same reason.
+    streams every token, and the model's threads lost time to it: served with ``uni``, TPOT fell well short of
+    offline, while ``mp`` came close to it.
+    vLLM's engine core runs in its own process for the same reason.
     """
     parallel = engine_config.parallel_config
     if parallel.distributed_executor_backend is not None:
