@@ -64,7 +64,7 @@ class GuidanceGrammar:
 class GrammarCompiler:
     """Compiles ``StructuredOutputsParams`` into grammars over one model's vocabulary; safe from any thread.
 
-    The vocabulary's token trie is built on first use (~3 s for Gemma 3's 262,144 tokens), so an engine that
+    The vocabulary's token trie is built on first use (seconds for Gemma 3's 262,144 tokens), so an engine that
     never sees a constraint never pays for it.
     """
 

@@ -36,7 +36,7 @@ class MultiprocExecutor(Executor):
     """Starts ``world_size`` worker processes (spawned: a forked torch can deadlock) and talks to them.
 
     Every call is pickled once and sent to every worker (a broadcast over one duplex pipe each: a 128-request
-    decode step's round trip costs ~0.6 ms, see docs/architecture.md), so a step's inputs reach each rank
+    decode step's round trip is small beside the step, see docs/architecture.md), so a step's inputs reach each rank
     once; every worker answers in order. Workers of a tensor- or pipeline-parallel model form their process
     group at a free port on 127.0.0.1 and split this machine's cores between them. A worker that exits, or
     raises, fails the call with :class:`WorkerError`, and the others (which would wait on it in a collective)

@@ -48,8 +48,8 @@ def triton_ops_for(x: torch.Tensor) -> ModuleType | None:
     """The Triton kernels (:func:`load_triton_ops`) for an op on ``x`` where they pay: on CUDA, for a CUDA graph
     (:func:`for_cuda_graphs`; each kernel fewer is time saved on every replay) or on :data:`TRITON_MIN_ROWS` rows
     or more (the GPU's time dominates). An eager step of fewer rows is bound by launching, where Triton's launcher
-    costs several of PyTorch's: eager batch-1 decode of a Gemma 3 270M-shaped model ran 54 tok/s on the kernels
-    against 64 on PyTorch's ops (H200, benchmarks/results/gpu_session-2026-12-04-h200-second.md); None there and off CUDA."""
+    costs several of PyTorch's: eager batch-1 decode of a Gemma 3 270M-shaped model ran slower on the kernels than
+    on PyTorch's ops (benchmarks/results/gpu_session-2026-12-04-h200-second.md); None there and off CUDA."""
     if not x.is_cuda or (x.shape[0] < TRITON_MIN_ROWS and not _graph_depth):
         return None
     return load_triton_ops()
@@ -73,9 +73,9 @@ class RMSNorm(nn.Module):
     (added in float32), so both flavours run the same kernel. In float32 this is exactly HF's arithmetic;
     in bf16 the stored ``1 + w`` and the product are rounded once more than HF's order (measured with the
     rest of bf16's error by ``benchmarks/bf16_accuracy.py``). On CPU one C++ kernel per call
-    (``csrc/rms_norm.cpp``): ``F.rms_norm`` runs there as ~10 ATen ops, ~40 us a call, and Gemma 3 270M
-    runs 109 norms per step. On CUDA one Triton kernel (:mod:`jido.layers.triton_ops`), same arithmetic, where it pays
-    (:func:`triton_ops_for`).
+    (``csrc/rms_norm.cpp``): ``F.rms_norm`` runs there as ~10 ATen ops, each with its dispatch cost, and Gemma 3
+    270M runs 109 norms per step. On CUDA one Triton kernel (:mod:`jido.layers.triton_ops`), same arithmetic, where
+    it pays (:func:`triton_ops_for`).
     ``forward(x, residual)`` returns ``residual + norm(x)`` (Gemma's norms after
     attention and MLP) from the same pass, rounded as the two ops would round.
     """

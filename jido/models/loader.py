@@ -119,8 +119,8 @@ def iter_gguf_weights(gguf_path: Path) -> Iterator[tuple[str, torch.Tensor | Qua
 def iter_quantized_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor | QuantizedCodes]]:
     """:func:`iter_gguf_weights` of a converted folder's GGUF, decoded once into ``CODES_FILE`` in the folder.
 
-    Parsing a GGUF's metadata (a 262k-token vocabulary) and decoding its blocks took ~10 s per load; the
-    decoded codes read back from safetensors in about a second.
+    Parsing a GGUF's metadata (a 262k-token vocabulary) and decoding its blocks is slow in Python; the decoded
+    codes read back from safetensors an order of magnitude faster.
 
     Raises:
         ValueError: the folder was not converted from a GGUF file that still exists.

@@ -266,7 +266,7 @@ class ModelRunner:
                                                                                self.layer_groups))
 
         # NOTE: the new codes and packings stay in ordinary pages. Moving them into huge pages as load_model does took
-        # 3.5-4.6 s here (the default model's 72 linears, 2-core Xeon), against 0.8 s for the calibration itself.
+        # several times as long as the calibration itself.
         smoothed = smoothing.calibrate(self.model, forward, chunks)
         logger.info("w8a8: smoothed %d of %d linears (SmoothQuant, alpha %.2f) on %d tokens in %.1f s", len(smoothed),
                     len(pending), smoothing.ALPHA, sum(map(len, chunks)), time.perf_counter() - start)
