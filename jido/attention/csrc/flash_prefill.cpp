@@ -3,9 +3,9 @@
 // against its keys and values [num_kv_heads, num_keys, head_dim] at positions first_key..., causal, optionally in a
 // sliding window, optionally soft-capped.
 //
-// Why: on an AVX-512 BF16 CPU without AMX (Zen 4) PyTorch's CPU flash SDPA runs Gemma 3's heads at 65 GFLOP/s
-// (a 2,000-token causal layer) to ~110 GFLOP/s (sliding-window tiles), where oneDNN's bf16 GEMMs reach 410 on the
-// same two cores (benchmarks/results/report-2026-12-04-zen4-w8a8-int-mm.md). Its bf16 -> float32 products do not go
+// Why: on an AVX-512 BF16 CPU without AMX (Zen 4) PyTorch's CPU flash SDPA runs Gemma 3's heads at a small
+// fraction of the rate oneDNN's bf16 GEMMs reach on the same cores
+// (benchmarks/results/report-2026-12-04-zen4-w8a8-int-mm.md). Its bf16 -> float32 products do not go
 // through oneDNN (held to AVX-512 BF16 by ONEDNN_MAX_CPU_ISA on a Xeon, SDPA kept its AMX speed): likely MKL,
 // whose fast paths are Intel's. Here the query heads that share a KV head fold into the rows
 // of one GEMM (a tile of 64 queries is 256 rows for 4:1 GQA), each key block is packed once per request for every
@@ -286,9 +286,9 @@ void flash_prefill(at::Tensor out, const at::Tensor& q, const at::Tensor& keys, 
 }
 
 #if defined(__AVX512F__)
-// The same attention on AMX tiles (tdpbf16ps), jido's own: oneDNN's brgemm above ran Gemma 3's 2,000-token layers at
-// 390-600 GFLOP/s on a 2-core AMX Xeon and PyTorch's SDPA at 390 (sliding-window tiles) to 1,070 (global), where the
-// tile units multiply bf16 at ~2,400 GFLOP/s in oneDNN's own GEMMs. Per work item (KV head, query tile of `rows`
+// The same attention on AMX tiles (tdpbf16ps), jido's own: oneDNN's brgemm above and PyTorch's SDPA both ran Gemma
+// 3's prefill layers well below the rate the tile units reach in oneDNN's own bf16 GEMMs
+// (benchmarks/results/prefill_attention-2026-12-05-amx-xeon.md). Per work item (KV head, query tile of `rows`
 // query x head rows), per segment of up to kSegment keys:
 //   S = Q K^T for every key block the tile sees, all held (rows x segment, float32, in L2);
 //   the rows' softmax over the segment in 16-lane vectors: max, P = exp(S - max) rounded to bf16, sum;
