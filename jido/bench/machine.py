@@ -33,6 +33,26 @@ def roofline_figures(path: Path) -> dict[str, Any]:
             "onednn": cached.get("onednn") if same_cpu else None}
 
 
+def cpu_kind(machine: dict[str, Any] | None = None) -> str:
+    """The CPU kind results files are named by (benchmarks/README.md): ``zen4`` (AMD with AVX-512 BF16),
+    ``avx2-epyc`` (AMD with AVX2, no AVX-512), ``amx-xeon`` (Intel with AMX), ``xeon-vnni`` (Intel with AVX-512
+    VNNI, no BF16 or AMX); any other CPU by its ISA. ``machine`` is a record as :func:`machine_info` writes it
+    (``cpu_model``, ``cpu_flags``, ``isa``); None: this machine's."""
+    machine = machine or cpu_info().as_dict()
+    model, flags = str(machine.get("cpu_model", "")).lower(), set(machine.get("cpu_flags") or [])
+    if "amd" in model:
+        if "avx512_bf16" in flags:
+            return "zen4"
+        if "avx2" in flags and "avx512f" not in flags:
+            return "avx2-epyc"
+    if "intel" in model:
+        if "amx_tile" in flags:
+            return "amx-xeon"
+        if "avx512_vnni" in flags and not flags & {"avx512_bf16", "amx_bf16"}:
+            return "xeon-vnni"
+    return str(machine.get("isa") or "cpu")
+
+
 def describe_machine(machine: dict[str, Any]) -> str:
     """One line for reports: model, CPUs, ISA and flags, bf16, torch/oneDNN, bandwidth, OS."""
     flags = " ".join(machine.get("cpu_flags") or []) or "no vector flags"

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import json
 
-from jido.bench.machine import describe_machine, machine_info, roofline_figures
+import pytest
+
+from jido.bench.machine import cpu_kind, describe_machine, machine_info, roofline_figures
 from jido.bench.report import format_table
 from jido.bench.summary import LATENCIES, PERCENTILES
 from jido.utils.cpu import cpu_info
@@ -44,3 +46,21 @@ def test_the_bench_table_ends_with_the_machine_line():
                          "native_bf16": False, "platform": "Linux"}
     assert format_table(result).splitlines()[-2:] == [
         "Machine: AMD EPYC, 2 CPUs; avx2 (avx2 fma); no native bf16; Linux", "=" * 50]
+
+
+@pytest.mark.parametrize(("model", "flags", "isa", "kind"), [
+    ("AMD EPYC 9B14 96-Core Processor", ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"], "avx512", "zen4"),
+    ("AMD EPYC 7B13 64-Core Processor", ["avx2", "fma"], "avx2", "avx2-epyc"),
+    ("Intel(R) Xeon(R) Platinum 8481C CPU", ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16",
+                                             "amx_int8", "amx_tile"], "amx", "amx-xeon"),
+    ("Intel(R) Xeon(R) Processor", ["avx2", "fma", "avx512f", "avx512bw", "avx512_vnni"], "avx512", "xeon-vnni"),
+    ("Intel(R) Xeon(R) CPU @ 2.20GHz", ["avx2", "fma"], "avx2", "avx2"),
+    ("AMD EPYC 9B14", ["avx2", "fma", "avx512f", "avx512_vnni"], "avx512", "avx512"),
+    ("Apple M2", [], "scalar", "scalar"),
+])
+def test_cpu_kind_names_the_machines_the_results_index_defines(model, flags, isa, kind):
+    assert cpu_kind({"cpu_model": model, "cpu_flags": flags, "isa": isa}) == kind
+
+
+def test_cpu_kind_defaults_to_this_machine():
+    assert cpu_kind() == cpu_kind(cpu_info().as_dict())
