@@ -9,7 +9,7 @@ modes run in every round, batches interleaved, so drift on a shared machine hits
 over ``--repeats`` rounds.
 
     flock /tmp/jido-bench.lock env PYTHONPATH=. .venv/bin/python benchmarks/amx_panels.py \\
-        [--batches 2 4 8 16 32] [--repeats 3] [--out benchmarks/results/amx-panels-<date>.json]
+        [--batches 2 4 8 16 32] [--repeats 3] [--out benchmarks/results/amx_panels-<date>-<cpu kind>.json]
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import torch
 from decode_step import time_decode
 
 from jido import LLM
-from jido.bench.machine import machine_info, now_iso
+from jido.bench.machine import cpu_kind, machine_info, now_iso
 from jido.layers import int8_dot, quantized_linear
 
 RESULTS = Path(__file__).parent / "results"
@@ -67,7 +67,7 @@ def main() -> None:
     result = {"date": now_iso(), "machine": machine_info() | {"torch": torch.__version__,
                                                               "torch_threads": torch.get_num_threads()},
               "context": args.context, "steps": args.steps, "repeats": args.repeats, "rows": rows}
-    out = Path(args.out) if args.out else RESULTS / f"amx-panels-{result['date'][:10]}.json"
+    out = Path(args.out) if args.out else RESULTS / f"amx_panels-{result['date'][:10]}-{cpu_kind()}.json"
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {out}")
 

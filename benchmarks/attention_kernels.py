@@ -13,7 +13,7 @@ skipped when its mask alone would pass ``--max-reference-gib``; its largest inte
 
     flock /tmp/jido-bench.lock env PYTHONPATH=. .venv/bin/python benchmarks/attention_kernels.py \
         [--repeats 5] [--threads N] [--dtypes bfloat16] [--kv-cache-dtypes auto int8] \
-        [--out benchmarks/results/attention-<date>.json]
+        [--out benchmarks/results/attention_kernels-<date>-<cpu kind>.json]
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from jido import LLM, SamplingParams
-from jido.bench.machine import now_iso
+from jido.bench.machine import cpu_kind, now_iso
 from jido.utils.cpu import cpu_info
 
 FIXTURE = Path(__file__).parent.parent / "tests" / "fixtures" / "gemma3_reference.json"
@@ -70,7 +70,7 @@ def main() -> None:
               "max_gap_error": max(r["max_gap_error"] for r in rows)}
     tag = "" if settings["candidate"] == {"dtype": "bfloat16"} else "-" + "-".join(
         f"{k}={v}" for k, v in settings["candidate"].items())
-    path = RESULTS / f"bf16_accuracy-{result['date'][:10]}{tag}.json"
+    path = RESULTS / f"bf16_accuracy-{result['date'][:10]}-{cpu_kind(result['cpu'])}{tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"max gap error {result['max_gap_error']:.4f}; wrote {path}")
 

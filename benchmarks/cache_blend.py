@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from jido import LLM, SamplingParams
-from jido.bench.machine import machine_info, now_iso
+from jido.bench.machine import cpu_kind, machine_info, now_iso
 from jido.utils.reference_text import reference_text
 
 RESULTS = Path(__file__).parent / "results"
@@ -133,7 +133,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default=None, help="default: jido's default model")
-    parser.add_argument("--output", default=str(RESULTS / f"cache-blend-{now_iso()[:10]}.json"))
+    parser.add_argument("--output", default=str(RESULTS / f"cache_blend-{now_iso()[:10]}-{cpu_kind()}.json"))
     args = parser.parse_args()
     llm = LLM(args.model, kv_cache_memory="256MiB", max_num_batched_tokens=4096)
     tap = LogitsTap(llm)

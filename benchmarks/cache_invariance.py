@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from jido import LLM, SamplingParams
-from jido.bench.machine import describe_machine, machine_info, now_iso
+from jido.bench.machine import cpu_kind, describe_machine, machine_info, now_iso
 from jido.tools import divergence
 from jido.tools.perplexity import chat_renderer
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=330)
     parser.add_argument("--cached-tokens", type=int, default=256, help="prefix cached before the warm run")
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--cpu-kind", default="cpu", help="the results file's CPU kind, e.g. zen4")
+    parser.add_argument("--cpu-kind", default=None, help="the results file's CPU kind, e.g. zen4 (default: this CPU's)")
     parser.add_argument("--lock", type=Path, default=Path("/tmp/jido-bench.lock"))
     args = parser.parse_args(argv)
     with args.lock.open("a") as lock:
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{', '.join(map(str, s['top2_gaps_at_divergence'])) or '-'} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    stem = f"cache_invariance-{datetime.date.today().isoformat()}-{args.cpu_kind}-{model}"
+    stem = f"cache_invariance-{datetime.date.today().isoformat()}-{args.cpu_kind or cpu_kind()}-{model}"
     (RESULTS / f"{stem}.md").write_text(text, encoding="utf-8")
     (RESULTS / f"{stem}.json").write_text(json.dumps(summaries, indent=1) + "\n", encoding="utf-8")
     return 0

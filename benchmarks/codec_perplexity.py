@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from jido import LLM
-from jido.bench.machine import machine_info, now_iso
+from jido.bench.machine import cpu_kind, machine_info, now_iso
 from jido.core.outputs import SchedulerOutput
 from jido.kvtransfer.block_io import BlockIO
 from jido.kvtransfer.codecs import make_codec
@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--max-chunks", type=int, default=16)
     parser.add_argument("--step-tokens", type=int, default=64, help="max_num_batched_tokens: the prefill step")
     parser.add_argument("--model", default=None, help="default: jido's default model")
-    parser.add_argument("--output", default=str(RESULTS / f"codec-perplexity-{now_iso()[:10]}.json"))
+    parser.add_argument("--output", default=str(RESULTS / f"codec_perplexity-{now_iso()[:10]}-{cpu_kind()}.json"))
     args = parser.parse_args()
     rows = [score(None, args)]
     for codec in args.codecs:

@@ -10,10 +10,11 @@ A peer that fails to install or run gets its exact error in the results and the 
 
 Each engine runs at its best precision for this CPU unless told (bf16 where the CPU has native bf16,
 float32 elsewhere); every engine and configuration is its own entry, so `--jido-dtype float32` and a later
-`--jido-dtype bfloat16` stand side by side. Results: benchmarks/results/compare-<date>.json and .md (date,
-machine and its CPU flags, versions, figures, jido's ratios), rewritten after each engine; for a named model
-other than the default (`--model`, from `jido models`), compare-<model>-<date>.json and .md. A run on another
-kind of CPU than the one today's file was written on goes to compare-<date>-<isa> (one machine per file).
+`--jido-dtype bfloat16` stand side by side. Results: benchmarks/results/compare-<date>-<cpu kind>.json and .md
+(date, machine and its CPU flags, versions, figures, jido's ratios), rewritten after each engine; for a named model
+other than the default (`--model`, from `jido models`), compare-<date>-<cpu kind>-<model>.json and .md. A run on
+another machine of the same kind than the one today's file was written on goes to that name with -<isa> appended
+(one machine per file).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from typing import Any, get_args
 from jido.bench.config import BenchConfig
 from jido.bench.corpus import Corpus
 from jido.bench.datasets import SampleRequest, sample_requests
-from jido.bench.machine import machine_info, now_iso
+from jido.bench.machine import cpu_kind, machine_info, now_iso
 from jido.bench.plots import plot_engines
 from jido.bench.runner import run_benchmark
 from jido.bench.tokens import make_counter
@@ -622,11 +623,11 @@ def save(records: dict[str, Any], workloads: list[Workload], model: str = DEFAUL
 
 
 def todays_results(model: str, machine: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
-    """Today's compare file for ``model`` and what it holds so far; where today's was written on another kind of
-    CPU, the file named for this CPU's ISA instead: the figures of one file are always from one machine, so its
-    ratios mean something."""
-    stem = "compare" if model == DEFAULT_MODEL else f"compare-{model}"
-    path = RESULTS / f"{stem}-{datetime.date.today().isoformat()}.json"
+    """Today's compare file for ``model`` on this kind of CPU and what it holds so far; where it was written on
+    another machine of the kind, the file with this CPU's ISA appended instead: the figures of one file are always
+    from one machine, so its ratios mean something."""
+    stem = f"compare-{datetime.date.today().isoformat()}-{cpu_kind(machine)}"
+    path = RESULTS / (f"{stem}.json" if model == DEFAULT_MODEL else f"{stem}-{model}.json")
     doc = _read_json(path)
     if doc is not None and not same_cpu(doc.get("machine", {}), machine):
         path = path.with_name(f"{path.stem}-{machine['isa']}.json")

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from jido import LLM, SamplingParams
-from jido.bench.machine import machine_info, now_iso
+from jido.bench.machine import cpu_kind, machine_info, now_iso
 
 RESULTS = Path(__file__).parent / "results"
 PHASES = ("schedule", "prepare", "model", "sample", "update")
@@ -95,7 +95,7 @@ def main() -> None:
                                                               "torch_threads": torch.get_num_threads()},
               "context": args.context, "steps": args.steps, "repeats": args.repeats,
               "kv_cache_memory": args.kv_cache_memory, "rows": rows}
-    path = RESULTS / f"decode_step-{result['date'][:10]}{args.tag}.json"
+    path = RESULTS / f"decode_step-{result['date'][:10]}-{cpu_kind(result['machine'])}{args.tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     for row in rows:
         print(f"{row['resolved_dtype']:>9} {row['backend']:>6} kv {row['kv_cache_dtype']:>8} batch {row['batch']:>3}: "

@@ -4,7 +4,7 @@ while short prompts' streams decode). Reports p99 ITL and TTFT side by side, sho
 
 Starts and stops its own servers on 127.0.0.1; takes /tmp/jido-bench.lock itself (do not wrap it in flock).
 
-    python benchmarks/disagg_interference.py --repeats 3 --out benchmarks/results/disagg-interference.json
+    python benchmarks/disagg_interference.py --repeats 3
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import urllib.request
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from jido.bench.machine import machine_info
+from jido.bench.machine import cpu_kind, machine_info
 
 PY = sys.executable
 
@@ -136,7 +136,8 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--long-len", type=int, default=1024)
     parser.add_argument("--transport", default="shm")
-    parser.add_argument("--out", default="benchmarks/results/disagg-interference.json")
+    parser.add_argument("--out", default=f"benchmarks/results/disagg_interference-{time.strftime('%Y-%m-%d')}-"
+                                         f"{cpu_kind()}.json")
     args = parser.parse_args()
     runs: dict[str, list[dict]] = {"colocated": [], "disaggregated": []}
     with open("/tmp/jido-bench.lock", "w") as lock, tempfile.TemporaryDirectory() as tmp:

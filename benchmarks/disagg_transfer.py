@@ -5,7 +5,7 @@ first token against a local prefill, and the effect of each codec and of an int8
 Writes a calibration JSON (``jido plan --calibrate FILE``, ``jido router --calibration FILE``) and prints a
 markdown table. Takes /tmp/jido-bench.lock itself (do not wrap it in flock).
 
-    python benchmarks/disagg_transfer.py --prompt-len 1024 --repeats 3 --out benchmarks/results/disagg-calibration.json
+    python benchmarks/disagg_transfer.py --prompt-len 1024 --repeats 3
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from jido.utils.reference_text import reference_text
-from jido.bench.machine import machine_info
+from jido.bench.machine import cpu_kind, machine_info
 from jido.config import EngineConfig
 from jido.core.sampling_params import SamplingParams
 from jido.engine.llm_engine import LLMEngine
@@ -122,7 +122,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--prompt-len", type=int, default=1024)
     parser.add_argument("--num-prompts", type=int, default=4)
-    parser.add_argument("--out", default="benchmarks/results/disagg-calibration.json")
+    parser.add_argument("--out", default=f"benchmarks/results/disagg_transfer-{time.strftime('%Y-%m-%d')}-"
+                                         f"{cpu_kind()}.json")
     args = parser.parse_args()
     with open("/tmp/jido-bench.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

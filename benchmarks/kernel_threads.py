@@ -6,7 +6,8 @@ code that forks threads only under ``_OPENMP``, so every kernel ran on one threa
 process holds one build of a library): batch-1 decode (one 128-token prompt, 128 greedy tokens) and 16
 prompts of 256 random tokens decoding 128 each in one ``generate`` call; modes interleaved per round.
 
-    .venv/bin/python benchmarks/kernel_threads.py [--rounds 3] [--out benchmarks/results/kernel-threads-<date>.json]
+    .venv/bin/python benchmarks/kernel_threads.py [--rounds 3] \\
+        [--out benchmarks/results/kernel_threads-<date>-<cpu kind>.json]
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import torch
 from bf16_accuracy import FIXTURE, RESULTS, decode, gap_errors
 
 from jido import LLM
-from jido.bench.machine import machine_info, now_iso
+from jido.bench.machine import cpu_kind, machine_info, now_iso
 
 
 def compare(reference: list, quantized: list) -> dict:
@@ -51,7 +51,7 @@ def main() -> None:
     dtype = str(llms["auto"].llm_engine.collective_rpc(_dtype)[0])
     result = {"date": now_iso(), "machine": machine_info() | {"torch": torch.__version__}, "model_dtype": dtype,
               "prompts": rows, "summary": summary}
-    path = RESULTS / f"kv_cache_dtype_accuracy-{result['date'][:10]}-{dtype.removeprefix('torch.')}.json"
+    path = RESULTS / f"kv_cache_dtype_accuracy-{result['date'][:10]}-{cpu_kind()}-{dtype.removeprefix('torch.')}.json"
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(summary, indent=1))
     print(f"wrote {path}")

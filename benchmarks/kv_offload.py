@@ -8,7 +8,8 @@ time and mean TTFT, greedy agreement with ``none``, and each tier's counters. Se
 repeat and medians are reported; the ratios divide by ``none`` of the same repeat. Codecs are also timed
 alone on real KV blocks: bytes per token (all layers), encode and decode GB/s of the raw bytes.
 
-    flock /tmp/jido-bench.lock .venv/bin/python benchmarks/kv_offload.py --out benchmarks/results/kv-offload.md
+    flock /tmp/jido-bench.lock .venv/bin/python benchmarks/kv_offload.py \\
+        --out benchmarks/results/kv_offload-<date>-<cpu kind>.md
 """
 from __future__ import annotations
 

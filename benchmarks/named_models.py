@@ -67,13 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(NAMED_MODELS), help="comma-separated (default: all)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=None, help="JSON file (default: results/named_models-<date>.json)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON file (default: results/named_models-<date>-<cpu kind>.json)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process: measure this model, print JSON
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(measure_one(args.one, args.dtype, args.repeats)))
         return 0
-    from jido.bench.machine import machine_info
+    from jido.bench.machine import cpu_kind, machine_info
 
     records = []
     for model in args.models.split(","):
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
            "machine": machine_info(), "torch": torch.__version__, "default_model": DEFAULT_MODEL,
            "settings": {"prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN, "num_streams": NUM_STREAMS,
                         "repeats": args.repeats}, "records": records}
-    path = args.out or RESULTS / f"named_models-{datetime.date.today()}.json"
+    path = args.out or RESULTS / f"named_models-{datetime.date.today()}-{cpu_kind()}.json"
     path.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {path}")
     return 0

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from jido import LLM, SamplingParams
-from jido.bench.machine import machine_info
+from jido.bench.machine import cpu_kind, machine_info
 from jido.tools.roofline import onednn_version
 
 RESULTS = Path(__file__).parent / "results"
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
               "results": measure(args)}
     RESULTS.mkdir(exist_ok=True)
     only = f"-{args.only}" if args.only else ""
-    path = RESULTS / f"offline_throughput-{datetime.date.today()}-{args.dtype}{only}{args.tag}.json"
+    path = RESULTS / f"offline_throughput-{datetime.date.today()}-{cpu_kind()}-{args.dtype}{only}{args.tag}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
     print(f"wrote {path}")

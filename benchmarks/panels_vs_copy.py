@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from jido import LLM
-from jido.bench.machine import machine_info, now_iso
+from jido.bench.machine import cpu_kind, machine_info, now_iso
 from jido.layers import int8_dot
 from jido.layers.quantization import packed_linear
 
@@ -82,7 +82,7 @@ def main() -> None:
     result = {"date": now_iso(), "machine": machine_info() | {"torch": torch.__version__,
                                                               "torch_threads": torch.get_num_threads()},
               "amx": any(m.qpanels.amx for ms in kinds.values() for m in ms), "rounds": args.rounds, "rows": rows}
-    path = RESULTS / f"panels_vs_copy-{result['date'][:10]}{args.tag}.json"
+    path = RESULTS / f"panels_vs_copy-{result['date'][:10]}-{cpu_kind(result['machine'])}{args.tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {path}")
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from jido import LLM, SamplingParams
-from jido.bench.machine import machine_info, now_iso
+from jido.bench.machine import cpu_kind, machine_info, now_iso
 
 RESULTS = Path(__file__).parent / "results"
 CONFIGS = {
@@ -125,7 +125,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--calibration-out", type=Path, default=None)
-    parser.add_argument("--out", type=Path, default=RESULTS / f"parallel-{now_iso()[:10]}.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / f"parallel_step-{now_iso()[:10]}-{cpu_kind()}.json")
     parser.add_argument("--planner-only", type=Path, metavar="RESULT.json",
                         help="add the planner's figures (uncalibrated, and with --calibration-file) to a result")
     parser.add_argument("--calibration-file", type=Path, default=None)

@@ -6,7 +6,7 @@ variant that fails (a setting this jido does not have yet, a crash) is reported 
 still run. Ratios divide each variant's figure by the first variant's.
 
     .venv/bin/python benchmarks/perplexity.py --variant dtype=float32 --variant dtype=bfloat16 \\
-        --variant quantization=int8 --max-chunks 20 --out benchmarks/results/perplexity.md
+        --variant quantization=int8 --max-chunks 20 --out benchmarks/results/perplexity-<date>-<cpu kind>.md
 """
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ in a pool that holds about half of them at full length, so the newest are preemp
 Per mode: wall time, output tok/s, preemptions, blocks loaded back (swap), greedy agreement with recompute;
 modes interleaved per repeat, medians, ratios to recompute of the same repeat.
 
-    flock /tmp/jido-bench.lock .venv/bin/python benchmarks/preemption.py --out benchmarks/results/preemption.md
+    flock /tmp/jido-bench.lock .venv/bin/python benchmarks/preemption.py \\
+        --out benchmarks/results/preemption-<date>-<cpu kind>.md
 """
 from __future__ import annotations
 

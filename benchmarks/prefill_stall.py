@@ -9,7 +9,8 @@ median such step, the steps' count and the long prompt's time to first token, fo
 Run alone, under the lock:
 
     flock /tmp/jido-bench.lock env PYTHONPATH=. .venv/bin/python benchmarks/prefill_stall.py \\
-        [--prompt-len 16384] [--streams 8] [--while-decoding 0 512] [--out benchmarks/results/prefill-stall.json]
+        [--prompt-len 16384] [--streams 8] [--while-decoding 0 512] \\
+        [--out benchmarks/results/prefill_stall-<date>-<cpu kind>.json]
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ kernel below 8 rows, the panel kernel packing every weight on every call from 8.
 interleaved, so drift on a shared machine hits them alike; figures are medians over ``--repeats`` rounds.
 
     flock /tmp/jido-bench.lock env PYTHONPATH=. .venv/bin/python benchmarks/prepacked_panels.py \\
-        [--batches 1 2 4 8 16] [--repeats 3] [--out benchmarks/results/prepacked-panels-<date>.json]
+        [--batches 1 2 4 8 16] [--repeats 3] [--out benchmarks/results/prepacked_panels-<date>-<cpu kind>.json]
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch
 from decode_step import time_decode
 
 from jido import LLM
-from jido.bench.machine import machine_info, now_iso
+from jido.bench.machine import cpu_kind, machine_info, now_iso
 from jido.layers import int8_dot
 from jido.runner.model_runner import weight_bytes
 
@@ -57,7 +57,7 @@ def main() -> None:
               "context": args.context, "steps": args.steps, "repeats": args.repeats,
               "weight_bytes": weight_bytes(model),
               "weight_bytes_without_panels": weight_bytes(model, prepacked=False), "rows": rows}
-    out = Path(args.out) if args.out else RESULTS / f"prepacked-panels-{result['date'][:10]}.json"
+    out = Path(args.out) if args.out else RESULTS / f"prepacked_panels-{result['date'][:10]}-{cpu_kind()}.json"
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {out}")
 

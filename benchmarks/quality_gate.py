@@ -21,8 +21,7 @@ from typing import Any
 
 from perplexity import engine_flags, parse_variant, unknown_settings
 
-from jido.bench.machine import describe_machine, machine_info, now_iso
-from jido.utils.cpu import cpu_info
+from jido.bench.machine import cpu_kind, describe_machine, machine_info, now_iso
 from jido.utils.text_domains import DOMAINS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"the default's largest excess per domain, in percent (default: {DEFAULT_GATE_PERCENT})")
     parser.add_argument("--lock", type=Path, default=Path("/tmp/jido-bench.lock"),
                         help="file locked around each run (default: /tmp/jido-bench.lock)")
-    parser.add_argument("--cpu-kind", default=None, help="the results file's CPU kind, e.g. zen4 (default: the ISA)")
+    parser.add_argument("--cpu-kind", default=None, help="the results file's CPU kind, e.g. zen4 (default: this CPU's)")
     return parser
 
 
@@ -104,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
               f"gate {args.gate}% for the default. {now_iso()}\n\nMachine: {describe_machine(machine_info())}\n")
     text = header + "\n" + table(runs, args.gate) + "\n"
     print(text)
-    kind = args.cpu_kind or cpu_info().as_dict().get("isa", "cpu")
+    kind = args.cpu_kind or cpu_kind()
     stem = f"quality_gate-{datetime.date.today().isoformat()}-{kind}-{model}"
     (RESULTS / f"{stem}.md").write_text(text, encoding="utf-8")
     (RESULTS / f"{stem}.json").write_text(json.dumps({"variants": dict(variants), "runs": runs}, indent=1) + "\n",

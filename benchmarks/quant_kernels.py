@@ -12,7 +12,8 @@ packs bf16) and torch's own weight-only ops (``_weight_int8pack_mm``, per-channe
 timed calls, all variants of a shape interleaved per repeat.
 
     flock /tmp/jido-bench.lock env PYTHONPATH=. .venv/bin/python benchmarks/quant_kernels.py \\
-        [--repeats 15] [--threads 2] [--rows 1,2,4,8,16,32] [--dtype float32] [--out benchmarks/results/quant-kernels-<date>.json]
+        [--repeats 15] [--threads 2] [--rows 1,2,4,8,16,32] [--dtype float32] \\
+        [--out benchmarks/results/quant_kernels-<date>-<cpu kind>.json]
 """
 from __future__ import annotations
 

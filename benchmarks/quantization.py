@@ -24,7 +24,7 @@ import torch
 from decode_step import time_decode
 
 from jido import LLM, SamplingParams
-from jido.bench.machine import machine_info, now_iso
+from jido.bench.machine import cpu_kind, machine_info, now_iso
 from jido.tools.roofline import held_weight_bytes
 
 RESULTS = Path(__file__).parent / "results"
@@ -125,7 +125,7 @@ def main() -> None:
                                                               "torch_threads": torch.get_num_threads()},
               "model": "gemma-3-270m (Q4_K_M GGUF)", "context": args.context, "prefill_tokens": args.prefill,
               "ppl_chunks": args.ppl_chunks, "repeats": args.repeats, "rows": list(rows.values())}
-    path = RESULTS / f"quantization-{result['date'][:10]}{args.tag}.json"
+    path = RESULTS / f"quantization-{result['date'][:10]}-{cpu_kind(result['machine'])}{args.tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {path}")
 

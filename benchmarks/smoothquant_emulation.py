@@ -11,7 +11,7 @@ head stays float. Calibration: ``--calibration-chunks`` chunks of the pydoc text
 on (disjoint from the chunks scored, which start at token 0).
 
     .venv/bin/python benchmarks/smoothquant_emulation.py --alphas 0.5 0.75 --kinds qkv o gate_up down \
-        --out benchmarks/results/smoothquant-emulation.json
+        --out benchmarks/results/smoothquant_emulation-<date>-<cpu kind>.json
 
 NOTE: the emulation wraps ``UnquantizedLinearMethod.apply`` in this process; it is a measurement, not a scheme.
 """

@@ -30,7 +30,7 @@ from jido import LLM, SamplingParams
 from jido.bench.config import BenchConfig
 from jido.bench.corpus import Corpus
 from jido.bench.datasets import sample_requests
-from jido.bench.machine import machine_info, now_iso
+from jido.bench.machine import cpu_kind, machine_info, now_iso
 from jido.bench.tokens import TokenizerJsonCounter
 from jido.models.loader import resolve_model
 from jido.tools.train_draft import held_out_text
@@ -213,7 +213,7 @@ def main() -> None:
                         help="the speed section's cases to run")
     parser.add_argument("--num-prompts", type=int, default=6, help="prompts per batch-1 workload")
     parser.add_argument("--output-len", type=int, default=96)
-    parser.add_argument("--out", default=str(RESULTS / f"spec_decode-{now_iso()[:10]}.json"))
+    parser.add_argument("--out", default=str(RESULTS / f"spec_decode-{now_iso()[:10]}-{cpu_kind()}.json"))
     parser.add_argument("--eagle-drafts", nargs="+", type=Path, default=[EAGLE],
                         help="EAGLE draft folders: the eagle case's configs use the first; each other adds a K = 3 "
                              "config of its own, so drafts compare in one run")

@@ -10,7 +10,8 @@ huge pages at one row of x, and the int8 panels against the bf16 copy (AMX CPUs)
 
 Medians of ``--repeats`` runs of each.
 
-    .venv/bin/python benchmarks/weight_streaming.py [--repeats 9] [--out benchmarks/results/weight-streaming-DATE.json]
+    .venv/bin/python benchmarks/weight_streaming.py [--repeats 9] \\
+        [--out benchmarks/results/weight_streaming-<date>-<cpu kind>.json]
 """
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 as median and spread, derived lines tied to their run, and a failed peer's exact error kept."""
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -209,7 +210,8 @@ def test_every_server_serves_the_named_model_and_its_results_get_their_own_file(
     monkeypatch.setattr(compare, "run_machine", lambda: dict(CPU, platform="Linux"))
     monkeypatch.setattr(compare, "decode_limit", lambda dtype, model, quantization=None: (30.0, 40.0, 300.0))
     path = compare.save({"jido[dtype=float32]": jido("float32", 100.0)}, [compare.WORKLOADS["batch1"]], qwen)
-    assert path.name.startswith(f"compare-{qwen}-") and json.loads(path.read_text())["model"] == qwen
+    assert path.name == f"compare-{datetime.date.today().isoformat()}-zen4-{qwen}.json"
+    assert json.loads(path.read_text())["model"] == qwen
     assert path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the engines side by side
 
 
