@@ -2,8 +2,8 @@
 
 The arithmetic of :func:`jido.layers.fp8_linear.quantize_rows_reference` (row maximum / 448, then each value over
 the scale, saturated, rounded to nearest even) with IEEE divisions; PyTorch's CUDA ops take six launches for it,
-and eager decode of a small model is bound by launches (measured on an H200: 0.14 ms for one fp8 call on a Gemma 3
-270M layer, of which 0.03 the matmul). Not bit-identical to PyTorch on a GPU, whose division by a tensor of
+and eager decode of a small model is bound by launches (on an H200 one fp8 call on a Gemma 3 270M layer spent most
+of its time outside the matmul). Not bit-identical to PyTorch on a GPU, whose division by a tensor of
 scales rounds differently in the last bit: on an H200, 0 to 101 of 50,688 codes (one step of e4m3 each) and some
 scales' last bits differed (benchmarks/results/gpu_session-2026-12-04-h200.md). Not run under Triton's interpreter: its
 fp8 conversion rounds differently from the GPU's (seen: 64 for a value PyTorch rounds to 128).

@@ -65,8 +65,9 @@ def resolve_dtype(dtype: str, device: torch.device, cpu: CpuInfo | None = None) 
 
 
 def resolve_quantization(quantization: str | None, device: torch.device, from_gguf: bool) -> str:
-    """The scheme to load with: as asked, else ``gguf`` for a GGUF model on CPU (the file's own codes, within 0.1% of
-    float32 GGUF-native perplexity on every held-out domain) and ``none`` otherwise.
+    """The scheme to load with: as asked, else ``gguf`` for a GGUF model on CPU (the file's own codes, which keep
+    float32 GGUF-native perplexity on every held-out domain:
+    benchmarks/results/quality_gate-2026-12-07-xeon-vnni-gemma-3-270m.md) and ``none`` otherwise.
 
     ``gguf_w8a8`` is opt-in: its prefill-sized steps on int8 GEMMs are faster in a bf16 model, but rounding x per token
     cost several percent of perplexity on text outside its calibration (docs/quantization.md has the figures per

@@ -79,7 +79,7 @@ class TrainDraftConfig:
     """Tokens the target generates per prompt."""
     corpus_windows: int = 256
     """Windows of the corpus (prompt_len + max_tokens tokens each) read through the target without generating:
-    its hidden states there follow the corpus, its predictions are still its own; ~5x cheaper per token."""
+    its hidden states there follow the corpus, its predictions are still its own; several times cheaper per token."""
     draft_vocab_size: int = 16384
     """Rows of the target's LM head the draft proposes from: the tokens most frequent in the data."""
     intermediate_size: int | None = None
