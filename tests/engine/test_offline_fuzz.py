@@ -15,6 +15,7 @@ from jido import LLM, SamplingParams
 
 GOOD = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
 MAX_TOKENS = 3  # generations of fuzzed SamplingParams are cut to this many tokens, to stay quick
+MAX_N = 4  # and to this many sequences: a drawn n of 15,000 is valid, and took many minutes to generate
 FIELDS = [f.name for f in dataclasses.fields(SamplingParams) if f.init]
 FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -58,7 +59,8 @@ def test_fuzzed_sampling_params_work_or_raise_naming_the_field(tiny_llm, kwargs)
         assert any(name in str(exc) for name in kwargs), f"{exc!r} names none of {sorted(kwargs)}"
         return
     max_tokens = min(params.max_tokens or MAX_TOKENS, MAX_TOKENS)
-    params = dataclasses.replace(params, max_tokens=max_tokens, min_tokens=min(params.min_tokens, max_tokens))
+    params = dataclasses.replace(params, max_tokens=max_tokens, min_tokens=min(params.min_tokens, max_tokens),
+                                 n=min(params.n, MAX_N))
     output = tiny_llm.generate("Hello", params, use_tqdm=False)[0]
     assert len(output.outputs) == params.n
     assert all(1 <= len(c.token_ids) <= max_tokens for c in output.outputs)
