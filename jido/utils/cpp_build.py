@@ -118,7 +118,7 @@ def load_ops_library(prefix: str, source: Path, purpose: str, fallback: str, isa
             log.parent.mkdir(parents=True, exist_ok=True)
             log.write_text(f"{purpose} ({source}, {isa}) failed to build or load:\n{message}\n", encoding="utf-8")
         BUILDS[prefix] = BuildOutcome(purpose, fallback, loaded=False, reason=reason, log=log)
-        logger.error("%s unavailable (%s); running %s instead, several times slower. The compiler's output is in %s; "
+        logger.error("%s unavailable (%s); using %s instead, several times slower. The compiler's output is in %s; "
                      "`%s` rebuilds every kernel and reports each", purpose, reason, fallback, log, REBUILD_COMMAND)
         return False
 
