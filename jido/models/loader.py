@@ -239,7 +239,11 @@ def _remove_older_versions(folder: Path) -> None:
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Write what an HF checkpoint folder says of a model besides its weights (config, tokenizer files, generation
     config) for a GGUF file into out_dir; the weights stay in the GGUF."""
-    model = gguf.open_gguf(gguf_path)
+    _write_model_files(gguf.open_gguf(gguf_path), out_dir)
+
+
+def _write_model_files(model: gguf.GGUFFile, out_dir: Path) -> dict[str, Any]:
+    """:func:`convert_gguf` on an opened file; returns the config it wrote."""
     config = gguf.hf_config(model)
     gguf.build_tokenizer(model).save(str(out_dir / "tokenizer.json"))
     _write_json(out_dir / "tokenizer_config.json", gguf.tokenizer_config(model))
@@ -249,14 +253,15 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         "pad_token_id": config["pad_token_id"],
     })
     _write_json(out_dir / "config.json", config)
+    return config
 
 
 def write_float_checkpoint(gguf_path: Path, out_dir: Path) -> None:
     """An HF checkpoint with float32 weights for a GGUF file, for engines that cannot read GGUF (the benchmarks' vLLM
     peer); jido itself never writes or reads one."""
-    convert_gguf(gguf_path, out_dir)
-    model = gguf.open_gguf(gguf_path)
-    tensors = {name: torch.from_numpy(w) for name, w in gguf.iter_hf_tensors(model, gguf.hf_config(model))}
+    model = gguf.open_gguf(gguf_path)  # once: parsing its metadata (a 262k-token vocabulary) is the slow part
+    config = _write_model_files(model, out_dir)
+    tensors = {name: torch.from_numpy(w) for name, w in gguf.iter_hf_tensors(model, config)}
     save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt", "source": gguf_path.name})
 
 

@@ -190,6 +190,18 @@ def test_llama_gguf_converts_back_to_the_hf_weights(tiny_llama, tmp_path: Path) 
     assert (config["head_dim"], config["num_key_value_heads"], config["vocab_size"]) == (HEAD_DIM, 1, len(TOKENS))
 
 
+def test_a_float_checkpoint_for_a_peer_holds_the_hf_weights_and_the_same_config(tiny_llama, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from jido.models.loader import write_float_checkpoint
+
+    path, weights = tiny_llama
+    write_float_checkpoint(path, tmp_path)
+    stored = load_file(tmp_path / "model.safetensors")
+    assert stored.keys() == weights.keys() and all(torch.equal(stored[n], w) for n, w in weights.items())
+    assert load_config(tmp_path) == load_config(resolve_model(str(path), cache_dir=tmp_path / "cache"))
+
+
 def test_llama_names_and_shapes_match_transformers(tiny_llama, tmp_path: Path) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
