@@ -4,12 +4,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from jido.config.size import check_positive_int
+from jido.config.size import check_positive_int, parse_size
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 DTYPES: tuple[str, ...] = get_args(DType)
 Quantization = Literal["none", "gguf", "gguf_w8a8", "int8", "int4", "w8a8", "fp8"]
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
+WEIGHTS_MEMORY_MODES = ("auto", "lean")
+
+
+def parse_weights_memory(value: int | str) -> int | str:
+    """``auto``, ``lean``, or a size in bytes (from 2147483648, "3GiB", "512MB", ...).
+
+    Raises:
+        ValueError: anything else, naming the accepted forms.
+    """
+    if isinstance(value, str) and value.strip().lower() in WEIGHTS_MEMORY_MODES:
+        return value.strip().lower()
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise ValueError(f"weights_memory must be auto, lean or a size like 3GiB, got {value!r}") from exc
 
 
 @dataclass(frozen=True)
@@ -38,6 +53,11 @@ class ModelConfig:
     attention_backend: str | None = None
     """The attention backend by registry name (torch, tiled, triton); it owns the KV cache layout (default: the
     fastest measured for the device, tiled on CPU and triton on CUDA, or torch where triton is not installed)."""
+    weights_memory: int | str = "auto"
+    """Memory for quantized weights: lean holds each layer's codes alone (steps of 2+ rows pack panels per call), a
+    size like 3GiB holds codes plus the faster copies that fit in it (prepacked panels, five-bit rows, int8 and bf16
+    prefill copies), auto the copies that fit in the memory left once the KV cache and step workspace are set aside.
+    The start-up log shows the table of what is held."""
     seed: int = 0
     """Seed of the engine's random state (requests seed their own sampling)."""
     enforce_eager: bool = False
@@ -53,6 +73,7 @@ class ModelConfig:
             check_positive_int("quantization_group_size", self.quantization_group_size)
         if self.max_model_len is not None:
             check_positive_int("max_model_len", self.max_model_len)
+        parse_weights_memory(self.weights_memory)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The quantization seam: a config picks each linear layer's method, which owns its weights and its matmul."""
 from __future__ import annotations
 
+import functools
 import importlib
 from abc import ABC, abstractmethod
 
@@ -9,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from jido.layers.parameter import WeightLoader, empty_parameter
+from jido.layers.weight_plan import LayoutCosts, WeightPlan
 from jido.utils.cpu import cpu_info
 
 _FEW_ROWS = 16  # up to this many rows, the LM head multiplies in the weight-major orientation
@@ -55,6 +57,12 @@ class LinearMethod(ABC):
         """Each row's argmax of :meth:`apply_logits` ([N] int64, the first of equals) where a kernel gives it without
         making the logits; None (the default) where the caller must make them."""
         return None
+
+    def layout_costs(self, layer: nn.Module, head: bool = False) -> LayoutCosts:
+        """What ``layer`` (``head``: the LM head) would hold once processed, read before it processes its weights:
+        the bytes of its codes and of each extra layout the weight plan may admit (:mod:`jido.layers.weight_plan`).
+        Nothing by default: a dense weight has no extra layouts."""
+        return LayoutCosts()
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Turn the loaded checkpoint tensors into the form :meth:`apply` runs fastest on (vLLM's hook).
@@ -135,6 +143,21 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+def layout_costs(model: nn.Module) -> LayoutCosts:
+    """The model's :meth:`LinearMethod.layout_costs` summed over its linear layers and its head, read after the
+    checkpoint is loaded and before :func:`process_weights_after_loading`."""
+    head = getattr(model, "lm_head", None)
+    total = LayoutCosts()
+    for module in model.modules():
+        method = getattr(module, "linear_method", None)
+        if method is not None and module is not head:
+            total = total + method.layout_costs(module)
+    logits_method = getattr(model, "logits_method", None)
+    if logits_method is not None:
+        total = total + logits_method.layout_costs(model.lm_head, head=True)
+    return total
+
+
 def process_weights_after_loading(model: nn.Module) -> None:
     """Give every linear layer's method, and the LM head's, its chance to repack the loaded weights. An untied head
     is a linear layer too, but only its logits method processes it (``process_logits_weights_after_loading``): no
@@ -158,6 +181,12 @@ class QuantizationConfig(ABC):
     """A checkpoint's quantization scheme: chooses the :class:`LinearMethod` of every linear layer."""
 
     name: str
+
+    @functools.cached_property
+    def plan(self) -> WeightPlan:
+        """The layouts every layer of this config holds beside its codes: all of them until the loader settles it
+        under ``weights_memory``; the methods this config makes share it."""
+        return WeightPlan()
 
     @abstractmethod
     def get_linear_method(self, layer: nn.Module) -> LinearMethod:

@@ -30,6 +30,8 @@ from jido.layers.parameter import WeightLoader
 from jido.layers.quantization import (LinearMethod, QuantizationConfig, UnquantizedLinearMethod, pack_dense,
                                      packed_linear)
 from jido.layers.quant_kernels import QuantizedWeight
+from jido.layers.weight_plan import (AMX_GEMM, BF16_COPY, FIVE_BITS, PANELS, PREFILL_INT8, LayoutCosts,
+                                     WeightPlan)
 from jido.utils.cpu import cpu_info
 
 logger = logging.getLogger(__name__)
@@ -58,8 +60,10 @@ BF16_COPY_ROWS_HINT_AMX = 2048
 # from bf16_copy_min_rows up to that, as under gguf.
 PREFILL_W8A8_MIN_ROWS = BF16_COPY_MIN_ROWS_AMX
 # The kernels a bound layer (see QuantizedLinearMethod._bind) runs a step on: gguf_w8a8's int8 prefill copy, the bf16
-# copy, the AMX int8 GEMM, oneDNN's int8 GEMM on w8a8's codes, the prepacked panels, five-bit rows, the rows kernel.
-_ON_PREFILL_INT_MM, _ON_BF16_COPY, _ON_AMX_GEMM, _ON_INT_MM, _ON_PANELS, _ON_FIVE_BITS, _ON_ROWS = range(7)
+# copy, the AMX int8 GEMM, oneDNN's int8 GEMM on w8a8's codes, the prepacked panels, panels packed for the call (a
+# layer the weight plan gave none), five-bit rows, the rows kernel.
+(_ON_PREFILL_INT_MM, _ON_BF16_COPY, _ON_AMX_GEMM, _ON_INT_MM, _ON_PANELS, _ON_CALL_PANELS, _ON_FIVE_BITS,
+ _ON_ROWS) = range(8)
 
 
 @dataclass(frozen=True)
@@ -121,15 +125,20 @@ class QuantizedLinearMethod(LinearMethod):
     an int8 copy of the dequantized weight, smoothed as w8a8 is (:meth:`smooth`): on AMX tiles from
     :data:`PREFILL_W8A8_MIN_ROWS` rows (``qgemm``), elsewhere on oneDNN's int8 GEMM from ``int8_dot.INT_MM_MIN_ROWS``
     (``qint_mm``); the codes (and a bf16 copy, where ``gguf`` keeps one) serve the rest as under ``gguf``.
+    ``plan``: which of those copies (panels, five-bit rows, the int8 and bf16 copies) the layer may hold
+    (:mod:`jido.layers.weight_plan`); every one by default. Without panels, steps of two rows or more pack them per
+    call: the same sums, so the same outputs.
     """
 
     def __init__(self, bits: int | None, group_size: int | None, per_token: bool = False,
-                 panel_min_rows: int = int8_dot.PREPACKED_MIN_ROWS, prefill_w8a8: bool = False) -> None:
+                 panel_min_rows: int = int8_dot.PREPACKED_MIN_ROWS, prefill_w8a8: bool = False,
+                 plan: WeightPlan | None = None) -> None:
         self.bits = bits
         self.group_size = group_size
         self.per_token = per_token
         self.panel_min_rows = panel_min_rows
         self.prefill_w8a8 = prefill_w8a8
+        self.plan = plan or WeightPlan()
         self.dense = UnquantizedLinearMethod()
 
     def create_weights(
@@ -256,6 +265,33 @@ class QuantizedLinearMethod(LinearMethod):
         self._bind(layer)
         return smoothed
 
+    def layout_costs(self, layer: nn.Module, head: bool = False) -> LayoutCosts:
+        # Estimates from the staged codes' shape and types (or the float weight's shape), before any packing: panels
+        # hold a byte a code plus float32 scales (and mins) per 32; five-bit rows 20 bytes per 32 codes.
+        staged: dict[str | None, QuantizedCodes] = getattr(layer, "staged_codes", {})
+        if not staged and self.bits is None:
+            return LayoutCosts()  # gguf: a float tensor stays dense
+        rows, cols = layer.weight.shape
+        weights = rows * cols
+        bits = self.bits or (4 if all(c.source.startswith("Q4") for c in staged.values()) else 8)
+        offsets = any(c.offsets is not None for c in staged.values()) or bits == 4
+        group = min((c.group_size for c in staged.values()), default=self.group_size or cols)
+        scale_bytes = -(-cols // group) * rows * 4 * (2 if offsets else 1)
+        codes = LayoutCosts(weights * bits // 8 + scale_bytes)
+        if not _int8_kernels_run(group, cols):
+            return codes
+        extras = {PANELS: weights + weights // 8 * (2 if offsets else 1)}
+        if staged and all(c.source == "Q5_0" for c in staged.values()):
+            extras[FIVE_BITS] = weights * 20 // 32
+        model_dtype = layer.weight.dtype
+        if not head and self.per_token and int8_dot.amx_runs() and cols % 64 == 0:
+            extras[AMX_GEMM] = weights + rows * 4
+        if not head and self.prefill_w8a8 and model_dtype == torch.bfloat16:
+            extras[PREFILL_INT8] = weights + rows * 4
+        if not head and not self.per_token and keeps_bf16_copy(model_dtype, layer.weight.device):
+            extras[BF16_COPY] = 2 * weights
+        return codes + LayoutCosts(0, extras)
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         from_float = not getattr(layer, "staged_codes", None)
         qweight = self._quantized(layer)
@@ -266,9 +302,9 @@ class QuantizedLinearMethod(LinearMethod):
         if self.per_token and from_float:  # kept until the runner smooths the layer (see observe_inputs)
             layer.smoothing_source = layer.weight.detach()
         self._hold(layer, qweight)
-        if self.prefill_w8a8:
+        if self.prefill_w8a8 and self.plan.holds(PREFILL_INT8):
             self._keep_prefill_copy(layer, qweight, model_dtype)
-        if not hasattr(layer, "qgemm"):  # on AMX the int8 copy serves every step the bf16 copy would
+        if not hasattr(layer, "qgemm") and self.plan.holds(BF16_COPY):  # on AMX the int8 copy serves those steps
             self._keep_bf16_copy(layer, model_dtype)
         self._bind(layer)
 
@@ -278,8 +314,7 @@ class QuantizedLinearMethod(LinearMethod):
         qweight = layer.qweight
         if self.per_token or not keeps_bf16_copy(model_dtype, qweight.data.device):
             return
-        panels = getattr(layer, "qpanels", None)
-        on_amx = panels is not None and panels.amx
+        on_amx = int8_dot.runs(qweight) and int8_dot.amx_runs()
         # The copy serves prefill-sized steps only where the AMX panels take the rest (see pack_dense).
         layer.qdense = pack_dense(quant_kernels.dequantize(qweight).to(torch.bfloat16),
                                   BF16_COPY_ROWS_HINT_AMX if on_amx else 1)
@@ -313,18 +348,20 @@ class QuantizedLinearMethod(LinearMethod):
             layer.__dict__.pop(packing, None)
         layer.qweight = qweight
         if int8_dot.runs(qweight):
-            layer.qpanels = int8_dot.pack_panels(qweight, self.per_token)
-            if int8_dot.fits_five_bits(qweight):
+            if self.plan.holds(PANELS):
+                layer.qpanels = int8_dot.pack_panels(qweight, self.per_token)
+            if self.plan.holds(FIVE_BITS) and int8_dot.fits_five_bits(qweight):
                 layer.qfive = int8_dot.pack_five_bits(qweight)
-            if gemm and self.per_token and int8_dot.takes_amx_gemm(qweight):
+            if gemm and self.per_token and self.plan.holds(AMX_GEMM) and int8_dot.takes_amx_gemm(qweight):
                 layer.qgemm = self._prefill_gemm(layer, qweight, model_dtype)
 
     def _keep_prefill_copy(self, layer: nn.Module, qweight: QuantizedWeight, model_dtype: torch.dtype) -> None:
         """``gguf_w8a8``: give the layer its int8 prefill copy (unsmoothed until the runner calibrates it, from the
         dequantized weight it keeps as the smoothing source meanwhile) in a bf16 model where the int8 kernels run (on
         AMX tiles, for a K that is a multiple of 64)."""
-        panels = getattr(layer, "qpanels", None)
-        if model_dtype != torch.bfloat16 or panels is None or (panels.amx and qweight.shape[1] % 64):
+        if model_dtype != torch.bfloat16 or not int8_dot.runs(qweight):
+            return
+        if int8_dot.amx_runs() and qweight.shape[1] % 64:
             return
         source = quant_kernels.dequantize(qweight).to(model_dtype)
         layer.smoothing_source = source
@@ -333,7 +370,7 @@ class QuantizedLinearMethod(LinearMethod):
     def _set_prefill_copy(self, layer: nn.Module, qweight: QuantizedWeight, model_dtype: torch.dtype) -> None:
         """``gguf_w8a8``'s int8 copy ``qweight`` (per output channel), packed for the AMX GEMM where the layer's panels
         run on tiles (``qgemm``), else as it is for ``torch._int_mm`` (``qint_mm``)."""
-        if layer.qpanels.amx:
+        if int8_dot.amx_runs():
             layer.qgemm = self._prefill_gemm(layer, qweight, model_dtype)
         else:
             layer.qint_mm = qweight
@@ -357,9 +394,10 @@ class QuantizedLinearMethod(LinearMethod):
         Python time to each (benchmarks/results/report-2026-12-03-avx2-epyc-step-overhead.md). The weights are read
         from the layer at each call: moving them into huge pages
         replaces them after load."""
-        if not hasattr(layer, "qpanels"):
+        if not int8_dot.runs(layer.qweight):
             return  # the int8 kernels do not run here: apply's other routes
         five, per_token, panel_min_rows = hasattr(layer, "qfive"), self.per_token, self.panel_min_rows
+        panels = hasattr(layer, "qpanels")
         int_mm = per_token and int8_dot.takes_int_mm(layer.qweight)
         prefill_int_mm = hasattr(layer, "qint_mm")
         plain_gemm = hasattr(layer, "qgemm") and not layer.qgemm.gated
@@ -381,7 +419,7 @@ class QuantizedLinearMethod(LinearMethod):
             if int_mm and rows >= int8_dot.INT_MM_MIN_ROWS:
                 return _ON_INT_MM
             if rows >= panel_min_rows:
-                return _ON_PANELS
+                return _ON_PANELS if panels else _ON_CALL_PANELS
             return _ON_FIVE_BITS if five and rows == 1 else _ON_ROWS
 
         def linear(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -398,6 +436,8 @@ class QuantizedLinearMethod(LinearMethod):
                 x = x * inv
             if on == _ON_PANELS:
                 return int8_dot.panel_linear(x, layer.qpanels, bias)
+            if on == _ON_CALL_PANELS:
+                return int8_dot.int8_dot_linear(x, layer.qweight, bias, per_token, panels=True)
             if on == _ON_FIVE_BITS:
                 return int8_dot.five_bit_linear(x, layer.qfive, bias, per_token)
             return int8_dot.int8_dot_linear(x, layer.qweight, bias, per_token)
@@ -405,7 +445,7 @@ class QuantizedLinearMethod(LinearMethod):
         def argmax(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
             """Each row's argmax of ``linear(x, bias)`` where that runs on vector panels (their kernel gives it
             without the outputs); else None. AMX panels have their own (see greedy_token_ids)."""
-            if inv is not None or layer.qpanels.amx or route(x.shape[0], x.dtype) != _ON_PANELS:
+            if inv is not None or not panels or layer.qpanels.amx or route(x.shape[0], x.dtype) != _ON_PANELS:
                 return None
             return int8_dot.panel_argmax(x, layer.qpanels, bias)
 
@@ -419,6 +459,12 @@ class QuantizedLinearMethod(LinearMethod):
         if self.bits is None:
             return None  # gguf: a tensor the file stores in float stays a dense float weight
         return quant_kernels.quantize(layer.weight.detach().float(), self.bits, self.group_size)
+
+
+def _int8_kernels_run(group_size: int, cols: int) -> bool:
+    """Whether jido's int8 kernels are built here and take codes in groups of ``group_size`` (see int8_dot.supports)."""
+    supported = group_size == 16 or group_size % int8_dot.BLOCK == 0 or group_size >= cols
+    return supported and int8_dot.load_int8_dot_ops() is not None
 
 
 def smoothing_factors(input_max: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -496,7 +542,7 @@ class GGUFConfig(QuantizationConfig):
             raise ValueError("gguf keeps the file's own groups; quantization_group_size does not apply")
 
     def get_linear_method(self, layer: nn.Module) -> LinearMethod:
-        return QuantizedLinearMethod(bits=None, group_size=None)
+        return QuantizedLinearMethod(bits=None, group_size=None, plan=self.plan)
 
 
 class GGUFW8A8Config(GGUFConfig):
@@ -508,10 +554,10 @@ class GGUFW8A8Config(GGUFConfig):
     name = "gguf_w8a8"
 
     def get_linear_method(self, layer: nn.Module) -> LinearMethod:
-        return QuantizedLinearMethod(bits=None, group_size=None, prefill_w8a8=True)
+        return QuantizedLinearMethod(bits=None, group_size=None, prefill_w8a8=True, plan=self.plan)
 
     def get_logits_method(self, head: nn.Module) -> LinearMethod:
-        return QuantizedLinearMethod(bits=None, group_size=None)  # the head reads only the sampled rows: gguf's route
+        return QuantizedLinearMethod(bits=None, group_size=None, plan=self.plan)  # the head reads only the sampled rows: gguf's route
 
 
 class Int8Config(QuantizationConfig):
@@ -523,7 +569,7 @@ class Int8Config(QuantizationConfig):
         self.group_size = _checked_group_size(group_size)
 
     def get_linear_method(self, layer: nn.Module) -> LinearMethod:
-        return QuantizedLinearMethod(bits=8, group_size=self.group_size)
+        return QuantizedLinearMethod(bits=8, group_size=self.group_size, plan=self.plan)
 
 
 class Int4Config(QuantizationConfig):
@@ -539,10 +585,10 @@ class Int4Config(QuantizationConfig):
         self.group_size = _checked_group_size(group_size) or DEFAULT_INT4_GROUP_SIZE
 
     def get_linear_method(self, layer: nn.Module) -> LinearMethod:
-        return QuantizedLinearMethod(bits=4, group_size=self.group_size)
+        return QuantizedLinearMethod(bits=4, group_size=self.group_size, plan=self.plan)
 
     def get_logits_method(self, head: nn.Module) -> LinearMethod:
-        return QuantizedLinearMethod(bits=8, group_size=TABLE_GROUP_SIZE)
+        return QuantizedLinearMethod(bits=8, group_size=TABLE_GROUP_SIZE, plan=self.plan)
 
 
 class W8A8Config(QuantizationConfig):
@@ -557,7 +603,7 @@ class W8A8Config(QuantizationConfig):
             raise ValueError("w8a8 scales weights per output channel; quantization_group_size does not apply")
 
     def get_linear_method(self, layer: nn.Module) -> LinearMethod:
-        return QuantizedLinearMethod(bits=8, group_size=None, per_token=True)
+        return QuantizedLinearMethod(bits=8, group_size=None, per_token=True, plan=self.plan)
 
 
 def _checked_group_size(group_size: int | None) -> int | None:

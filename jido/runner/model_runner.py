@@ -20,7 +20,9 @@ from jido.kvtransfer.factory import connector_name, make_worker_connector
 from jido.kvtransfer.layerwise import LayerwiseHooks
 from jido.layers.fp8_linear import MIN_CAPABILITY as MIN_FP8_CAPABILITY
 from jido.layers.parameter import default_device_and_dtype
-from jido.layers.quantization import GGUF_SCHEMES, get_quantization_config, process_weights_after_loading
+from jido.layers.quantization import (GGUF_SCHEMES, get_quantization_config, layout_costs,
+                                     process_weights_after_loading)
+from jido.layers.weight_plan import WeightPlan, choose_extras, format_table, held_layouts
 from jido.models.config import ModelArchConfig
 from jido.models.loader import CODES_FILE, gguf_source, iter_quantized_weights, iter_weights, load_config
 from jido.models.registry import get_model_class
@@ -36,6 +38,7 @@ from jido.sampling.metadata import SamplingMetadata, with_grammar
 from jido.sampling.rejection_sampler import VerifiedTokens
 from jido.sampling.sampler import Sampler
 from jido.utils.cpu import CpuInfo, cpu_info
+from jido.utils.host_memory import StepWorkspace, mem_available_bytes
 from jido.utils.huge_pages import move_weights_to_huge_pages, thp_mode, zeros_in_huge_pages
 
 logger = logging.getLogger("jido")
@@ -121,9 +124,14 @@ def layer_kv_specs(arch: ModelArchConfig, block_size: int, kv_cache_dtype: torch
 
 def load_model(folder: Path, arch: ModelArchConfig, attn_backend: AttentionBackend, device: torch.device,
                dtype: torch.dtype, quantization: str, quantization_group_size: int | None,
-               parallel: ModelParallel | None = None) -> torch.nn.Module:
+               parallel: ModelParallel | None = None, weights_memory: int | str | None = None,
+               reserved_bytes: int = 0) -> torch.nn.Module:
     """A model built on ``device`` in ``dtype`` from its checkpoint folder (``parallel``'s shard of it: its
-    layers, its heads), weights processed, in eval mode."""
+    layers, its heads), weights processed, in eval mode.
+
+    ``weights_memory`` (``auto``, ``lean`` or a size; None: every layout) settles the weight plan of a quantized
+    model (:mod:`jido.layers.weight_plan`); under ``auto`` the copies get what the host has available less
+    ``reserved_bytes`` (the KV cache and step workspace to come), shared among the ranks."""
     start = time.perf_counter()
     model_class = get_model_class(arch.architecture)
     quant_config = get_quantization_config(quantization, quantization_group_size)
@@ -131,7 +139,13 @@ def load_model(folder: Path, arch: ModelArchConfig, attn_backend: AttentionBacke
     with default_device_and_dtype(device, dtype), building_for(parallel or ModelParallel.single()):
         model = model_class(arch, attn_backend, quant_config)
     model.load_weights(iter_quantized_weights(folder) if quantization in GGUF_SCHEMES else iter_weights(folder))
+    if weights_memory is not None:
+        _settle_weight_plan(model, quant_config.plan, weights_memory, device, reserved_bytes,
+                            (parallel or ModelParallel.single()).world_size)
     process_weights_after_loading(model)
+    held = held_layouts(model)
+    if held:
+        logger.info("weights held (%s):\n%s", quant_config.plan.reason, format_table(held))
     if device.type == "cpu":
         moved = move_weights_to_huge_pages(model)
         logger.info("%s of weights in transparent huge pages (THP %s)", _mib(moved), thp_mode())
@@ -139,6 +153,22 @@ def load_model(folder: Path, arch: ModelArchConfig, attn_backend: AttentionBacke
     logger.info("loaded %s (%s, %s, quantization %s) in %.1f s", folder.name, device, dtype, quantization,
                 time.perf_counter() - start)
     return model
+
+
+# Left to the process itself (Python, torch, the tokenizer) when weights_memory=auto sizes the copies.
+RUNTIME_HEADROOM_BYTES = 1 << 30
+
+
+def _settle_weight_plan(model: torch.nn.Module, plan: WeightPlan, weights_memory: int | str, device: torch.device,
+                        reserved_bytes: int, ranks: int) -> None:
+    """Settle ``plan`` from the model's layout costs (read before its layers process their weights)."""
+    costs = layout_costs(model)
+    if not costs.extras:
+        return
+    available = mem_available_bytes() if device.type == "cpu" else None
+    if available is not None:
+        available = max(0, (available - reserved_bytes - RUNTIME_HEADROOM_BYTES) // max(1, ranks))
+    plan.settle(*choose_extras(weights_memory, costs, available))
 
 
 class ModelRunner:
@@ -188,7 +218,8 @@ class ModelRunner:
     def _load_model(self) -> torch.nn.Module:
         model = load_model(self.model_folder, self.model_arch, self.layer_hooks or self.attn_backend, self.device,
                            self.dtype, self.quantization, self.config.model_config.quantization_group_size,
-                           self.parallel)
+                           self.parallel, self.config.model_config.weights_memory,
+                           self.config.cache_config.kv_cache_bytes + self.step_workspace().bytes)
         if self.parallel.world_size > 1:
             logger.info("rank %d holds %s of weights: layers %d-%d of %d, %d of %d query heads and %d of %d KV heads "
                         "per layer", self.parallel.rank, _mib(weight_bytes(model)), self.layer_ids.start,
@@ -196,6 +227,12 @@ class ModelRunner:
                         self.model_arch.num_heads // self.parallel.tp.world_size, self.model_arch.num_heads,
                         self.num_kv_heads, self.model_arch.num_kv_heads)
         return model
+
+    def step_workspace(self) -> StepWorkspace:
+        """What a step of this engine's largest size allocates beside the weights and the KV cache."""
+        arch, sched = self.model_arch, self.config.scheduler_config
+        return StepWorkspace(sched.max_num_seqs, sched.max_num_batched_tokens, arch.vocab_size, arch.hidden_size,
+                             arch.intermediate_size)
 
     def get_kv_cache_spec(self) -> dict[int, KVCacheSpec]:
         """What each of this stage's attention layers keeps per token (its KV heads): full context, or a window;

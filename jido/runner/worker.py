@@ -13,7 +13,7 @@ from jido.parallel.group import CommStats
 from jido.parallel.state import ModelParallel, destroy_model_parallel, init_model_parallel
 from jido.runner.model_runner import ModelRunner, resolve_device, weight_bytes
 from jido.runner.pipeline_runner import PipelineModelRunner
-from jido.utils.host_memory import StepWorkspace, check_kv_cache_fits, mem_available_bytes
+from jido.utils.host_memory import check_kv_cache_fits, mem_available_bytes
 from jido.utils.malloc_policy import give_back_free_memory, keep_freed_blocks
 
 
@@ -58,14 +58,9 @@ class Worker:
         kv_cache_bytes = self.config.cache_config.kv_cache_bytes
         if self.runner.device.type == "cpu":
             give_back_free_memory()  # what the load freed is available, and counted so
-            check_kv_cache_fits(kv_cache_bytes, self._step_workspace(), weight_bytes(self.runner.model),
+            check_kv_cache_fits(kv_cache_bytes, self.runner.step_workspace(), weight_bytes(self.runner.model),
                                 mem_available_bytes())
         return kv_cache_bytes
-
-    def _step_workspace(self) -> StepWorkspace:
-        arch, sched = self.runner.model_arch, self.config.scheduler_config
-        return StepWorkspace(sched.max_num_seqs, sched.max_num_batched_tokens, arch.vocab_size, arch.hidden_size,
-                             arch.intermediate_size)
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         self.runner.initialize_kv_cache(kv_cache_config)
