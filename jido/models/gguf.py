@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gguf.gguf_reader import ReaderTensor
 from gguf.quants import dequantize
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
@@ -106,6 +107,98 @@ def open_gguf(path: Path) -> GGUFFile:
     if arch not in ARCHS:
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported; supported: {sorted(ARCHS)}")
     return GGUFFile(path, metadata, list(reader.tensors))
+
+
+class IndexedTensor(NamedTuple):
+    """A tensor found by :func:`open_gguf_index`: what :func:`iter_raw_tensors` reads of gguf-py's ReaderTensor."""
+
+    name: str
+    shape: tuple[int, ...]  # as GGUF lists dimensions: innermost first
+    tensor_type: GGMLQuantizationType
+    data: np.ndarray  # uint8, the tensor's bytes in the memory-mapped file
+
+
+# GGUF value types (gguf-py's GGUFValueType) with a fixed size: struct format of one value.
+_FIXED = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+
+
+def open_gguf_index(path: Path) -> GGUFFile:
+    """Open a GGUF file for its tensors alone: scalar and string metadata, array metadata (the vocabulary) skipped,
+    and each tensor's bytes a view of the file mapped read-only (the page cache, shared between processes).
+
+    gguf-py's reader turns every vocabulary entry into numpy views (seconds for a 262k-token vocabulary); loading
+    weights needs none of them. Raises ValueError as :func:`open_gguf` does.
+    """
+    try:
+        mapped = np.memmap(path, dtype=np.uint8, mode="r")
+        return _index(path, mapped)
+    except (ValueError, IndexError, KeyError, OSError, struct.error) as exc:
+        raise ValueError(f"{path}: not a readable GGUF file, cut short or corrupt ({type(exc).__name__}: {exc}); "
+                         "copy or download it again") from exc
+
+
+def _index(path: Path, mapped: np.ndarray) -> GGUFFile:
+    buffer = memoryview(mapped)
+    if bytes(buffer[:4]) != GGUF_MAGIC:
+        raise ValueError("no GGUF magic")
+    version, num_tensors, num_kv = struct.unpack_from("<IQQ", buffer, 4)
+    if version < 2:
+        raise ValueError(f"GGUF version {version} is not supported (2 or later)")
+    offset = 24
+    metadata: dict[str, Any] = {}
+    for _ in range(num_kv):
+        key, offset = _string(buffer, offset)
+        (value_type,), offset = struct.unpack_from("<I", buffer, offset), offset + 4
+        metadata[key], offset = _value(buffer, offset, value_type)
+    arch = metadata.get("general.architecture")
+    if arch not in ARCHS:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {sorted(ARCHS)}")
+    infos = []
+    for _ in range(num_tensors):
+        name, offset = _string(buffer, offset)
+        (num_dims,), offset = struct.unpack_from("<I", buffer, offset), offset + 4
+        dims = struct.unpack_from(f"<{num_dims}Q", buffer, offset)
+        tensor_type, data_offset = struct.unpack_from("<IQ", buffer, offset + 8 * num_dims)
+        offset += 8 * num_dims + 12
+        infos.append((name, tuple(int(d) for d in dims), GGMLQuantizationType(tensor_type), data_offset))
+    alignment = int(metadata.get("general.alignment", 32))
+    start = -(-offset // alignment) * alignment
+    tensors = []
+    for name, dims, tensor_type, data_offset in infos:
+        block_size, type_size = GGML_QUANT_SIZES[tensor_type]
+        nbytes = int(np.prod(dims)) // block_size * type_size
+        begin = start + data_offset
+        if begin + nbytes > mapped.size:
+            raise ValueError(f"tensor {name} ends past the end of the file ({mapped.size} bytes)")
+        tensors.append(IndexedTensor(name, dims, tensor_type, mapped[begin:begin + nbytes]))
+    return GGUFFile(path, metadata, tensors)  # type: ignore[arg-type]
+
+
+def _string(buffer: memoryview, offset: int) -> tuple[str, int]:
+    (length,) = struct.unpack_from("<Q", buffer, offset)
+    end = offset + 8 + length
+    if end > len(buffer):
+        raise ValueError("a string runs past the end of the file")
+    return bytes(buffer[offset + 8:end]).decode("utf-8", errors="replace"), end
+
+
+def _value(buffer: memoryview, offset: int, value_type: int) -> tuple[Any, int]:
+    """One metadata value and the offset after it; an array is skipped (None)."""
+    if value_type == _STRING:
+        return _string(buffer, offset)
+    if value_type in _FIXED:
+        fmt = "<" + _FIXED[value_type]
+        return struct.unpack_from(fmt, buffer, offset)[0], offset + struct.calcsize(fmt)
+    if value_type != _ARRAY:
+        raise ValueError(f"unknown GGUF value type {value_type}")
+    item_type, count = struct.unpack_from("<IQ", buffer, offset)
+    offset += 12
+    if item_type in _FIXED:
+        return None, offset + count * struct.calcsize("<" + _FIXED[item_type])
+    for _ in range(count):  # strings (or nested arrays): walked, not kept
+        offset = _value(buffer, offset, item_type)[1]
+    return None, offset
 
 
 def hf_name(gguf_name: str, spec: ArchSpec) -> str | None:

@@ -5,18 +5,24 @@ in a row (K-quants nest the group scales in 256-value super-blocks: ``scale = d 
 Decoding each block into its integer codes ``q`` and float32 ``scale`` / ``offset`` keeps the file's exact
 values, so a kernel that computes ``scale * q + offset`` reproduces llama.cpp's weights, and nothing has to
 be re-quantized. The bit layouts follow the ``gguf`` package's ``dequantize_blocks``, which the tests check
-these decoders against.
+these decoders against. Q4_K and Q6_K, most of a K-quant file, decode in C++ where it builds
+(``csrc/gguf_decode.cpp``: the same values, bit for bit, in one pass); the numpy decoders are the reference.
 """
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import Q4_K
 
 QK_K = 256  # values in a K-quant super-block
+SOURCE = Path(__file__).parent / "csrc" / "gguf_decode.cpp"
 
 
 class GroupCodes(NamedTuple):
@@ -33,8 +39,20 @@ def supported(tensor_type: GGMLQuantizationType) -> bool:
     return tensor_type in _DECODERS
 
 
-def decode(data: np.ndarray, tensor_type: GGMLQuantizationType, shape: tuple[int, ...]) -> GroupCodes:
-    """The codes of a 2-D tensor ``shape`` (``[rows, cols]``) stored as ``data`` (uint8, whole blocks per row).
+@functools.cache
+def load_decode_ops(source: Path = SOURCE) -> object | None:
+    """``torch.ops.jido_gguf_decode`` built from ``source``, or None (with an error naming the numpy fallback)."""
+    from jido.utils.cpp_build import load_ops_library
+
+    if not load_ops_library("jido_gguf_decode", source, "C++ GGUF block decoders", "the numpy decoders"):
+        return None
+    return torch.ops.jido_gguf_decode
+
+
+def decode(data: np.ndarray, tensor_type: GGMLQuantizationType, shape: tuple[int, ...],
+           reference: bool = False) -> GroupCodes:
+    """The codes of a 2-D tensor ``shape`` (``[rows, cols]``) stored as ``data`` (uint8, whole blocks per row);
+    ``reference``: by the numpy decoders even where the C++ ones run.
 
     Raises:
         ValueError: the type is not one :func:`supported` accepts, or the bytes do not fill ``shape``.
@@ -47,7 +65,10 @@ def decode(data: np.ndarray, tensor_type: GGMLQuantizationType, shape: tuple[int
     if cols % block_size or data.size != rows * cols // block_size * type_size:
         raise ValueError(f"{tensor_type.name} data of {data.size} bytes does not hold a [{rows}, {cols}] tensor")
     blocks = np.ascontiguousarray(data).reshape(-1, type_size)
-    q, scales, offsets, group_size = _DECODERS[tensor_type](blocks)
+    native = None if reference else _NATIVE.get(tensor_type)
+    ops = load_decode_ops() if native is not None else None
+    decoder = _DECODERS[tensor_type] if ops is None else functools.partial(native, ops)
+    q, scales, offsets, group_size = decoder(blocks)
     groups = cols // group_size
     return GroupCodes(
         q.reshape(rows, cols).astype(np.int8, copy=False),
@@ -133,6 +154,24 @@ def _q6_k(blocks: np.ndarray) -> _Decoded:
     return q, d * sc, None, 16
 
 
+def _blocks_tensor(blocks: np.ndarray) -> torch.Tensor:
+    """The blocks as a uint8 tensor sharing their memory, read-only (the file's mapping) or not."""
+    with warnings.catch_warnings():  # torch warns that a read-only array could be written through it: never here
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(blocks)
+
+
+def _native_q4_k(ops: object, blocks: np.ndarray) -> _Decoded:
+    q, scales, offsets = ops.decode_q4_k(_blocks_tensor(blocks))
+    return q.numpy(), scales.numpy(), offsets.numpy(), 32
+
+
+def _native_q6_k(ops: object, blocks: np.ndarray) -> _Decoded:
+    q, scales = ops.decode_q6_k(_blocks_tensor(blocks))
+    return q.numpy(), scales.numpy(), None, 16
+
+
+_NATIVE = {GGMLQuantizationType.Q4_K: _native_q4_k, GGMLQuantizationType.Q6_K: _native_q6_k}
 _DECODERS: dict[GGMLQuantizationType, Callable[[np.ndarray], _Decoded]] = {
     GGMLQuantizationType.Q8_0: _q8_0,
     GGMLQuantizationType.Q4_0: _q4_0,

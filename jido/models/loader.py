@@ -1,8 +1,9 @@
 """Resolves a model argument to an HF checkpoint folder (a GGUF file's metadata written out once) and reads its weights.
 
 A GGUF model's folder holds what the file describes (config, tokenizer, generation config) and the name of the file;
-its weights are always read from the GGUF itself: quantized codes for the GGUF schemes (decoded once into
-``CODES_FILE``), float values decoded a tensor at a time for the others. No float copy of a GGUF model is written.
+its weights are always read from the GGUF itself, mapped read-only: quantized codes for the GGUF schemes, float
+values for the others, decoded a tensor at a time at every load. Nothing derived from the weights is written: the
+folder stays a few MiB beside the file, and no cache can go stale or be left half-written.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from jido.models.named import DEFAULT_MODEL
 
 logger = logging.getLogger(__name__)
 
-CODES_FILE = "gguf_codes.safetensors"  # in a converted folder: its GGUF's quantized tensors, decoded once
 SOURCE_MARKER = "jido_gguf_source.json"  # in a converted folder: the GGUF it came from, for quantized loading
-# Bumped when converted folders change (2: they name their source GGUF; 3: no float32 model.safetensors).
-CONVERSION_VERSION = 3
+# Bumped when converted folders change (2: they name their source GGUF; 3: no float32 model.safetensors; 4: no
+# decoded codes either, which took twice the file's size for four-bit files).
+CONVERSION_VERSION = 4
 _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
 ACCEPTED = ("a .gguf file, an HF checkpoint folder with config.json and *.safetensors, or a model name "
             f"({', '.join(named.NAMED_MODELS)}; `jido models` lists them)")
@@ -73,8 +74,7 @@ def iter_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
     (see :func:`gguf.iter_hf_tensors`); an HF folder's from its safetensors, one shard at a time."""
     source = gguf_source(folder)
     if source is not None:
-        model = gguf.open_gguf(source)
-        for name, values in gguf.iter_hf_tensors(model, gguf.hf_config(model)):
+        for name, values in gguf.iter_hf_tensors(gguf.open_gguf_index(source), load_config(folder)):
             yield name, torch.from_numpy(values)
         return
     if (Path(folder) / SOURCE_MARKER).is_file():
@@ -94,14 +94,19 @@ def gguf_source(folder: Path) -> Path | None:
     return source if source.is_file() else None
 
 
-def iter_gguf_weights(gguf_path: Path) -> Iterator[tuple[str, torch.Tensor | QuantizedCodes]]:
-    """Yield (HF name, tensor) from a GGUF file, 2-D quantized tensors still quantized as :class:`QuantizedCodes`.
+def iter_gguf_weights(gguf_path: Path, config: dict[str, Any] | None = None
+                      ) -> Iterator[tuple[str, torch.Tensor | QuantizedCodes]]:
+    """Yield (HF name, tensor) from a GGUF file, 2-D quantized tensors still quantized as :class:`QuantizedCodes`,
+    decoded one at a time from the file mapped read-only. ``config``: the model's HF config (read from the file's
+    whole metadata when None, which takes seconds for a large vocabulary).
 
     Types without an integer decoder are dequantized to float32, with one log line naming them.
     """
-    model = gguf.open_gguf(gguf_path)
+    if config is None:
+        config = gguf.hf_config(gguf.open_gguf(gguf_path))
+    model = gguf.open_gguf_index(gguf_path)
     dequantized: set[str] = set()
-    for raw in gguf.iter_raw_tensors(model, gguf.hf_config(model)):
+    for raw in gguf.iter_raw_tensors(model, config):
         if len(raw.shape) == 2 and gguf_blocks.supported(raw.tensor_type):
             codes = gguf_blocks.decode(raw.data, raw.tensor_type, raw.shape)
             offsets = None if codes.offsets is None else torch.from_numpy(codes.offsets)
@@ -117,51 +122,16 @@ def iter_gguf_weights(gguf_path: Path) -> Iterator[tuple[str, torch.Tensor | Qua
 
 
 def iter_quantized_weights(folder: Path) -> Iterator[tuple[str, torch.Tensor | QuantizedCodes]]:
-    """:func:`iter_gguf_weights` of a converted folder's GGUF, decoded once into ``CODES_FILE`` in the folder.
-
-    Parsing a GGUF's metadata (a 262k-token vocabulary) and decoding its blocks is slow in Python; the decoded
-    codes read back from safetensors an order of magnitude faster.
+    """:func:`iter_gguf_weights` of a converted folder's GGUF.
 
     Raises:
         ValueError: the folder was not converted from a GGUF file that still exists.
     """
-    path = Path(folder) / CODES_FILE
-    if not path.is_file():
-        _write_codes(Path(folder), path)
-    with safe_open(path, framework="pt") as f:
-        quantized = json.loads(f.metadata()["codes"])
-        keys = set(f.keys())
-        for name in json.loads(f.metadata()["order"]):
-            if name not in quantized:
-                yield name, f.get_tensor(name)
-                continue
-            source, group_size = quantized[name]
-            offsets = f.get_tensor(f"{name}:offsets") if f"{name}:offsets" in keys else None
-            yield name, QuantizedCodes(f.get_tensor(f"{name}:q"), f.get_tensor(f"{name}:scales"), offsets,
-                                       group_size, source)
-
-
-def _write_codes(folder: Path, path: Path) -> None:
     source = gguf_source(folder)
     if source is None:
         raise ValueError(f"{folder} was not converted from a GGUF file that still exists; quantization 'gguf' "
                          "needs one")
-    tensors: dict[str, torch.Tensor] = {}
-    quantized: dict[str, tuple[str, int]] = {}
-    order: list[str] = []  # the GGUF's order, which loading keeps
-    for name, weight in iter_gguf_weights(source):
-        order.append(name)
-        if isinstance(weight, QuantizedCodes):
-            tensors.update({f"{name}:q": weight.q, f"{name}:scales": weight.scales})
-            if weight.offsets is not None:
-                tensors[f"{name}:offsets"] = weight.offsets
-            quantized[name] = (weight.source, weight.group_size)
-        else:
-            tensors[name] = weight
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    # NOTE: written aside and renamed, so a reader never sees half a file.
-    save_file(tensors, tmp, metadata={"codes": json.dumps(quantized), "order": json.dumps(order)})
-    os.replace(tmp, path)
+    yield from iter_gguf_weights(source, load_config(folder))
 
 
 def generation_eos_ids(folder: Path) -> list[int]:
@@ -188,7 +158,7 @@ def _weight_files(folder: Path) -> list[Path]:
     if index.is_file():
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
         return [folder / name for name in sorted(set(weight_map.values()))]
-    files = sorted(f for f in folder.glob("*.safetensors") if f.name != CODES_FILE)
+    files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{folder}: no *.safetensors weights")
     return files
@@ -227,7 +197,7 @@ def _converted(gguf_path: Path, cache_root: Path) -> Path:
 
 def _remove_older_versions(folder: Path) -> None:
     """Delete the same file's folders from earlier conversion versions (version 2 held a float32 copy of every
-    weight: 4x a Q4 file's size on disk)."""
+    weight, 4x a Q4 file's size on disk; version 3 its decoded codes, 2x)."""
     stem = folder.name.rsplit("-v", 1)[0]
     for stale in folder.parent.glob(f"{stem}-v*"):
         version = stale.name.rsplit("-v", 1)[1]

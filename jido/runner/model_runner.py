@@ -24,7 +24,7 @@ from jido.layers.quantization import (GGUF_SCHEMES, get_quantization_config, lay
                                      process_weights_after_loading)
 from jido.layers.weight_plan import WeightPlan, choose_extras, format_table, held_layouts
 from jido.models.config import ModelArchConfig
-from jido.models.loader import CODES_FILE, gguf_source, iter_quantized_weights, iter_weights, load_config
+from jido.models.loader import gguf_source, iter_quantized_weights, iter_weights, load_config
 from jido.models.registry import get_model_class
 from jido.models.tokenizer import Tokenizer
 from jido.parallel.state import ModelParallel, building_for, layer_range, local_kv_heads
@@ -348,7 +348,7 @@ class ModelRunner:
         """What another engine must match to load this one's KV in its own dtype and layout: the model (config and
         weight files), block size and layer groups; dtype, KV dtype, quantization and backend may differ."""
         folder = self.model_folder
-        weights = [(p.name, p.stat().st_size) for p in sorted(folder.glob("*.safetensors")) if p.name != CODES_FILE]
+        weights = [(p.name, p.stat().st_size) for p in sorted(folder.glob("*.safetensors"))]
         return kv_fingerprint({"config": (folder / "config.json").read_text(encoding="utf-8"), "weights": weights,
                                "block_size": self.block_size, "groups": [g.layer_ids for g in kv_cache_config.groups]})
 

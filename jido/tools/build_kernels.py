@@ -17,13 +17,15 @@ def _loaders() -> list[tuple[str, Callable[[], object]]]:
     """Each library's loader, by the library's prefix (the loaders build on first call)."""
     from jido.attention import cpu_extension
     from jido.layers import activation, int8_dot, quant_kernels, rms_norm
+    from jido.models import gguf_blocks
 
     return [("jido_cpu_attn", cpu_extension.load_paged_decode),
             ("jido_cpu_prefill", lambda: cpu_extension._prefill_ops(cpu_extension.PREFILL_SOURCE)),
             ("jido_act", activation.load_activation_ops),
             ("jido_quant", quant_kernels.load_quant_ops),
             ("jido_norm", rms_norm.load_norm_ops),
-            ("jido_int8_dot", int8_dot.load_int8_dot_ops)]
+            ("jido_int8_dot", int8_dot.load_int8_dot_ops),
+            ("jido_gguf_decode", gguf_blocks.load_decode_ops)]
 
 
 def build_all() -> dict[str, cpp_build.BuildOutcome | None]:

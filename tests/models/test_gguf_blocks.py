@@ -53,3 +53,22 @@ def test_unsupported_type_and_wrong_size_are_refused_by_name():
         gguf_blocks.decode(np.zeros((1, 84), np.uint8), T.Q2_K, (1, 256))
     with pytest.raises(ValueError, match=r"does not hold a \[2, 64\] tensor"):
         gguf_blocks.decode(np.zeros((1, 34), np.uint8), T.Q8_0, (2, 64))
+
+
+@pytest.mark.skipif(gguf_blocks.load_decode_ops() is None, reason="the C++ decoders did not build here")
+@pytest.mark.parametrize("tensor_type", [T.Q4_K, T.Q6_K])
+def test_the_cpp_decoders_give_the_numpy_decoders_codes_and_scales_bit_for_bit(tensor_type):
+    rows, cols = 5, 1024
+    data = _random_blocks(tensor_type, rows, cols, seed=7)
+    # Some scales out of the ordinary: f16 subnormals, infinities and NaN must convert as numpy converts them.
+    at = _F16_AT[tensor_type][0]
+    odd = np.array([6e-8, np.inf, -np.inf, np.nan, -0.0], np.float16).view(np.uint8).reshape(-1, 2)
+    blocks = data.reshape(-1, GGML_QUANT_SIZES[tensor_type][1])
+    blocks[:len(odd), at:at + 2] = odd
+    ours = gguf_blocks.decode(data, tensor_type, (rows, cols))
+    reference = gguf_blocks.decode(data, tensor_type, (rows, cols), reference=True)
+    assert ours.group_size == reference.group_size
+    assert np.array_equal(ours.q, reference.q)
+    for a, b in [(ours.scales, reference.scales), (ours.offsets, reference.offsets)]:
+        assert (a is None) == (b is None)
+        assert a is None or np.array_equal(a.view(np.uint32), b.view(np.uint32))

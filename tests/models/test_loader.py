@@ -84,7 +84,7 @@ def test_gemma_norms_are_stored_without_the_plus_one(gemma_folder: Path, gemma_g
 
 
 def test_a_gguf_models_folder_holds_no_copy_of_its_weights(gemma_folder: Path) -> None:
-    files = sorted(p.name for p in gemma_folder.iterdir() if p.name != "gguf_codes.safetensors")
+    files = sorted(p.name for p in gemma_folder.iterdir())
     assert files == ["config.json", "generation_config.json", "jido_gguf_source.json", "tokenizer.json",
                      "tokenizer_config.json"]
 
@@ -303,3 +303,25 @@ def test_folder_without_weights_is_rejected(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match=r"no \*\.safetensors weights"):
         resolve_model(str(tmp_path))
+
+
+def test_the_tensor_index_reads_what_gguf_py_reads_without_the_vocabulary(tiny_llama) -> None:
+    from gguf import GGUFReader
+
+    path = tiny_llama[0]
+    index, reader = gguf.open_gguf_index(path), GGUFReader(path)
+    assert [t.name for t in index.tensors] == [t.name for t in reader.tensors]
+    for ours, theirs in zip(index.tensors, reader.tensors):
+        assert ours.shape == tuple(int(n) for n in theirs.shape) and ours.tensor_type == theirs.tensor_type
+        assert np.array_equal(ours.data, theirs.data.view(np.uint8).reshape(-1)), ours.name
+    assert index.architecture == "llama" and index.metadata["llama.block_count"] == reader.fields["llama.block_count"].contents()
+    assert index.metadata["tokenizer.ggml.tokens"] is None  # arrays are walked over, not read
+
+
+def test_the_tensor_index_refuses_a_file_cut_short_by_name(tiny_llama, tmp_path: Path) -> None:
+    whole = tiny_llama[0].read_bytes()
+    for keep in (len(whole) - 100, 40):  # inside the last tensor's bytes, inside the metadata
+        cut = tmp_path / "cut.gguf"
+        cut.write_bytes(whole[:keep])
+        with pytest.raises(ValueError, match=r"cut\.gguf: not a readable GGUF file, cut short or corrupt"):
+            gguf.open_gguf_index(cut)

@@ -498,27 +498,25 @@ def test_the_route_settled_at_load_reads_the_weights_the_layer_holds_at_each_cal
         torch.testing.assert_close(layer(x), other(x), atol=0, rtol=0)
 
 
-def test_gguf_codes_are_decoded_once_into_the_converted_folder_and_read_back_equal(tmp_path):
-    from jido.models.loader import CODES_FILE, iter_quantized_weights, resolve_model
+def test_gguf_codes_are_read_from_the_file_at_each_load_and_nothing_derived_is_written(tmp_path):
+    from jido.models.loader import iter_quantized_weights, resolve_model
 
     path = tmp_path / "mixed.gguf"
     _write_mixed_llama(path)
     folder = resolve_model(str(path), cache_dir=tmp_path / "cache")
     expected = list(iter_gguf_weights(path))
-    first = list(iter_quantized_weights(folder))
-    written = (folder / CODES_FILE).stat().st_mtime_ns
-    second = list(iter_quantized_weights(folder))
-    assert (folder / CODES_FILE).stat().st_mtime_ns == written
-    for run in (first, second):
-        assert [name for name, _ in run] == [name for name, _ in expected]
-        for (name, ours), (_, reference) in zip(run, expected):
-            if isinstance(reference, QuantizedCodes):
-                assert (ours.source, ours.group_size) == (reference.source, reference.group_size), name
-                assert torch.equal(ours.q, reference.q) and torch.equal(ours.scales, reference.scales), name
-                assert (ours.offsets is None) == (reference.offsets is None), name
-                assert ours.offsets is None or torch.equal(ours.offsets, reference.offsets), name
-            else:
-                assert torch.equal(ours, reference), name
+    run = list(iter_quantized_weights(folder))
+    # The converted folder holds what the file describes (config, tokenizer), no weights in any form.
+    assert not list(folder.glob("*.safetensors"))
+    assert [name for name, _ in run] == [name for name, _ in expected]
+    for (name, ours), (_, reference) in zip(run, expected):
+        if isinstance(reference, QuantizedCodes):
+            assert (ours.source, ours.group_size) == (reference.source, reference.group_size), name
+            assert torch.equal(ours.q, reference.q) and torch.equal(ours.scales, reference.scales), name
+            assert (ours.offsets is None) == (reference.offsets is None), name
+            assert ours.offsets is None or torch.equal(ours.offsets, reference.offsets), name
+        else:
+            assert torch.equal(ours, reference), name
 
 
 def test_gguf_codes_need_the_source_gguf(tmp_path):
