@@ -190,6 +190,10 @@ def peer_folder(model: str) -> Path:
 
 
 # -- llama.cpp: llama-server built from the llama-cpp-python sdist --------------------------------------
+# llama-quantize makes benchmarks/make_7b_gguf.py's Q4_K_M file, so both engines read llama.cpp's own bytes.
+LLAMA_TOOLS = ("llama-server", "llama-bench", "llama-quantize")
+
+
 def llama_dir() -> Path:
     return PEERS_DIR / "llama.cpp"
 
@@ -206,11 +210,11 @@ def setup_llama() -> dict[str, Any]:
         with tarfile.open(sdist) as archive:
             archive.extractall(src, filter="data")
     build = llama_build_dir()
-    if not (build / "bin" / "llama-server").exists():
+    if not all((build / "bin" / tool).exists() for tool in LLAMA_TOOLS):
         sh(["cmake", "-S", str(tree / "vendor" / "llama.cpp"), "-B", str(build), "-G", "Ninja",
             "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_CURL=OFF",
             "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", *llama_isa_flags()], "llama.cpp-setup")
-        sh(["cmake", "--build", str(build), "--target", "llama-server", "llama-bench", "-j", "2"], "llama.cpp-setup")
+        sh(["cmake", "--build", str(build), "--target", *LLAMA_TOOLS, "-j", "2"], "llama.cpp-setup")
     amx = " without AMX (its AMX kernels trap on this VM)" if llama_isa_flags() else ""
     return {"version": f"llama-cpp-python {version} (vendored llama.cpp){amx}"}
 
