@@ -160,8 +160,15 @@ def pip_version(python: Path, package: str) -> str:
 
 # -- model files --------------------------------------------------------------------------------------
 def gguf_path(model: str) -> Path:
-    """The named model's verified GGUF, which llama.cpp runs as it is."""
-    return assemble(NAMED_MODELS[model], cache_root())
+    """The model's GGUF, which llama.cpp runs as it is: a named model's verified file, or the path given."""
+    if model in NAMED_MODELS:
+        return assemble(NAMED_MODELS[model], cache_root())
+    return Path(model).expanduser().resolve()
+
+
+def model_label(model: str) -> str:
+    """How results and servers name the model: a named model's name, a GGUF path's file name without .gguf."""
+    return model if model in NAMED_MODELS else Path(model).name.removesuffix(".gguf")
 
 
 def hf_folder(model: str) -> Path:
@@ -176,7 +183,7 @@ def peer_folder(model: str) -> Path:
     weights decoded from the GGUF once (``loader.write_float_checkpoint``) and kept there, never in jido's cache."""
     from jido.models.loader import write_float_checkpoint
 
-    folder = PEERS_DIR / "models" / model
+    folder = PEERS_DIR / "models" / model_label(model)
     source = gguf_path(model)
     stamp = folder / "source.json"
     expected = {"gguf": str(source), "size": source.stat().st_size, "mtime_ns": source.stat().st_mtime_ns}
@@ -239,7 +246,7 @@ def llama_command(port: int, model: str) -> tuple[list[str], dict[str, str]]:
     flash = ["-fa", "on"] if "on|off|auto" in help_text.replace(" ", "") else ["-fa"]
     # 16 parallel slots of 2048 tokens each (a 2,000-token prompt fits one), continuous batching, both cores.
     return ([str(server), "-m", str(gguf_path(model)), "--host", "127.0.0.1", "--port", str(port), "-np", "16",
-             "-c", str(32 * 1024), "-t", "2", "--alias", model, *flash], {})
+             "-c", str(32 * 1024), "-t", "2", "--alias", model_label(model), *flash], {})
 
 
 def llama_bench(model: str) -> dict[str, Any]:
@@ -292,17 +299,18 @@ def vllm_command(port: int, dtype: str, model: str = DEFAULT_MODEL) -> tuple[lis
                                 *sorted((PEERS_DIR / "vllm" / "venv").rglob("libiomp5.so"))[:1]] if p.exists()]
     env = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1", "LD_PRELOAD": ":".join(preload)}
     return ([str(python), str(PEERS_DIR / "vllm" / "vllm_cli.py"), "serve", str(peer_folder(model)), "--dtype", dtype,
-             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", model,
+             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", model_label(model),
              "--max-model-len", "2048", "--max-num-seqs", "16"], env)
 
 
 # -- jido serve ---------------------------------------------------------------------------------------
 def jido_command(port: int, dtype: str, model: str,
-                 quantization: str | None = None) -> tuple[list[str], dict[str, str]]:
-    """`jido serve` for one variant; without `quantization`, jido's default for the model (a GGUF's own codes)."""
-    extra = ["--quantization", quantization] if quantization else []
+                 options: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """`jido serve` for one variant: ``options`` are settings by name (quantization, weights_memory); without one,
+    jido's default (for quantization, a GGUF's own codes)."""
+    extra = [arg for name, value in (options or {}).items() for arg in (f"--{name.replace('_', '-')}", value)]
     return ([str(ROOT / ".venv" / "bin" / "jido"), "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--dtype", dtype, "--model", model, *extra], {})
+             "--dtype", dtype, "--model", model, "--served-model-name", model_label(model), *extra], {})
 
 
 # -- transformers: offline generate in its own venv ---------------------------------------------------
@@ -536,17 +544,24 @@ def peers(jido: str, vllm: str, transformers: str, model: str = DEFAULT_MODEL) -
             "jido": jido_peer(jido, model)}
 
 
-def jido_peer(dtype: str, model: str, quantization: str | None = None) -> Peer:
-    """`jido serve` as an entry: ``jido[dtype=...]``, or with a ``quantization`` ``jido[dtype=...,quantization=...]``."""
-    config = {"dtype": dtype} | ({"quantization": quantization} if quantization else {})
+def jido_peer(dtype: str, model: str, options: dict[str, str] | None = None) -> Peer:
+    """`jido serve` as an entry: ``jido[dtype=...]``, or with settings ``jido[dtype=...,quantization=...]``."""
+    config = {"dtype": dtype} | (options or {})
     return Peer(lambda: {"version": f"jido {git_revision()}"},
-                lambda port: jido_command(port, dtype, model, quantization), 300, config)
+                lambda port: jido_command(port, dtype, model, options), 300, config)
 
 
-def jido_variants(dtype: str, model: str, quantizations: list[str]) -> list[Peer]:
-    """jido once per ``--quantization`` value (each an entry of its own, e.g. ``jido[dtype=float32,quantization=
-    w8a8]``), so schemes are measured in the same run; no values: jido's default alone."""
-    return [jido_peer(dtype, model, q) for q in quantizations] or [jido_peer(dtype, model)]
+def jido_variants(dtype: str, model: str, quantizations: list[str], weights_memory: list[str] = ()) -> list[Peer]:
+    """jido once per ``--quantization`` value and per ``--weights-memory`` value (each an entry of its own, e.g.
+    ``jido[dtype=float32,quantization=w8a8,weights_memory=lean]``), so they are measured in the same run; no values:
+    jido's defaults."""
+    variants = []
+    for quantization in quantizations or [""]:
+        for memory in weights_memory or [""]:
+            options = {name: value for name, value in (("quantization", quantization), ("weights_memory", memory))
+                       if value}
+            variants.append(jido_peer(dtype, model, options))
+    return variants
 
 
 def git_revision() -> str:
@@ -631,7 +646,7 @@ def todays_results(model: str, machine: dict[str, Any]) -> tuple[Path, dict[str,
     another machine of the kind, the file with this CPU's ISA appended instead: the figures of one file are always
     from one machine, so its ratios mean something."""
     stem = f"compare-{datetime.date.today().isoformat()}-{cpu_kind(machine)}"
-    path = RESULTS / (f"{stem}.json" if model == DEFAULT_MODEL else f"{stem}-{model}.json")
+    path = RESULTS / (f"{stem}.json" if model == DEFAULT_MODEL else f"{stem}-{model_label(model)}.json")
     doc = _read_json(path)
     if doc is not None and not same_cpu(doc.get("machine", {}), machine):
         path = path.with_name(f"{path.stem}-{machine['isa']}.json")
@@ -658,8 +673,9 @@ def main(argv: list[str] | None = None) -> int:
     best = best_dtype(cpu_info().has_native_bf16)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog=LOGS_HELP)
     parser.add_argument("--peers", default="llama.cpp,vllm,transformers,jido", help="comma-separated, in order")
-    parser.add_argument("--model", default=DEFAULT_MODEL, choices=list(NAMED_MODELS),
-                        help=f"the named model every engine serves (default {DEFAULT_MODEL}; `jido models` lists them)")
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help=f"the model every engine serves: a named model (default {DEFAULT_MODEL}; `jido models` "
+                             "lists them) or a .gguf file")
     parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS), help=f"from {', '.join(WORKLOADS)}")
     parser.add_argument("--setup-only", action="store_true", help="install and build, measure nothing")
     parser.add_argument("--repeats", type=int, default=1,
@@ -667,6 +683,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jido-quantization", default="",
                         help="comma-separated `jido serve --quantization` values, each measured as its own jido entry "
                              "in the same run (default: jido's own choice for the model)")
+    parser.add_argument("--jido-weights-memory", default="",
+                        help="comma-separated `jido serve --weights-memory` values (auto, lean, a size), each its own "
+                             "jido entry in the same run (default: jido's own)")
     parser.add_argument("--jido-dtype", default="auto", choices=DTYPES,
                         help="jido serve --dtype (default auto: jido's own choice, recorded as what it resolved to)")
     for peer in ("vllm", "transformers"):
@@ -675,6 +694,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.model not in NAMED_MODELS and not (args.model.endswith(".gguf") and Path(args.model).expanduser().is_file()):
+        parser.error(f"--model takes a named model ({', '.join(NAMED_MODELS)}) or an existing .gguf file, "
+                     f"got {args.model!r}")
     table = peers(jido_dtype(args.jido_dtype), args.vllm_dtype, args.transformers_dtype, args.model)
     names = [n.strip() for n in args.peers.split(",") if n.strip()]
     unknown = [n for n in names if n not in table] + [w for w in args.workloads.split(",") if w not in WORKLOADS]
@@ -686,7 +708,8 @@ def main(argv: list[str] | None = None) -> int:
     quantizations = [q.strip() for q in args.jido_quantization.split(",") if q.strip()]
     if set(quantizations) - set(get_args(Quantization)):
         parser.error(f"--jido-quantization takes {', '.join(get_args(Quantization))}, got {args.jido_quantization}")
-    jidos = jido_variants(jido_dtype(args.jido_dtype), args.model, quantizations)
+    weights_memory = [w.strip() for w in args.jido_weights_memory.split(",") if w.strip()]
+    jidos = jido_variants(jido_dtype(args.jido_dtype), args.model, quantizations, weights_memory)
     runs = [(name, peer) for name in names for peer in (jidos if name == "jido" else [table[name]])]
     for name, peer in runs:
         label = variant_label(name, peer.config)

@@ -67,22 +67,28 @@ def engine_flags(settings: dict[str, str]) -> list[str]:
     return flags
 
 
-def run_variant(run: Run, text_file: Path, eval_flags: list[str], lock_file: Path) -> None:
-    """Fill in ``run.record``, or ``run.error`` with the last line the command wrote to stderr."""
-    run.error = unknown_settings(run.settings)
-    if run.error:
-        return
+def eval_perplexity(settings: dict[str, str], eval_flags: list[str], lock_file: Path, label: str = "",
+                    positional: tuple[str, ...] = ()) -> tuple[dict[str, Any] | None, str | None]:
+    """`jido eval perplexity --json` with ``settings`` as engine flags, one run at a time on this machine (under
+    ``lock_file``): (its record, None), or (None, the settings' error or the last line the command wrote to
+    stderr)."""
+    error = unknown_settings(settings)
+    if error:
+        return None, error
     command = [sys.executable, "-m", "jido.cli", "--log-level", "warning", "eval", "perplexity", "--json",
-               *eval_flags, *engine_flags(run.settings), str(text_file)]
-    print(f"{run.name}: {' '.join(command[2:])}", file=sys.stderr, flush=True)
+               *eval_flags, *engine_flags(settings), *positional]
+    print(f"{label}{': ' if label else ''}{' '.join(command[2:])}", file=sys.stderr, flush=True)
     with lock_file.open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one measurement at a time on this machine
         done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
-        lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
-        run.error = lines[-1]
-        return
-    run.record = json.loads(done.stdout)
+        return None, (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    return json.loads(done.stdout), None
+
+
+def run_variant(run: Run, text_file: Path, eval_flags: list[str], lock_file: Path) -> None:
+    """Fill in ``run.record``, or ``run.error`` with the last line the command wrote to stderr."""
+    run.record, run.error = eval_perplexity(run.settings, eval_flags, lock_file, run.name, (str(text_file),))
 
 
 def markdown_table(runs: list[Run]) -> str:

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import fcntl
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from perplexity import engine_flags, parse_variant, unknown_settings
+from perplexity import eval_perplexity, parse_variant
 
 from jido.bench.machine import cpu_kind, describe_machine, machine_info, now_iso
 from jido.utils.text_domains import DOMAINS
@@ -31,19 +29,9 @@ DEFAULT_GATE_PERCENT = 1.0
 
 
 def run_variant(settings: dict[str, str], eval_flags: list[str], lock_file: Path) -> dict[str, Any]:
-    """The `--json` record of one variant, or ``{"error": last stderr line}``."""
-    error = unknown_settings(settings)
-    if error:
-        return {"error": error}
-    command = [sys.executable, "-m", "jido.cli", "--log-level", "warning", "eval", "perplexity", "--json",
-               "--domains", "all", *eval_flags, *engine_flags(settings)]
-    print(" ".join(command[2:]), file=sys.stderr, flush=True)
-    with lock_file.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one run at a time on this machine
-        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-    if done.returncode != 0:
-        return {"error": (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]}
-    return json.loads(done.stdout)
+    """The `--json` record of one variant over every domain, or ``{"error": last stderr line}``."""
+    record, error = eval_perplexity(settings, ["--domains", "all", *eval_flags], lock_file)
+    return {"error": error} if record is None else record
 
 
 def excess_percent(record: dict[str, Any], reference: dict[str, Any]) -> dict[str, float]:
