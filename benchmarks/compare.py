@@ -551,16 +551,17 @@ def jido_peer(dtype: str, model: str, options: dict[str, str] | None = None) -> 
                 lambda port: jido_command(port, dtype, model, options), 300, config)
 
 
-def jido_variants(dtype: str, model: str, quantizations: list[str], weights_memory: list[str] = ()) -> list[Peer]:
+def jido_variants(dtype: str, model: str, quantizations: list[str], weights_memory: list[str] = (),
+                  common: dict[str, str] | None = None) -> list[Peer]:
     """jido once per ``--quantization`` value and per ``--weights-memory`` value (each an entry of its own, e.g.
     ``jido[dtype=float32,quantization=w8a8,weights_memory=lean]``), so they are measured in the same run; no values:
-    jido's defaults."""
+    jido's defaults. ``common``: settings every variant gets (e.g. kv_cache_memory)."""
     variants = []
     for quantization in quantizations or [""]:
         for memory in weights_memory or [""]:
             options = {name: value for name, value in (("quantization", quantization), ("weights_memory", memory))
                        if value}
-            variants.append(jido_peer(dtype, model, options))
+            variants.append(jido_peer(dtype, model, (common or {}) | options))
     return variants
 
 
@@ -686,6 +687,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jido-weights-memory", default="",
                         help="comma-separated `jido serve --weights-memory` values (auto, lean, a size), each its own "
                              "jido entry in the same run (default: jido's own)")
+    parser.add_argument("--jido-set", default="",
+                        help="KEY=VALUE[,KEY=VALUE] `jido serve` settings for every jido entry, recorded with it "
+                             "(e.g. kv_cache_memory=214MiB to hold as many KV tokens as llama.cpp's -c 32768)")
     parser.add_argument("--jido-dtype", default="auto", choices=DTYPES,
                         help="jido serve --dtype (default auto: jido's own choice, recorded as what it resolved to)")
     for peer in ("vllm", "transformers"):
@@ -709,7 +713,8 @@ def main(argv: list[str] | None = None) -> int:
     if set(quantizations) - set(get_args(Quantization)):
         parser.error(f"--jido-quantization takes {', '.join(get_args(Quantization))}, got {args.jido_quantization}")
     weights_memory = [w.strip() for w in args.jido_weights_memory.split(",") if w.strip()]
-    jidos = jido_variants(jido_dtype(args.jido_dtype), args.model, quantizations, weights_memory)
+    common = dict(item.split("=", 1) for item in args.jido_set.split(",") if "=" in item)
+    jidos = jido_variants(jido_dtype(args.jido_dtype), args.model, quantizations, weights_memory, common)
     runs = [(name, peer) for name in names for peer in (jidos if name == "jido" else [table[name]])]
     for name, peer in runs:
         label = variant_label(name, peer.config)
