@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 from typing import Protocol
 
 import llguidance
@@ -64,13 +65,14 @@ class GuidanceGrammar:
 class GrammarCompiler:
     """Compiles ``StructuredOutputsParams`` into grammars over one model's vocabulary; safe from any thread.
 
-    The vocabulary's token trie is built on first use (seconds for Gemma 3's 262,144 tokens), so an engine that
-    never sees a constraint never pays for it.
+    The vocabulary's token trie is built on first use (seconds for Gemma 3's 262,144 tokens), from the tokenizer
+    file read then, so an engine that never sees a constraint never pays for either: Gemma 3's tokenizer.json held
+    as a Python string took over 100 MiB of the server's memory.
     """
 
-    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: list[int]) -> None:
+    def __init__(self, tokenizer_file: Path, vocab_size: int, eos_token_ids: list[int]) -> None:
         self.vocab_size = vocab_size
-        self._tokenizer_json = tokenizer_json
+        self._tokenizer_file = Path(tokenizer_file)
         self._eos_token_ids = list(eos_token_ids)
         self._tokenizer: llguidance.LLTokenizer | None = None
         self._lock = threading.Lock()
@@ -91,7 +93,8 @@ class GrammarCompiler:
         with self._lock:
             if self._tokenizer is None:
                 try:
-                    self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
+                    tokenizer_json = self._tokenizer_file.read_text(encoding="utf-8")
+                    self._tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=self.vocab_size,
                                                              eos_token=self._eos_token_ids)
                 except ValueError as exc:  # e.g. a word-level vocabulary, with no byte-level decoder
                     raise ValueError(f"structured_outputs needs a byte-level or byte-fallback tokenizer: {exc}") \

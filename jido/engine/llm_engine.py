@@ -84,7 +84,7 @@ class LLMEngine:
         self.max_model_len = self.core.kv_plan.max_model_len
         self.vocab_size = self.model_arch.vocab_size
         self.eos_token_ids = tuple(self.tokenizer.eos_token_ids)
-        self.grammar_compiler = GrammarCompiler((self.model_folder / "tokenizer.json").read_text(encoding="utf-8"),
+        self.grammar_compiler = GrammarCompiler(self.model_folder / "tokenizer.json",
                                                 self.vocab_size, list(self.eos_token_ids))
         self.last_iteration_stats: IterationStats | None = None
         self._parents: dict[str, _Parent] = {}

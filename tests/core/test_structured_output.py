@@ -18,7 +18,7 @@ VOCAB = 262_144
 @pytest.fixture(scope="module")
 def compiler(gemma_folder) -> GrammarCompiler:
     tokenizer = Tokenizer.from_folder(gemma_folder)
-    return GrammarCompiler((gemma_folder / "tokenizer.json").read_text(), VOCAB, tokenizer.eos_token_ids)
+    return GrammarCompiler(gemma_folder / "tokenizer.json", VOCAB, tokenizer.eos_token_ids)
 
 
 @pytest.fixture(scope="module")
