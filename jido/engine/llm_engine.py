@@ -92,6 +92,7 @@ class LLMEngine:
         self._pending_pins: dict[str, tuple[list[int], int]] = {}  # pin id -> (prompt ids, blocks reserved)
         self._warmups = ChunkWarmups()
         self.kv_block_bytes = self.core.kv_plan.kv_cache_config.block_bytes
+        self.kernel_fallbacks = self.core.kernel_fallbacks  # library -> what runs instead (and why)
 
     # -- input ----------------------------------------------------------------------------------
     def process_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:

@@ -34,6 +34,7 @@ class Observations:
     num_requests_waiting: float | None = None
     num_requests_running: float | None = None
     kv_offload_hit_rate: float | None = None  # blocks found in the offload tiers / looked up; None: no tier
+    kernel_fallbacks: float | None = None  # C++ kernel libraries on their PyTorch fallbacks (jido's /metrics)
 
     def __post_init__(self) -> None:
         if self.kv_cache_usage is not None and not 0 <= self.kv_cache_usage <= 1:
@@ -90,6 +91,7 @@ def observations_from_metrics(m: Metrics) -> Observations:
     offload_hits, offload_misses = m.total("jido:kv_offload_hits"), m.total("jido:kv_offload_misses")
     offload_looked_up = (offload_hits or 0) + (offload_misses or 0)
     return Observations(
+        kernel_fallbacks=m.total("jido:kernel_fallbacks"),
         kv_offload_hit_rate=offload_hits / offload_looked_up if offload_looked_up else None,
         completed=m.total("vllm:request_success"),
         mean_ttft_ms=_ms(m.histogram_mean(ttft)),
@@ -131,6 +133,18 @@ class Finding:
 def _fmt(obs: Observations, *names: str) -> tuple[str, ...]:
     values = obs.known()
     return tuple(f"{n}={values[n]:.4g}" for n in names if n in values)
+
+
+def _kernels_on_fallback(o: Observations, slo: Slo) -> Finding | None:
+    """C++ kernels that failed to build: every step runs slower than it should, whatever else is measured."""
+    if not o.kernel_fallbacks:
+        return None
+    return Finding("kernels-missing", 10.0 + o.kernel_fallbacks,
+                   "C++ kernel libraries failed to build, and their PyTorch fallbacks (several times slower) run "
+                   "every step", _fmt(o, "kernel_fallbacks", "mean_tpot_ms", "mean_ttft_ms"),
+                   ("run `jido build-kernels`: it names each library that fails and keeps the compiler's output",
+                    "the server's /metrics names them: jido:kernel_fallback_info{library=...,fallback=...}"),
+                   root_cause=True)
 
 
 def _memory_pressure(o: Observations, slo: Slo) -> Finding | None:
@@ -239,7 +253,7 @@ def _evicted_prefixes(o: Observations, slo: Slo) -> Finding | None:
 
 
 RULES: tuple[Callable[[Observations, Slo], Finding | None], ...] = (
-    _memory_pressure, _batching_limit, _slow_first_token, _slow_decode, _tail_latency, _evicted_prefixes)
+    _kernels_on_fallback, _memory_pressure, _batching_limit, _slow_first_token, _slow_decode, _tail_latency, _evicted_prefixes)
 
 
 def diagnose(obs: Observations, slo: Slo = DEFAULT_SLO) -> list[Finding]:

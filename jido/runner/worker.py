@@ -13,6 +13,7 @@ from jido.parallel.group import CommStats
 from jido.parallel.state import ModelParallel, destroy_model_parallel, init_model_parallel
 from jido.runner.model_runner import ModelRunner, resolve_device, weight_bytes
 from jido.runner.pipeline_runner import PipelineModelRunner
+from jido.utils import cpp_build
 from jido.utils.host_memory import check_kv_cache_fits, mem_available_bytes
 from jido.utils.malloc_policy import give_back_free_memory, keep_freed_blocks
 
@@ -90,6 +91,10 @@ class Worker:
             if hasattr(self.runner, "busy_s"):
                 self.runner.busy_s = 0.0
         return stats
+
+    def kernel_fallbacks(self) -> dict[str, str]:
+        """The C++ kernel libraries this worker's process failed to build: what runs instead, and why."""
+        return cpp_build.fallbacks()
 
     def kv_connector_info(self) -> dict:
         """Once the cache exists: the fingerprint naming this worker's stored KV (model, dtype, layout, block size,

@@ -20,6 +20,7 @@ from jido.server.errors import APIError, http_error
 from jido.server.metrics import ServerMetrics
 from jido.server.middleware import GuardMiddleware
 from jido.server.serving import OpenAIServing
+from jido.utils.cpp_build import REBUILD_COMMAND
 
 logger = logging.getLogger("jido")
 _PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -45,7 +46,13 @@ def create_app(llm: LLMEngine | Sequence[LLMEngine], config: ServerConfig,
     spec = llm.config.speculative_config
     metrics = ServerMetrics(model_name, llm.max_model_len, tuple(t.name for t in offload.tiers) if offload else (),
                             llm.kv_block_bytes, num_expert_ranks, llm.config.kv_transfer_config is not None,
-                            0 if spec is None else spec.max_num_speculative_tokens)
+                            0 if spec is None else spec.max_num_speculative_tokens, llm.kernel_fallbacks)
+    if llm.kernel_fallbacks:
+        logger.error("serving with %d C++ kernel libraries on their slower fallbacks: %s. Run `%s` to rebuild them "
+                     "(it keeps each compiler's output); /metrics shows them as jido:kernel_fallback_info",
+                     len(llm.kernel_fallbacks),
+                     "; ".join(f"{lib}: {what}" for lib, what in sorted(llm.kernel_fallbacks.items())),
+                     REBUILD_COMMAND)
     engine_class = AsyncEngine if len(replicas) == 1 else DataParallelEngine
     engine = engine_class(replicas[0] if len(replicas) == 1 else replicas, config.max_waiting_requests,
                           on_report=lambda report: metrics.on_report(report, engine.num_waiting),

@@ -128,7 +128,7 @@ class ServerMetrics:
 
     def __init__(self, model_name: str, max_model_len: int, offload_tiers: tuple[str, ...] = (),
                  kv_block_bytes: int = 0, num_expert_ranks: int = 0, kv_transfer: bool = False,
-                 num_speculative_tokens: int = 0) -> None:
+                 num_speculative_tokens: int = 0, kernel_fallbacks: dict[str, str] | None = None) -> None:
         self.dir = MultiprocDir()
         self._registry = CollectorRegistry()
         MultiProcessCollector(self._registry, path=self.dir.path)
@@ -144,6 +144,7 @@ class ServerMetrics:
             self._make_metrics(model_name, _one_two_five(max_model_len), num_expert_ranks)
             self._make_tier_metrics(model_name, offload_tiers)
             self._make_transfer_metrics(model_name, kv_transfer)
+            self._make_kernel_metrics(model_name, kernel_fallbacks or {})
 
     def _make_metrics(self, model_name: str, token_buckets: tuple[float, ...], num_expert_ranks: int) -> None:
         labels = {"model_name": model_name}
@@ -243,6 +244,20 @@ class ServerMetrics:
             self.tier_used[t].set(0)
             self.tier_enabled[t].set(1)
         self._tier_totals: dict[tuple[str, str], float] = {}
+
+    def _make_kernel_metrics(self, model_name: str, fallbacks: dict[str, str]) -> None:
+        """Which C++ kernel libraries the workers failed to build: a count, always exported (0 where every one built),
+        and a series per library naming what runs instead; set once, as builds happen before serving."""
+        count = Gauge("jido:kernel_fallbacks", "C++ kernel libraries that failed to build, whose slower PyTorch "
+                      "fallbacks run instead (`jido build-kernels` rebuilds them and keeps the compiler's output).",
+                      ["model_name"], registry=None, multiprocess_mode="livemostrecent")
+        count.labels(model_name).set(len(fallbacks))
+        if not fallbacks:
+            return
+        info = Gauge("jido:kernel_fallback_info", "1 for each C++ kernel library on its fallback, with what runs.",
+                     ["model_name", "library", "fallback"], registry=None, multiprocess_mode="livemostrecent")
+        for library, fallback in sorted(fallbacks.items()):
+            info.labels(model_name, library, fallback).set(1)
 
     def _make_transfer_metrics(self, model_name: str, enabled: bool) -> None:
         self.transfer_counters: dict[str, Counter] = {}

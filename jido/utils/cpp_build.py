@@ -66,6 +66,12 @@ BUILDS: dict[str, BuildOutcome] = {}
 REBUILD_COMMAND = "jido build-kernels"
 
 
+def fallbacks() -> dict[str, str]:
+    """The libraries this process failed to build, each with what runs instead and why (from :data:`BUILDS`)."""
+    return {prefix: f"{outcome.fallback} ({outcome.reason})" for prefix, outcome in BUILDS.items()
+            if not outcome.loaded}
+
+
 def build_key(prefix: str, source: Path, isa: str) -> str:
     """The cache folder name: the hash of the source, the headers it may include (beside it and the shared ones) and
     its flags, the torch version and the ISA the code is compiled for."""

@@ -182,3 +182,13 @@ def test_offload_hit_rate_is_read_from_bench_deltas_and_metrics():
     text = ('jido:kv_offload_hits_total{model_name="m",tier="cpu"} 3\n'
             'jido:kv_offload_misses_total{model_name="m",tier="cpu"} 1\n')
     assert observations_from_metrics(parse_metrics(text)).kv_offload_hit_rate == 0.75
+
+
+def test_kernels_on_their_fallbacks_are_the_root_cause_named_before_the_latencies_they_slow():
+    findings = _diagnose(kernel_fallbacks=1, mean_tpot_ms=400.0, p99_tpot_ms=500.0)
+    assert [f.name for f in findings][:2] == ["kernels-missing", "slow-decode"]
+    assert findings[0].root_cause and any("jido build-kernels" in knob for knob in findings[0].knobs)
+    assert "kernel_fallbacks=1" in findings[0].evidence
+    text = 'jido:kernel_fallbacks{model_name="m"} 2.0\n'
+    assert observations_from_metrics(parse_metrics(text)).kernel_fallbacks == 2
+    assert [f.name for f in _diagnose(kernel_fallbacks=0)] == ["healthy"]

@@ -62,6 +62,8 @@ BEFORE = {
     "jido:kv_pinned_bytes": ("gauge", "KV bytes the pinned prefixes hold in the device pool.", {}, ()),
     "jido:kv_pinned_tokens": ("gauge", "Tokens whose KV the pinned prefixes hold.", {}, ()),
     "jido:kv_pinned_hits": ("counter", "Requests admitted whose cached prefix covered a pinned one.", {}, ()),
+    "jido:kernel_fallbacks": ("gauge", "C++ kernel libraries that failed to build, whose slower PyTorch fallbacks run "
+                              "instead (`jido build-kernels` rebuilds them and keeps the compiler's output).", {}, ()),
 }
 
 
@@ -242,3 +244,19 @@ def test_speculative_decoding_counters_follow_the_schedulers_totals_by_position(
 
 def test_a_server_that_does_not_speculate_exports_no_speculative_decoding_series(metrics):
     assert not [name for name in parse_metrics(_text(metrics)).samples if "spec_decode" in name]
+
+
+def test_kernel_libraries_on_their_fallbacks_are_counted_and_named(fresh_env):
+    built = ServerMetrics("m", 100)
+    failed = None
+    try:
+        assert parse_metrics(_text(built)).samples["jido:kernel_fallbacks"] == [({"model_name": "m"}, 0.0)]
+        assert "jido:kernel_fallback_info" not in _text(built)
+        built.close()
+        failed = ServerMetrics("m", 100, kernel_fallbacks={"jido_int8_dot": "the float kernels (CalledProcessError)"})
+        parsed = parse_metrics(_text(failed))
+        assert parsed.total("jido:kernel_fallbacks") == 1
+        assert parsed.samples["jido:kernel_fallback_info"] == [
+            ({"model_name": "m", "library": "jido_int8_dot", "fallback": "the float kernels (CalledProcessError)"}, 1.0)]
+    finally:
+        (failed or built).close()
