@@ -262,3 +262,24 @@ def test_the_report_shows_each_servers_start_up_and_memory(compare):
                "start_s": 12.3, "pss_after_load_mib": 1234.4, "peak_pss_mib": 1500.0}}}}
     text = compare.markdown(doc)
     assert "start-up 12.3 s to ready; PSS of its processes 1,234 MiB after load, peak 1,500 MiB" in text
+
+
+def test_each_weights_memory_is_its_own_jido_entry_and_common_settings_reach_every_one(compare):
+    auto, lean = compare.jido_variants("float32", "gemma-3-270m", [], ["auto", "lean"], {"kv_cache_memory": "1GiB"})
+    assert compare.variant_label("jido", lean.config) == "jido[dtype=float32,kv_cache_memory=1GiB,weights_memory=lean]"
+    command, _ = lean.command(8765)
+    assert command[command.index("--weights-memory") + 1] == "lean"
+    assert command[command.index("--kv-cache-memory") + 1] == "1GiB"
+    assert auto.command(8765)[0][-2:] == ["--weights-memory", "auto"]
+
+
+def test_a_gguf_path_is_served_and_named_by_its_file_name(compare, tmp_path):
+    path = tmp_path / "qwen2.5-7b-shape-random-q4_k_m.gguf"
+    assert compare.model_label(str(path)) == "qwen2.5-7b-shape-random-q4_k_m"
+    assert compare.model_label("gemma-3-270m") == "gemma-3-270m" and compare.gguf_path(str(path)) == path
+    [jido] = compare.jido_variants("float32", str(path), [])
+    command, _ = jido.command(8765)
+    assert command[command.index("--model") + 1] == str(path)
+    assert command[command.index("--served-model-name") + 1] == "qwen2.5-7b-shape-random-q4_k_m"
+    with pytest.raises(SystemExit):
+        compare.main(["--model", str(tmp_path / "missing.gguf"), "--setup-only"])
