@@ -602,10 +602,13 @@ def run_peer(name: str, peer: Peer, workloads: list[Workload], prompts: dict, to
 
 # -- results --------------------------------------------------------------------------------------------
 @functools.cache
-def decode_limit(dtype: str, model: str, quantization: str | None = None) -> tuple[float, float, float]:
+def decode_limit(dtype: str, model: str, quantization: str | None = None,
+                 weights_memory: str | None = None) -> tuple[float, float, float]:
     """(batch-1 decode limit tok/s, copy bandwidth GB/s, weight MB read per token) for the model as `jido serve
-    --dtype DTYPE [--quantization Q]` holds it (without Q a GGUF model's codes: jido's default), from `jido
-    roofline`'s cached figures for this machine (measured now, with progress on stderr, if it has none)."""
+    --dtype DTYPE [--quantization Q] [--weights-memory W]` holds it (without Q a GGUF model's codes: jido's default),
+    from `jido roofline`'s cached figures for this machine (measured now, with progress on stderr, if it has none).
+    The model is loaded here, in this process, with the variant's weight plan: its bytes read per token (five-bit
+    rows where the plan holds them) are the ones the server read."""
     import torch
 
     from jido import LLM
@@ -615,7 +618,8 @@ def decode_limit(dtype: str, model: str, quantization: str | None = None) -> tup
 
     peaks, _ = roofline.cached_peaks(roofline.RooflineConfig(), torch.device("cpu"))
     shape = shape_from_hf_config(load_config(hf_folder(model)))
-    llm = LLM(model=model, dtype=dtype, kv_cache_memory="64MiB", quantization=quantization)
+    llm = LLM(model=model, dtype=dtype, kv_cache_memory="64MiB", quantization=quantization,
+              weights_memory=weights_memory or "auto")
     try:
         held = roofline.held_weight_bytes(llm)
     finally:
@@ -633,7 +637,8 @@ def save(records: dict[str, Any], workloads: list[Workload], model: str = DEFAUL
     doc["workloads"].update({w.name: dataclasses.asdict(w) for w in workloads})
     doc.update(date=now_iso(), model=model, machine=machine, python=sys.version.split()[0],
                ratios=ratios(doc["peers"]),
-               roofline=roofline_shares(doc["peers"], machine, lambda dtype, q: decode_limit(dtype, model, q)),
+               roofline=roofline_shares(doc["peers"], machine, lambda dtype, config: decode_limit(
+                   dtype, model, config.get("quantization"), config.get("weights_memory"))),
                jido_profile=jido_profile(doc["peers"], RESULTS))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")

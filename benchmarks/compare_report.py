@@ -76,10 +76,10 @@ def same_cpu(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
 
 
 def roofline_shares(records: dict[str, Any], machine: dict[str, Any],
-                    decode_limit: Callable[[str, str | None], tuple[float, float, float]]) -> dict[str, Any]:
+                    decode_limit: Callable[[str, dict[str, Any]], tuple[float, float, float]]) -> dict[str, Any]:
     """Each jido variant's batch-1 decode over the bandwidth limit for the dtype (and quantization) it ran with.
 
-    `decode_limit(dtype, quantization)` gives (limit tok/s, copy bandwidth GB/s, weight MB read per token) as measured on
+    `decode_limit(dtype, config)` (the variant's settings: quantization, weights_memory) gives (limit tok/s, copy bandwidth GB/s, weight MB read per token) as measured on
     `machine`, the weights as jido holds them in that dtype (quantized codes where it serves them); a variant
     measured on another CPU gets a note instead. A share over 100% means the limit was measured too small:
     it is given as None with a note, never as a figure.
@@ -94,7 +94,7 @@ def roofline_shares(records: dict[str, Any], machine: dict[str, Any],
             shares[label] = {"dtype": dtype, "percent_of_limit": None,
                              "note": "its CPU was not recorded or is not the one the roofline was measured on"}
             continue
-        limit, bandwidth, weight_mb = decode_limit(dtype, (record.get("config") or {}).get("quantization"))
+        limit, bandwidth, weight_mb = decode_limit(dtype, record.get("config") or {})
         decode = 1000 / batch1["median_tpot_ms"]
         share: dict[str, Any] = {"dtype": dtype, "decode_limit_tok_s": limit, "jido_decode_tok_s": decode,
                                  "bandwidth_gb_s": bandwidth, "weight_mb": weight_mb,

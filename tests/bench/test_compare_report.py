@@ -71,7 +71,7 @@ def test_a_second_jido_dtype_is_saved_beside_the_first(compare, tmp_path, monkey
     monkeypatch.setattr(compare, "RESULTS", tmp_path)
     monkeypatch.setattr(compare, "run_machine", lambda: dict(CPU, platform="Linux"))
     limits = {"float32": (30.0, 40.0, 300.0), "bfloat16": (60.0, 40.0, 300.0)}
-    monkeypatch.setattr(compare, "decode_limit", lambda dtype, model, quantization=None: limits[dtype])
+    monkeypatch.setattr(compare, "decode_limit", lambda dtype, model, quantization=None, weights_memory=None: limits[dtype])
     workloads = [compare.WORKLOADS["batch1"], compare.WORKLOADS["random-c16"]]
     compare.save({"jido[dtype=float32]": jido("float32", 100.0)}, workloads)
     path = compare.save({"jido[dtype=bfloat16]": jido("bfloat16", 40.0, throughput=600.0)}, workloads)
@@ -208,7 +208,7 @@ def test_every_server_serves_the_named_model_and_its_results_get_their_own_file(
     assert str(tmp_path / "peers" / "models" / qwen) in vllm_command
     monkeypatch.setattr(compare, "RESULTS", tmp_path)
     monkeypatch.setattr(compare, "run_machine", lambda: dict(CPU, platform="Linux"))
-    monkeypatch.setattr(compare, "decode_limit", lambda dtype, model, quantization=None: (30.0, 40.0, 300.0))
+    monkeypatch.setattr(compare, "decode_limit", lambda dtype, model, quantization=None, weights_memory=None: (30.0, 40.0, 300.0))
     path = compare.save({"jido[dtype=float32]": jido("float32", 100.0)}, [compare.WORKLOADS["batch1"]], qwen)
     assert path.name == f"compare-{datetime.date.today().isoformat()}-zen4-{qwen}.json"
     assert json.loads(path.read_text())["model"] == qwen
