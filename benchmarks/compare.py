@@ -635,10 +635,14 @@ def save(records: dict[str, Any], workloads: list[Workload], model: str = DEFAUL
     path, doc = todays_results(model, machine)
     doc["peers"].update(records)
     doc["workloads"].update({w.name: dataclasses.asdict(w) for w in workloads})
+    # The decode limit loads the model in this process: only for the entries saved now (a 7B-class model's earlier
+    # entries, loaded again one after another, took this process past the machine's memory).
+    earlier = {label: share for label, share in doc.get("roofline", {}).items()
+               if label in doc["peers"] and label not in records}
+    fresh = roofline_shares(records, machine, lambda dtype, config: decode_limit(
+        dtype, model, config.get("quantization"), config.get("weights_memory")))
     doc.update(date=now_iso(), model=model, machine=machine, python=sys.version.split()[0],
-               ratios=ratios(doc["peers"]),
-               roofline=roofline_shares(doc["peers"], machine, lambda dtype, config: decode_limit(
-                   dtype, model, config.get("quantization"), config.get("weights_memory"))),
+               ratios=ratios(doc["peers"]), roofline=earlier | fresh,
                jido_profile=jido_profile(doc["peers"], RESULTS))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
