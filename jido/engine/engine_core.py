@@ -118,10 +118,7 @@ class EngineCore:
         sched = config.scheduler_config
         connector = None
         self.kv_connector_info: dict = {}
-        # A library that failed on any rank slows every step: the union of the ranks' fallbacks.
-        self.kernel_fallbacks: dict[str, str] = {}
-        for rank_fallbacks in self.executor.collective_rpc("kernel_fallbacks"):
-            self.kernel_fallbacks.update(rank_fallbacks)
+        self.kernel_fallbacks = self.executor.kernel_fallbacks()
         if has_connector:
             self.kv_connector_info = self.executor.collective_rpc("kv_connector_info")[0]
             connector = make_scheduler_connector(config, kv_config, self.kv_connector_info)

@@ -86,6 +86,14 @@ class Executor(ABC):
         """Bytes for the KV cache that every worker can give: the smallest worker's."""
         return min(self.collective_rpc("determine_available_memory"))
 
+    def kernel_fallbacks(self) -> dict[str, str]:
+        """The C++ kernel libraries some worker failed to build, with what runs instead: a library missing on any
+        rank slows every step."""
+        fallbacks: dict[str, str] = {}
+        for rank_fallbacks in self.collective_rpc("kernel_fallbacks"):
+            fallbacks.update(rank_fallbacks)
+        return fallbacks
+
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         self.collective_rpc("initialize_kv_cache", (kv_cache_config,))
 

@@ -47,6 +47,9 @@ class ScriptedExecutor(Executor):
     def capture_model(self, max_model_len: int) -> None:
         pass  # no model: nothing to capture
 
+    def kernel_fallbacks(self) -> dict[str, str]:
+        return {}  # no kernels
+
     def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None) -> list[Any]:
         return [getattr(self, method)(*args, **(kwargs or {}))]
 
