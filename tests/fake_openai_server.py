@@ -90,9 +90,9 @@ def make_handler(state: FakeState) -> type[BaseHTTPRequestHandler]:
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             self._stream(payload, prompt)
+            with state.lock:  # counted before the body ends, as a server counts a request finished before its last
+                state.num_requests += 1  # bytes go out: a client that scrapes /metrics right after must see it
             self._chunk(b"")
-            with state.lock:
-                state.num_requests += 1
 
         def _stream(self, payload: dict, prompt: str) -> None:
             chat = "messages" in payload
