@@ -137,7 +137,8 @@ def test_build_kernels_reports_each_library_and_fails_when_one_did_not_build(mon
 def test_an_engine_reports_the_kernel_libraries_its_worker_could_not_build(tiny_model_folder, monkeypatch):
     from jido.engine.llm import LLM
 
-    monkeypatch.setitem(cpp_build.BUILDS, "jido_missing", cpp_build.BuildOutcome(
-        "C++ missing kernels", "the PyTorch ops", loaded=False, reason="CalledProcessError: no compiler"))
+    # This process's builds alone (other tests record failed builds of their own in BUILDS).
+    monkeypatch.setattr(cpp_build, "BUILDS", {"jido_missing": cpp_build.BuildOutcome(
+        "C++ missing kernels", "the PyTorch ops", loaded=False, reason="CalledProcessError: no compiler")})
     with LLM(model=str(tiny_model_folder), kv_cache_memory="4MiB") as llm:
         assert llm.llm_engine.kernel_fallbacks == {"jido_missing": "the PyTorch ops (CalledProcessError: no compiler)"}
