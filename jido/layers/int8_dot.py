@@ -80,8 +80,14 @@ def load_int8_dot_ops(source: Path = SOURCE) -> object | None:
 
 
 def supports(w: QuantizedWeight) -> bool:
-    """Whether the kernels take ``w``'s groups: 16 columns, a multiple of 32, or a whole row."""
-    return w.group_size == 16 or w.group_size % BLOCK == 0 or w.group_size >= w.shape[1]
+    """Whether the kernels take ``w``'s groups (see :func:`takes_groups`)."""
+    return takes_groups(w.group_size, w.shape[1])
+
+
+def takes_groups(group_size: int, num_cols: int) -> bool:
+    """Whether the kernels take groups of ``group_size`` of a row of ``num_cols``: 16 columns, a multiple of 32, or a
+    whole row."""
+    return group_size == 16 or group_size % BLOCK == 0 or group_size >= num_cols
 
 
 def runs(w: QuantizedWeight) -> bool:

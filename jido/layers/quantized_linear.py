@@ -278,7 +278,7 @@ class QuantizedLinearMethod(LinearMethod):
         group = min((c.group_size for c in staged.values()), default=self.group_size or cols)
         scale_bytes = -(-cols // group) * rows * 4 * (2 if offsets else 1)
         codes = LayoutCosts(weights * bits // 8 + scale_bytes)
-        if not _int8_kernels_run(group, cols):
+        if not int8_dot.takes_groups(group, cols) or int8_dot.load_int8_dot_ops() is None:
             return codes
         extras = {PANELS: weights + weights // 8 * (2 if offsets else 1)}
         if staged and all(c.source == "Q5_0" for c in staged.values()):
@@ -445,7 +445,7 @@ class QuantizedLinearMethod(LinearMethod):
         def argmax(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
             """Each row's argmax of ``linear(x, bias)`` where that runs on vector panels (their kernel gives it
             without the outputs); else None. AMX panels have their own (see greedy_token_ids)."""
-            if inv is not None or not panels or layer.qpanels.amx or route(x.shape[0], x.dtype) != _ON_PANELS:
+            if inv is not None or route(x.shape[0], x.dtype) != _ON_PANELS or layer.qpanels.amx:
                 return None
             return int8_dot.panel_argmax(x, layer.qpanels, bias)
 
@@ -459,12 +459,6 @@ class QuantizedLinearMethod(LinearMethod):
         if self.bits is None:
             return None  # gguf: a tensor the file stores in float stays a dense float weight
         return quant_kernels.quantize(layer.weight.detach().float(), self.bits, self.group_size)
-
-
-def _int8_kernels_run(group_size: int, cols: int) -> bool:
-    """Whether jido's int8 kernels are built here and take codes in groups of ``group_size`` (see int8_dot.supports)."""
-    supported = group_size == 16 or group_size % int8_dot.BLOCK == 0 or group_size >= cols
-    return supported and int8_dot.load_int8_dot_ops() is not None
 
 
 def smoothing_factors(input_max: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:

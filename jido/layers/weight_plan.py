@@ -37,8 +37,10 @@ SERVES = {
     PREFILL_INT8: "gguf_w8a8 prefill-sized steps",
     BF16_COPY: "prefill-sized steps in bf16",
 }
-# Module attributes holding each layout (jido/layers/quantized_linear.py).
-_HELD_AS = {CODES: "qweight", FIVE_BITS: "qfive", PANELS: "qpanels", AMX_GEMM: "qgemm", BF16_COPY: "qdense"}
+# Module attributes holding each layout (jido/layers/quantized_linear.py); gguf_w8a8's int8 copy is ``qint_mm`` where
+# it runs on oneDNN rather than AMX tiles.
+_HELD_AS = ((CODES, "qweight"), (FIVE_BITS, "qfive"), (PANELS, "qpanels"), (AMX_GEMM, "qgemm"),
+            (PREFILL_INT8, "qint_mm"), (BF16_COPY, "qdense"))
 
 
 @dataclass
@@ -110,18 +112,13 @@ def held_layouts(model: nn.Module) -> dict[str, tuple[int, int]]:
     held: dict[str, tuple[int, int]] = {}
     seen: set[int] = set()
     for module in model.modules():
-        for layout, name in _HELD_AS.items():
+        for layout, name in _HELD_AS:
             value = module.__dict__.get(name)
             if value is None or id(value) in seen:
                 continue
             seen.add(id(value))
             nbytes, layers = held.get(layout, (0, 0))
             held[layout] = (nbytes + _nbytes(value), layers + 1)
-        int_mm = module.__dict__.get("qint_mm")  # gguf_w8a8's copy where it runs on oneDNN rather than AMX tiles
-        if int_mm is not None and id(int_mm) not in seen:
-            seen.add(id(int_mm))
-            nbytes, layers = held.get(PREFILL_INT8, (0, 0))
-            held[PREFILL_INT8] = (nbytes + _nbytes(int_mm), layers + 1)
     return held
 
 

@@ -100,13 +100,21 @@ def open_gguf(path: Path) -> GGUFFile:
     try:
         reader = GGUFReader(path)
     except (ValueError, IndexError, KeyError, OSError) as exc:  # gguf-py's errors where bytes are missing or wrong
-        raise ValueError(f"{path}: not a readable GGUF file, cut short or corrupt ({type(exc).__name__}: {exc}); "
-                         "copy or download it again") from exc
-    metadata = {key: f.contents() for key, f in reader.fields.items()}
-    arch = metadata.get("general.architecture")
+        raise _unreadable(path, exc) from exc
+    return _checked(GGUFFile(path, {key: f.contents() for key, f in reader.fields.items()}, list(reader.tensors)))
+
+
+def _unreadable(path: Path, exc: Exception) -> ValueError:
+    return ValueError(f"{path}: not a readable GGUF file, cut short or corrupt ({type(exc).__name__}: {exc}); "
+                      "copy or download it again")
+
+
+def _checked(model: GGUFFile) -> GGUFFile:
+    """``model``, or ValueError where jido has no model for its architecture."""
+    arch = model.metadata.get("general.architecture")
     if arch not in ARCHS:
-        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported; supported: {sorted(ARCHS)}")
-    return GGUFFile(path, metadata, list(reader.tensors))
+        raise ValueError(f"{model.path}: GGUF architecture {arch!r} is not supported; supported: {sorted(ARCHS)}")
+    return model
 
 
 class IndexedTensor(NamedTuple):
@@ -131,11 +139,10 @@ def open_gguf_index(path: Path) -> GGUFFile:
     weights needs none of them. Raises ValueError as :func:`open_gguf` does.
     """
     try:
-        mapped = np.memmap(path, dtype=np.uint8, mode="r")
-        return _index(path, mapped)
+        model = _index(path, np.memmap(path, dtype=np.uint8, mode="r"))
     except (ValueError, IndexError, KeyError, OSError, struct.error) as exc:
-        raise ValueError(f"{path}: not a readable GGUF file, cut short or corrupt ({type(exc).__name__}: {exc}); "
-                         "copy or download it again") from exc
+        raise _unreadable(path, exc) from exc
+    return _checked(model)
 
 
 def _index(path: Path, mapped: np.ndarray) -> GGUFFile:
@@ -151,9 +158,6 @@ def _index(path: Path, mapped: np.ndarray) -> GGUFFile:
         key, offset = _string(buffer, offset)
         (value_type,), offset = struct.unpack_from("<I", buffer, offset), offset + 4
         metadata[key], offset = _value(buffer, offset, value_type)
-    arch = metadata.get("general.architecture")
-    if arch not in ARCHS:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {sorted(ARCHS)}")
     infos = []
     for _ in range(num_tensors):
         name, offset = _string(buffer, offset)
