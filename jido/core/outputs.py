@@ -50,7 +50,8 @@ class SchedulerOutput:
     # Requests whose whole prompt (past the prefix hit) this step blends from cached chunks (CacheBlend).
     kv_blend_plans: dict[str, BlendPlan] = field(default_factory=dict)
     # Structured outputs: the allowed next tokens of each request this step samples under a grammar, as
-    # [ceil(vocab / 32)] int32 bitmasks (bit t % 32 of word t // 32 allows token t); absent: unconstrained.
+    # [1 + K, ceil(vocab / 32)] int32 bitmasks (bit t % 32 of word t // 32 allows token t), one row per position
+    # it samples: its next token, and after each of the K proposals it verifies; absent: unconstrained.
     grammar_bitmask: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property

@@ -254,7 +254,7 @@ class Scheduler:
                 request.eos_token_ids, self.kv.get_block_ids(req_id), request.num_computed_tokens))
         dropped, self._dropped = self._dropped, set()
         output = SchedulerOutput(new_reqs, cached_reqs, num_scheduled, sum(num_scheduled.values()), dropped,
-                                 spec_tokens, kv_blend_plans=blend_plans, grammar_bitmask=fill_bitmasks(grammars))
+                                 spec_tokens, kv_blend_plans=blend_plans, grammar_bitmask=fill_bitmasks(grammars, spec_tokens))
         if self.connector is not None:
             output.kv_connector_metadata = self.connector.build_connector_meta(output, self.kv.get_block_ids)
         return output
@@ -302,9 +302,12 @@ class Scheduler:
         return outputs
 
     def _useful_proposals(self, request: Request, proposals: list[int] | None) -> list[int]:
-        """The runner's proposals that could still become tokens: a step that verifies k gives up to k + 1."""
+        """The runner's proposals that could still become tokens: a step that verifies k gives up to k + 1, and
+        under a grammar only as many as it accepts (a proposal it refuses could never be verified)."""
         if not proposals:
             return []
+        if request.grammar is not None:
+            proposals = proposals[:request.grammar.validate_tokens(list(proposals))]
         room = self.limits.max_model_len - request.num_tokens
         max_tokens = request.sampling_params.max_tokens
         if max_tokens is not None:

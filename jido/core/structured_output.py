@@ -44,6 +44,12 @@ class Grammar(Protocol):
     def is_terminated(self) -> bool:
         """Whether the constraint is finished (its stop token was accepted) or broken: nothing more may follow."""
 
+    def validate_tokens(self, token_ids: list[int]) -> int:
+        """How many of ``token_ids``, from the first, the grammar would accept in turn; advances nothing."""
+
+    def rollback(self, num_tokens: int) -> None:
+        """Take back the last ``num_tokens`` accepted tokens (each accepted while the grammar was not terminated)."""
+
 
 class GuidanceGrammar:
     """A :class:`Grammar` on an llguidance matcher."""
@@ -60,6 +66,13 @@ class GuidanceGrammar:
 
     def is_terminated(self) -> bool:
         return self._matcher.is_stopped() or self._matcher.is_error()
+
+    def validate_tokens(self, token_ids: list[int]) -> int:
+        return self._matcher.validate_tokens(token_ids)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens and not self._matcher.rollback(num_tokens):
+            raise RuntimeError(f"the grammar could not take back {num_tokens} tokens: {self._matcher.get_error()}")
 
 
 class GrammarCompiler:
@@ -131,12 +144,33 @@ def grammar_text(params: StructuredOutputsParams) -> tuple[str, str]:
         raise ValueError(f"structured_outputs.grammar is invalid: {exc}") from exc
 
 
-def fill_bitmasks(grammars: dict[str, Grammar]) -> dict[str, np.ndarray]:
-    """Each request's next-token bitmask ([bitmask_words(vocab_size)] int32), rows of one array for the step."""
+def fill_bitmasks(grammars: dict[str, Grammar],
+                  spec_tokens: dict[str, list[int]] | None = None) -> dict[str, np.ndarray]:
+    """Per request, ``[1 + K, bitmask_words(vocab_size)]`` int32: the bitmask of its next token and, where the step
+    verifies K proposals (``spec_tokens``), the bitmask after each of them, the row each verified position samples.
+
+    Proposals were cut to what the grammar accepts when they were made (``Grammar.validate_tokens``), so each is
+    accepted here for the masks after it and taken back before returning: the grammar is left where it was. A
+    proposal that ends the constraint leaves the rows after it the terminated grammar's mask (its stop tokens);
+    the scheduler drops whatever is sampled there.
+    """
     if not grammars:
         return {}
+    spec_tokens = spec_tokens or {}
     vocab_size = next(iter(grammars.values())).vocab_size
-    masks = np.empty((len(grammars), bitmask_words(vocab_size)), dtype=np.int32)
-    for row, grammar in zip(masks, grammars.values()):
-        grammar.fill_bitmask(row)
-    return dict(zip(grammars, masks))
+    words = bitmask_words(vocab_size)
+    masks = {}
+    for req_id, grammar in grammars.items():
+        proposals = spec_tokens.get(req_id, [])
+        rows = np.empty((1 + len(proposals), words), dtype=np.int32)
+        grammar.fill_bitmask(rows[0])
+        advanced = 0
+        for row, token_id in zip(rows[1:], proposals):
+            if not grammar.is_terminated():  # tokens past the end are not history: nothing to roll back
+                if not grammar.accept_token(token_id):
+                    raise RuntimeError(f"request {req_id}: proposal {token_id} was not cut to its grammar")
+                advanced += 1
+            grammar.fill_bitmask(row)
+        grammar.rollback(advanced)
+        masks[req_id] = rows
+    return masks

@@ -234,9 +234,6 @@ class LLMEngine:
         they are invalid or this engine cannot enforce them. Safe from any thread (the server checks first)."""
         if params.structured_outputs is None:
             return None
-        if self.config.speculative_config is not None:
-            raise ValueError("structured_outputs is not supported with speculative decoding (speculative_config): "
-                             "proposals are not checked against the grammar yet")
         return self.grammar_compiler.compile(params.structured_outputs)
 
     def check_transfer_params(self, params: dict | None, sampling: SamplingParams | None = None) -> object:

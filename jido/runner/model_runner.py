@@ -391,7 +391,8 @@ class ModelRunner:
         model_done = time.perf_counter()
         if inputs.sampled_req_ids:  # else only prefill chunks that have not reached their prompts' ends
             rows = hidden[inputs.logits_indices]
-            metadata = with_grammar(self._row_metadata(inputs), inputs.sampled_req_ids, sched.grammar_bitmask)
+            metadata = with_grammar(self._row_metadata(inputs), inputs.sampled_req_ids, sched.grammar_bitmask,
+                                    [len(d) + 1 for d in inputs.draft_token_ids] if inputs.draft_token_ids else None)
             verified = self._greedy_tokens(rows, inputs, metadata)
             logits = None if verified is not None else self.model.compute_logits(rows)
             model_done = time.perf_counter()  # the LM head, kernel or logits, is the model's time

@@ -134,12 +134,24 @@ def shift_metadata(md: SamplingMetadata, source_rows: list[int], prefixes: list[
                             prompt_token_mask=mask, output_token_counts=counts)
 
 
-def with_grammar(md: SamplingMetadata, req_ids: list[str], bitmasks: dict[str, np.ndarray]) -> SamplingMetadata:
-    """``md`` (row i sampling for request ``req_ids[i]``) with the grammar bitmasks of the requests that have one."""
-    rows = [row for row, req_id in enumerate(req_ids) if req_id in bitmasks]
+def with_grammar(md: SamplingMetadata, req_ids: list[str], bitmasks: dict[str, np.ndarray],
+                 num_rows: list[int] | None = None) -> SamplingMetadata:
+    """``md`` with the grammar bitmasks of the requests that have one: request ``req_ids[i]`` owns ``num_rows[i]``
+    consecutive rows of ``md`` (one each by default; 1 + K where a step verifies K proposals), and its bitmasks
+    ([rows, words], :class:`jido.core.outputs.SchedulerOutput`) one for each."""
+    num_rows = num_rows or [1] * len(req_ids)
+    rows, masks, start = [], [], 0
+    for req_id, count in zip(req_ids, num_rows):
+        if req_id in bitmasks:
+            mask = bitmasks[req_id].reshape(-1, bitmasks[req_id].shape[-1])
+            if len(mask) != count:
+                raise ValueError(f"request {req_id} samples {count} rows but has {len(mask)} grammar bitmasks")
+            rows.extend(range(start, start + count))
+            masks.append(mask)
+        start += count
     if rows:
         md.grammar_rows = torch.tensor(rows, dtype=torch.long)
-        md.grammar_bitmask = torch.from_numpy(np.stack([bitmasks[req_ids[row]] for row in rows]))
+        md.grammar_bitmask = torch.from_numpy(np.concatenate(masks))
     return md
 
 

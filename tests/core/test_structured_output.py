@@ -66,8 +66,9 @@ def test_a_bad_constraint_is_a_value_error_naming_its_field(compiler, kwargs, fi
 def test_a_choice_mask_allows_exactly_the_tokens_that_spell_a_prefix_of_a_choice(compiler, token_bytes):
     choices = ["red", "green", "blue sky"]
     grammar = compiler.compile(StructuredOutputsParams(choice=choices))
-    mask = fill_bitmasks({"r": grammar})["r"]
-    assert mask.shape == (bitmask_words(VOCAB),)
+    masks = fill_bitmasks({"r": grammar})["r"]
+    assert masks.shape == (1, bitmask_words(VOCAB))  # one row: the next token's
+    mask = masks[0]
     expected = {t for t, data in token_bytes.items()
                 if data and any(c.encode().startswith(data) for c in choices)}
     assert allowed_tokens(mask) == expected
@@ -87,3 +88,34 @@ def test_the_grammar_advances_with_accepted_tokens_and_terminates_when_nothing_c
     assert grammar.accept_token(digits[2]) and grammar.is_terminated()  # three digits: nothing may follow
     assert not compiler.compile(StructuredOutputsParams(regex="[0-9]{2,3}")).accept_token(tokenizer.encode(
         "x", add_special_tokens=False)[0])
+
+
+def test_masks_for_verified_proposals_are_the_masks_after_each_proposal_and_leave_the_grammar_where_it_was(
+        compiler, gemma_folder):
+    tokenizer = Tokenizer.from_folder(gemma_folder)
+    params = StructuredOutputsParams(regex="[a-z]+ [0-9]{2}")
+    proposals = tokenizer.encode("cat 42", add_special_tokens=False)
+    grammar = compiler.compile(params)
+    masks = fill_bitmasks({"r": grammar}, {"r": proposals})["r"]
+    assert masks.shape == (1 + len(proposals), bitmask_words(VOCAB))
+    reference = compiler.compile(params)  # advanced token by token, one mask at a time
+    for j, token_id in enumerate([None, *proposals]):
+        if token_id is not None and not reference.is_terminated():
+            assert reference.accept_token(token_id)
+        expected = np.empty(bitmask_words(VOCAB), dtype=np.int32)
+        reference.fill_bitmask(expected)
+        assert np.array_equal(masks[j], expected), f"row {j}"
+    assert allowed_tokens(masks[-1]) == set(tokenizer.eos_token_ids)  # "cat 42" is complete: only the end
+    again = fill_bitmasks({"r": grammar})["r"][0]  # taken back: the next step starts from the same place
+    assert np.array_equal(again, masks[0])
+
+
+def test_proposals_are_cut_at_the_first_token_the_grammar_refuses(compiler, gemma_folder):
+    tokenizer = Tokenizer.from_folder(gemma_folder)
+    grammar = compiler.compile(StructuredOutputsParams(regex="[a-z]+ [0-9]{2}"))
+    valid = tokenizer.encode("cat 4", add_special_tokens=False)
+    refused = tokenizer.encode("7", add_special_tokens=False)  # a letter must come first
+    assert grammar.validate_tokens(valid + tokenizer.encode("x", add_special_tokens=False) + valid) == len(valid)
+    assert grammar.validate_tokens(refused) == 0
+    mask = fill_bitmasks({"r": grammar})["r"][0]  # validating advanced nothing
+    assert set(valid[:1]) <= allowed_tokens(mask) and not set(refused) & allowed_tokens(mask)

@@ -8,8 +8,10 @@ near-tie that verifying several positions at once rounds the other way), while t
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 import torch
 from distribution_checks import MIN_P_VALUE, nucleus_probs, randomized_pit, uniformity_p_value
@@ -17,7 +19,7 @@ from near_tie import assert_same_until_a_near_tie
 from tiny_model_folder import BOS_ID, write_tiny_model_folder
 from transformers import AutoModelForCausalLM
 
-from jido import LLM, SamplingParams
+from jido import LLM, SamplingParams, StructuredOutputsParams
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 NAMES = ["capital", "story", "korean", "code", "long_argparse", "long_textwrap"]
@@ -46,6 +48,38 @@ def test_greedy_outputs_with_ngram_speculation_equal_the_plain_runs_on_every_fix
     stats = spec_llm.llm_engine.get_scheduler_stats().spec_decoding
     assert stats.num_accepted_tokens - before.num_accepted_tokens > 20  # the proposals did carry tokens
 
+
+
+RECORD_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "tags"],
+                 "properties": {"name": {"type": "string", "maxLength": 20},
+                                "tags": {"type": "array", "maxItems": 4, "items": {"type": "string", "maxLength": 12}}}}
+# The prompts hold JSON, so the n-gram proposer has JSON to propose, some of it past what the schema allows.
+RECORD_PROMPTS = ['{"name": "ada", "tags": ["math", "code"]}\n{"name": "alan", "tags": ["code", "math"]}\n',
+                  'Records: {"name": "grace", "tags": ["navy"]} {"name": "grace", "tags": ["navy", "code"]} Next:']
+
+
+def test_structured_outputs_with_ngram_speculation_follow_the_schema_and_keep_the_plain_greedy_tokens(llm, spec_llm):
+    schema = StructuredOutputsParams(json=RECORD_SCHEMA)
+    greedy = SamplingParams(temperature=0, max_tokens=48, structured_outputs=schema, logprobs=20)
+    seeded = SamplingParams(temperature=0.8, seed=5, max_tokens=48, structured_outputs=schema)
+    before = spec_llm.llm_engine.get_scheduler_stats().spec_decoding
+    spec = [o.outputs[0] for o in spec_llm.generate(RECORD_PROMPTS * 2, [greedy] * 2 + [seeded] * 2, use_tqdm=False)]
+    for completion in spec:
+        assert completion.finish_reason == "stop", completion.text
+        jsonschema.validate(json.loads(completion.text), RECORD_SCHEMA)
+    stats = spec_llm.llm_engine.get_scheduler_stats().spec_decoding
+    assert stats.num_accepted_tokens - before.num_accepted_tokens >= 4  # proposals were verified under the grammar
+    for prompt, ours in zip(RECORD_PROMPTS, spec[:2]):
+        theirs = llm.generate([prompt], greedy, use_tqdm=False)[0].outputs[0]
+        same = next((i for i, (a, b) in enumerate(zip(ours.token_ids, theirs.token_ids)) if a != b), None)
+        if same is None:
+            assert ours.token_ids == theirs.token_ids
+            continue
+        # Where they part, both tokens were allowed and the plain run's logits held them within verify noise.
+        top = theirs.logprobs[same]
+        assert ours.token_ids[same] in top, f"{prompt!r}: spec token at {same} is not in the plain run's top 20"
+        gap = top[theirs.token_ids[same]].logprob - top[ours.token_ids[same]].logprob
+        assert gap < VERIFY_NOISE_LOGIT_GAP, f"{prompt!r}: parted at {same} with a logit gap of {gap}"
 
 # -- tiny random models: cheap steps, and the same exactness ----------------------------------------------
 PEAKED = {"weight_scale": 0.2, "final_logit_softcapping": 7.0}  # repeats itself: proposals often hold

@@ -62,9 +62,3 @@ def test_a_bad_schema_is_refused_before_anything_is_queued(llm):
         llm.generate(["x"], bad, use_tqdm=False)
     assert not llm.llm_engine.has_engine_work()
 
-
-def test_structured_outputs_with_speculative_decoding_is_refused(tiny_model_folder):
-    spec = LLM(str(tiny_model_folder), dtype="float32", kv_cache_memory="1MiB",
-               speculative_config={"method": "ngram", "num_speculative_tokens": 2})
-    with pytest.raises(ValueError, match="not supported with speculative decoding"):
-        spec.generate(["w5"], SamplingParams(structured_outputs=_constrained(regex="w5")), use_tqdm=False)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from jido.core.sampling_params import SamplingParams
@@ -61,3 +62,25 @@ def test_greedy_and_random_rows_pick_only_allowed_tokens_and_unconstrained_rows_
 def test_rows_without_a_grammar_leave_the_metadata_as_it_was():
     md = with_grammar(_metadata([SamplingParams(temperature=0)]), ["x"], {})
     assert md.grammar_rows is None and md.argmax_only
+
+
+def test_a_request_verifying_proposals_gets_one_mask_per_row_in_its_rows_only():
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0)]
+    md = SamplingBatch(2, VOCAB)
+    for slot, p in enumerate(params):
+        md.add_request(slot, p, [5, 6], [], (1,))
+    # "free" verifies one proposal (rows 0-1), "a" verifies two (rows 2-4) under three masks.
+    md = md.metadata([0, 0, 1, 1, 1])
+    allowed = [{3}, {40, 41}, {99}]
+    md = with_grammar(md, ["free", "a"], {"a": bitmask_of(allowed)}, num_rows=[2, 3])
+    assert md.grammar_rows.tolist() == [2, 3, 4]
+    logits = torch.randn(5, VOCAB, generator=torch.Generator().manual_seed(0))
+    tokens = Sampler(0).sample(logits.clone(), md).token_ids
+    assert tokens[2] == 3 and tokens[3] in allowed[1] and tokens[4] == 99
+    assert tokens[:2] == logits[:2].argmax(-1).tolist()
+
+
+def test_a_request_whose_masks_do_not_match_its_rows_is_an_error_not_a_shifted_mask():
+    md = _metadata([SamplingParams(temperature=0)])
+    with pytest.raises(ValueError, match="samples 1 rows but has 2 grammar bitmasks"):
+        with_grammar(md, ["a"], {"a": bitmask_of([{1}, {2}])})
