@@ -90,6 +90,10 @@ class AttentionBackend(ABC):
     # device, reads only the metadata's tensors (refreshed in place before each replay) and decides from its Python
     # fields once, at capture, as for contexts of the longest length.
     supports_cuda_graphs: bool = False
+    # Whether the backend takes ``batch_invariant=True`` at construction: then a query row's result is the same bits
+    # whatever else its step holds and however its request's tokens were split into steps (alone or batched, a whole
+    # prompt, a chunk, a suffix after a cached prefix, a decode).
+    supports_batch_invariance: bool = False
 
     @staticmethod
     @abstractmethod

@@ -33,13 +33,19 @@ def default_attention_backend(device_type: str) -> str:
     return name
 
 
-def get_attention_backend(name: str = "torch") -> AttentionBackend:
-    """A new instance of the backend registered as ``name``.
+def get_attention_backend(name: str = "torch", batch_invariant: bool = False) -> AttentionBackend:
+    """A new instance of the backend registered as ``name``; with ``batch_invariant``, one whose result for a query
+    row is the same bits whatever the step it is in (see ``AttentionBackend.supports_batch_invariance``).
 
     Raises:
-        ValueError: no backend has that name (the message lists the known ones).
+        ValueError: no backend has that name (the message lists the known ones), or it has no batch-invariant route.
     """
     if name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; available: {supported_attention_backends()}")
     module_name, class_name = _BACKENDS[name]
-    return getattr(importlib.import_module(module_name), class_name)()
+    backend_cls = getattr(importlib.import_module(module_name), class_name)
+    if not batch_invariant:
+        return backend_cls()
+    if not backend_cls.supports_batch_invariance:
+        raise ValueError(f"attention backend {name!r} has no batch-invariant route; use tiled")
+    return backend_cls(batch_invariant=True)

@@ -1,6 +1,7 @@
 """The tiled CPU attention backend: FlashAttention-style prefill in PyTorch and paged decode read in place."""
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -9,7 +10,8 @@ import torch
 from jido.attention.backend import AttentionBackend, AttentionLayerSpec, AttentionMetadata
 from jido.attention.cpu_extension import load_flash_prefill, load_paged_decode, load_tile_prefill, load_write_kv
 from jido.attention.kv_quant import cache_rows, read_rows, row_width
-from jido.attention.torch_backend import TorchAttentionMetadata, build_plan, causal_attention, first_visible_key
+from jido.attention.torch_backend import (MAX_DECODE_ROWS, TorchAttentionMetadata, build_plan, causal_attention,
+                                         first_visible_key)
 from jido.utils.cpu import cpu_info
 
 # A prefill whose [query, key] mask has at most this many elements runs as one fused SDPA call over its
@@ -74,6 +76,11 @@ class TiledAttentionBackend(AttentionBackend):
     block is read once for all of them, and the run's splits share the cores. Where the kernel cannot be built (or on
     other devices) decodes run the same online softmax in PyTorch over key tiles gathered for the batch.
 
+    ``batch_invariant``: every query row, a prompt's too, runs the C++ decode kernel with splits at fixed multiples of
+    ``decode_split_blocks`` blocks (``fixed_splits``), so a row's keys are summed in an order set by its own position
+    alone: the same bits alone or batched, in a whole prompt, a chunk, or after a cached prefix. It needs the kernel
+    (a ``RuntimeError`` at construction where it cannot be built).
+
     Layout: one tensor per layer, ``[2, num_blocks, num_kv_heads, block_size, head_dim]`` (0 keys, 1 values):
     one (block, KV head) pair is a contiguous ``[block_size, head_dim]`` tile, read with unit stride. A
     quantized cache's rows are ``head_dim + 4`` wide (values, then their float32 scale's bytes): the C++
@@ -85,10 +92,12 @@ class TiledAttentionBackend(AttentionBackend):
 
     name = "tiled"
     block_token_dim = 2  # a block is [2, kv_heads, block_size, width]
+    supports_batch_invariance = True
 
     def __init__(self, query_tile: int = 256, key_tile_blocks: int = 32, decode_split_blocks: int = 32,
                  use_cpp_decode: bool = True, dense_prefill_max_scores: int = DENSE_PREFILL_MAX_SCORES,
-                 use_cpp_prefill: bool = True, prefill_query_tile: int = CPP_PREFILL_QUERY_TILE) -> None:
+                 use_cpp_prefill: bool = True, prefill_query_tile: int = CPP_PREFILL_QUERY_TILE,
+                 batch_invariant: bool = False) -> None:
         self.use_cpp_prefill = use_cpp_prefill
         self.prefill_query_tile = prefill_query_tile
         self.dense_prefill_max_scores = dense_prefill_max_scores
@@ -96,6 +105,12 @@ class TiledAttentionBackend(AttentionBackend):
         self.key_tile_blocks = key_tile_blocks
         self.decode_split_blocks = decode_split_blocks
         self.use_cpp_decode = use_cpp_decode
+        self.batch_invariant = batch_invariant
+        # Under batch_invariant every row is a decode row, whatever its request's query length.
+        self.max_decode_rows = sys.maxsize if batch_invariant else MAX_DECODE_ROWS
+        if batch_invariant and (not use_cpp_decode or load_paged_decode() is None):
+            raise RuntimeError("batch_invariant attends every row with the C++ paged decode kernel, which did not "
+                               "build here (its compiler output is logged above); run without batch_invariant")
 
     @staticmethod
     def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
@@ -103,7 +118,7 @@ class TiledAttentionBackend(AttentionBackend):
         return (2, num_blocks, num_kv_heads, block_size, row_width(head_dim, dtype))
 
     def build_metadata(self, common: AttentionMetadata) -> TorchAttentionMetadata:
-        return build_plan(common)
+        return build_plan(common, self.max_decode_rows)
 
     def forward(self, spec: AttentionLayerSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: torch.Tensor, metadata: TorchAttentionMetadata) -> torch.Tensor:
@@ -150,7 +165,7 @@ class TiledAttentionBackend(AttentionBackend):
             return decode_attention(spec, q, kv_cache, block_tables, seq_lens, self.key_tile_blocks)
         out = torch.empty_like(q)
         kernel(out, q.contiguous(), kv_cache, block_tables, seq_lens, spec.scale, spec.sliding_window or 0,
-               spec.logit_softcap or 0.0, self.decode_split_blocks)
+               spec.logit_softcap or 0.0, self.decode_split_blocks, self.batch_invariant)
         return out
 
     def _cpp_prefill_kernel(self, spec: AttentionLayerSpec, q: torch.Tensor,

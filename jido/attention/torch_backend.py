@@ -108,10 +108,10 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
                                                                         kv_cache.dtype)
 
 
-def build_plan(m: AttentionMetadata) -> TorchAttentionMetadata:
+def build_plan(m: AttentionMetadata, max_decode_rows: int = MAX_DECODE_ROWS) -> TorchAttentionMetadata:
     """Split a step into one batch of decode rows and the longer prefills, one by one.
 
-    A request with up to :data:`MAX_DECODE_ROWS` query tokens (a decode, a speculative step's K + 1, a short
+    A request with up to ``max_decode_rows`` query tokens (a decode, a speculative step's K + 1, a short
     prompt) becomes that many decode rows, row ``j`` seeing the keys up to its own position: one batched
     call covers them all, where a call per request would cost more than the attention itself.
     """
@@ -119,7 +119,7 @@ def build_plan(m: AttentionMetadata) -> TorchAttentionMetadata:
         return TorchAttentionMetadata(m, _DecodeBatch(None, m.seq_lens, m.block_tables, max(m.seq_lens_list)), [])
     rows, seq_lens, reqs, prefills, start = [], [], [], [], 0
     for i, (query_len, seq_len) in enumerate(zip(m.query_lens_list, m.seq_lens_list)):
-        if query_len <= MAX_DECODE_ROWS:
+        if query_len <= max_decode_rows:
             rows.extend(range(start, start + query_len))
             seq_lens.extend(range(seq_len - query_len + 1, seq_len + 1))
             reqs.extend([i] * query_len)

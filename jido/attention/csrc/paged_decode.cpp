@@ -454,10 +454,13 @@ inline void prefetch_block(const Shape& s, const T* cache, int64_t block, int64_
 // blocks [blk_lo, blk_hi) of its table. Each key and value block is read once for all of them; a row's keys
 // outside its own range get no weight. Writes the running max m, sum l [Q] and unnormalized output acc [Q, D]. The
 // queries come scaled, as float32 (q), or with q_bf16 (not nullptr) as the model gave them, for block_scores_dot.
+// `aligned` (fixed splits): each block's keys are scored from its first slot and the values summed by column whatever
+// the rows, so a key's softmax lane (which partial sum its weight joins) is its slot in the block, not its place after
+// the run's first visible key: a row's sums then do not depend on the run it is in.
 template <typename T>
 void attend_split(const Shape& s, const T* cache, const int32_t* table, const int64_t* first, const int64_t* end,
                   int64_t rows, const float* q, const uint16_t* q_bf16, int64_t h, int64_t blk_lo, int64_t blk_hi,
-                  bool prefetch_next, float* m, float* l, float* acc) {
+                  bool prefetch_next, bool aligned, float* m, float* l, float* acc) {
   const int64_t D = s.head_dim, W = s.width, bs = s.block_size, G = s.group, Q = rows * G;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   std::vector<float> scores(Q * bs);
@@ -469,11 +472,13 @@ void attend_split(const Shape& s, const T* cache, const int32_t* table, const in
   // and a run of several rows faster by column, which reads each value row once for all of them
   // (benchmarks/results/report-2026-12-03-avx2-epyc-verify-step.md).
   const bool split_order = takes_split<T>(D);
-  const bool by_column = rows > 1 || split_order;
+  const bool by_column = rows > 1 || split_order || aligned;
   for (int64_t blk = blk_lo; blk < blk_hi; ++blk) {
     const int64_t base = blk * bs;
-    const int64_t t_lo = std::max(first[0], base) - base, t_hi = std::min(end[rows - 1], base + bs) - base;
-    if (t_lo >= t_hi) continue;
+    const int64_t first_key = std::max(first[0], base) - base, t_hi = std::min(end[rows - 1], base + bs) - base;
+    if (first_key >= t_hi) continue;  // no row of the run sees this block
+    // NOTE: slots before first_key hold keys earlier rows wrote (the cache starts as zeros): finite, and weighted 0.
+    const int64_t t_lo = aligned ? 0 : first_key;
     const T* k = block_keys(s, cache, table[blk], h);
     const T* v = k + plane;
     if (by_column) {  // this block's values into L1 while its scores are computed
@@ -764,9 +769,13 @@ inline bool continues_run(const Shape& s, const int32_t* tables, const int32_t* 
   return std::memcmp(tables + b * s.max_blocks, tables + (b - 1) * s.max_blocks, blocks * sizeof(int32_t)) == 0;
 }
 
+// `fixed_splits` (batch_invariant): splits are the blocks [j * blocks_per_split, (j + 1) * blocks_per_split) of the
+// table, whatever the run and the batch, no run goes on AMX tiles, and every block is summed `aligned` (see
+// attend_split). A row's output is then the same bits alone, in any batch, in a run of any length (a prompt's rows
+// and a decode alike); splits with no key the row sees add nothing to its merge.
 template <typename T, typename C>
 void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t* tables, const int32_t* seq_lens,
-            int64_t num_rows, int64_t blocks_per_split) {
+            int64_t num_rows, int64_t blocks_per_split, bool fixed_splits) {
   const int64_t D = s.head_dim, G = s.group, H = s.num_kv_heads, bs = s.block_size;
   std::vector<int64_t> first(num_rows), end(num_rows);
   for (int64_t b = 0; b < num_rows; ++b) visible_range(s, seq_lens[b], &first[b], &end[b]);
@@ -786,18 +795,25 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
   for (int64_t j = 0; j < static_cast<int64_t>(runs.size()); ++j) {
     Run& run = runs[j];
     const int64_t last = run.row0 + run.rows - 1;
-    run.first_blk = first[run.row0] / bs;
-    const int64_t nblk = (end[last] - 1) / bs + 1 - run.first_blk;
-    const int64_t splits = std::min(nblk, std::max((nblk + blocks_per_split - 1) / blocks_per_split, min_splits));
-    run.split_blocks = (nblk + splits - 1) / splits;
-    run.num_splits = (nblk + run.split_blocks - 1) / run.split_blocks;  // none empty
+    if (fixed_splits) {
+      const int64_t first_split = first[run.row0] / bs / blocks_per_split;
+      run.first_blk = first_split * blocks_per_split;
+      run.split_blocks = blocks_per_split;
+      run.num_splits = (end[last] - 1) / bs / blocks_per_split + 1 - first_split;
+    } else {
+      run.first_blk = first[run.row0] / bs;
+      const int64_t nblk = (end[last] - 1) / bs + 1 - run.first_blk;
+      const int64_t splits = std::min(nblk, std::max((nblk + blocks_per_split - 1) / blocks_per_split, min_splits));
+      run.split_blocks = (nblk + splits - 1) / splits;
+      run.num_splits = (nblk + run.split_blocks - 1) / run.split_blocks;  // none empty
+    }
     run.item0 = static_cast<int64_t>(item_run.size());
     for (int64_t i = 0; i < run.num_splits * H; ++i) item_run.push_back(j), item_q.push_back(num_q), num_q += run.rows * G;
   }
   const int64_t num_items = static_cast<int64_t>(item_run.size());
   std::vector<float> ms(num_q), ls(num_q), accs(num_q * D);
   const bool split_order = takes_split<C>(D);  // queries and outputs in split order (see split_bf16)
-  const bool tiles = kTileTypes<T, C> && D % 32 == 0 && bs % amx_tile_keys == 0 && tiles_ready();
+  const bool tiles = !fixed_splits && kTileTypes<T, C> && D % 32 == 0 && bs % amx_tile_keys == 0 && tiles_ready();
   bool any_tiles = false;
   for (Run& run : runs) any_tiles |= run.tiles = tiles && run.rows >= kTileMinRows;
   // One-row runs of the 8-lane kernels ask for their next block too once the step's keys and values outgrow what the
@@ -850,8 +866,8 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
       const int64_t blk_lo = run.first_blk + split * run.split_blocks;
       const int64_t blk_hi = std::min(blk_lo + run.split_blocks, (end[last] - 1) / bs + 1);
       attend_split(s, cache, tables + run.row0 * s.max_blocks, &first[run.row0], &end[run.row0], run.rows, q.data(),
-                   dot_scores ? q_bf16.data() : nullptr, h, blk_lo, blk_hi, prefetch_next, &ms[qi], &ls[qi],
-                   &accs[qi * D]);
+                   dot_scores ? q_bf16.data() : nullptr, h, blk_lo, blk_hi, prefetch_next, fixed_splits, &ms[qi],
+                   &ls[qi], &accs[qi * D]);
     }
 #if defined(__AVX512F__)
     if (any_tiles) amx_runs::release();
@@ -893,22 +909,27 @@ void decode(const Shape& s, T* out, const T* q_in, const C* cache, const int32_t
 // The cache's element type: the query's (float32, bf16), or a quantized one.
 template <typename T>
 void decode_cache(const Shape& s, T* out, const T* q, const at::Tensor& kv_cache, const int32_t* tables,
-                  const int32_t* lens, int64_t num_reqs, int64_t blocks_per_split) {
+                  const int32_t* lens, int64_t num_reqs, int64_t blocks_per_split, bool fixed_splits) {
   const void* cache = kv_cache.data_ptr();
   switch (kv_cache.scalar_type()) {
     case at::ScalarType::Char:
-      return decode(s, out, q, static_cast<const int8_t*>(cache), tables, lens, num_reqs, blocks_per_split);
+      return decode(s, out, q, static_cast<const int8_t*>(cache), tables, lens, num_reqs, blocks_per_split,
+                    fixed_splits);
     case at::ScalarType::Float8_e4m3fn:
-      return decode(s, out, q, static_cast<const E4M3*>(cache), tables, lens, num_reqs, blocks_per_split);
+      return decode(s, out, q, static_cast<const E4M3*>(cache), tables, lens, num_reqs, blocks_per_split,
+                    fixed_splits);
     case at::ScalarType::Float8_e5m2:
-      return decode(s, out, q, static_cast<const E5M2*>(cache), tables, lens, num_reqs, blocks_per_split);
+      return decode(s, out, q, static_cast<const E5M2*>(cache), tables, lens, num_reqs, blocks_per_split,
+                    fixed_splits);
     default:
-      return decode(s, out, q, static_cast<const T*>(cache), tables, lens, num_reqs, blocks_per_split);
+      return decode(s, out, q, static_cast<const T*>(cache), tables, lens, num_reqs, blocks_per_split,
+                    fixed_splits);
   }
 }
 
 void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_tables,
-                  const at::Tensor& seq_lens, double scale, int64_t window, double softcap, int64_t blocks_per_split) {
+                  const at::Tensor& seq_lens, double scale, int64_t window, double softcap, int64_t blocks_per_split,
+                  bool fixed_splits) {
   TORCH_CHECK(q.is_contiguous() && kv_cache.is_contiguous() && out.is_contiguous(), "paged_decode: contiguous tensors");
   TORCH_CHECK(block_tables.is_contiguous() && seq_lens.is_contiguous(), "paged_decode: contiguous tables");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt, "paged_decode: int32 tables");
@@ -927,11 +948,12 @@ void paged_decode(at::Tensor out, const at::Tensor& q, const at::Tensor& kv_cach
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   if (q.scalar_type() == at::kFloat) {
-    decode_cache(s, out.data_ptr<float>(), q.data_ptr<float>(), kv_cache, tables, lens, num_reqs, blocks_per_split);
+    decode_cache(s, out.data_ptr<float>(), q.data_ptr<float>(), kv_cache, tables, lens, num_reqs, blocks_per_split,
+                 fixed_splits);
   } else {
     TORCH_CHECK(q.scalar_type() == at::kBFloat16, "paged_decode: float32 or bfloat16");
     auto bits = [](const at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); };
-    decode_cache(s, bits(out), bits(q), kv_cache, tables, lens, num_reqs, blocks_per_split);
+    decode_cache(s, bits(out), bits(q), kv_cache, tables, lens, num_reqs, blocks_per_split, fixed_splits);
   }
 }
 
@@ -988,7 +1010,7 @@ void write_kv(at::Tensor kv_cache, const at::Tensor& k, const at::Tensor& v, con
 
 TORCH_LIBRARY(jido_cpu_attn, m) {
   m.def("paged_decode(Tensor(a!) out, Tensor q, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, float scale, "
-        "int window, float softcap, int blocks_per_split) -> ()");
+        "int window, float softcap, int blocks_per_split, bool fixed_splits=False) -> ()");
   m.def("write_kv(Tensor(a!) kv_cache, Tensor k, Tensor v, Tensor slot_mapping) -> ()");
 }
 
