@@ -81,7 +81,15 @@ class UnquantizedLinearMethod(LinearMethod):
     oneDNN's matmul wants the weight in a blocked layout. Given a plain ``[out, in]`` tensor, every
     ``F.linear`` call reorders it first; packing once after loading removes that per-call copy, which at batch-1
     decode cost about as much as the matmul itself, in bf16 and fp32 alike.
+
+    ``batch_invariant``: every step runs on the packed weight, a one-row step as two rows. oneDNN's float32 matmul
+    sums one row in another order than a step of two or more, and gave each row the same bits at every count from
+    two (tests/layers/test_batch_invariance.py checks it on the CPU at hand); torch's unpacked matmul changes its
+    order at several counts, so a weight oneDNN cannot pack here is refused at load.
     """
+
+    def __init__(self, batch_invariant: bool = False) -> None:
+        self.batch_invariant = batch_invariant
 
     def create_weights(
         self, layer: nn.Module, in_features: int, out_features: int, weight_loader: WeightLoader
@@ -90,28 +98,45 @@ class UnquantizedLinearMethod(LinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if layer.weight.is_mkldnn:
-            return packed_linear(x, layer.weight, bias)
+            return self._packed_linear(x, layer.weight, bias)
         return F.linear(x, layer.weight, bias)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         if packable(layer.weight):
             layer.weight = nn.Parameter(pack_dense(layer.weight), requires_grad=False)
+        else:
+            self._check_packed(layer.weight)
 
     def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
         if is_untied_head(layer):
             self.process_weights_after_loading(layer)
         elif packable(layer.weight):  # the embedding's lookups need the dense table: the packed copy sits beside it
             layer.packed_logits_weight = pack_dense(layer.weight)
+        else:
+            self._check_packed(layer.weight)
 
     def apply_logits(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         packed = getattr(layer, "packed_logits_weight", None)
         if packed is not None or layer.weight.is_mkldnn:
-            return packed_linear(hidden, layer.weight if packed is None else packed)
+            return self._packed_linear(hidden, layer.weight if packed is None else packed)
         if hidden.shape[0] <= _FEW_ROWS:
             # [vocab, hidden] @ [hidden, N]: with a huge vocab and a few rows, BLAS runs this orientation
             # faster than hidden @ weight.T on CPU (Gemma 3's head at 8 rows).
             return torch.matmul(layer.weight, hidden.t()).t().contiguous()
         return F.linear(hidden, layer.weight)
+
+
+    def _packed_linear(self, x: torch.Tensor, packed: torch.Tensor,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.batch_invariant and x.shape[0] == 1:  # as a step of two rows (see the class docstring)
+            return packed_linear(x.expand(2, -1).contiguous(), packed, bias)[:1]
+        return packed_linear(x, packed, bias)
+
+    def _check_packed(self, weight: torch.Tensor) -> None:
+        if self.batch_invariant:
+            raise ValueError(f"batch_invariant multiplies dense weights on oneDNN's packed matmul, which does not take "
+                             f"{str(weight.dtype).removeprefix('torch.')} weights on {weight.device.type} here: use "
+                             "dtype float32 (or a quantized model)")
 
 
 def is_untied_head(layer: nn.Module) -> bool:
@@ -181,12 +206,15 @@ class QuantizationConfig(ABC):
     """A checkpoint's quantization scheme: chooses the :class:`LinearMethod` of every linear layer."""
 
     name: str
+    # Whether every step size runs one route, so that a row's result does not depend on its step (the engine's
+    # batch_invariant; set by get_quantization_config before any method is made).
+    batch_invariant: bool = False
 
     @functools.cached_property
     def plan(self) -> WeightPlan:
-        """The layouts every layer of this config holds beside its codes: all of them until the loader settles it
-        under ``weights_memory``; the methods this config makes share it."""
-        return WeightPlan()
+        """The layouts every layer of this config holds beside its codes: all of them (that a batch-invariant plan
+        allows) until the loader settles it under ``weights_memory``; the methods this config makes share it."""
+        return WeightPlan(batch_invariant=self.batch_invariant)
 
     @abstractmethod
     def get_linear_method(self, layer: nn.Module) -> LinearMethod:
@@ -207,7 +235,7 @@ class UnquantizedConfig(QuantizationConfig):
             raise ValueError("quantization_group_size needs a quantization scheme that takes one (int8, int4)")
 
     def get_linear_method(self, layer: nn.Module) -> LinearMethod:
-        return UnquantizedLinearMethod()
+        return UnquantizedLinearMethod(self.plan.batch_invariant)
 
 
 # name -> "module:class" of each scheme, imported when asked for (the quantized ones need their kernels).
@@ -225,8 +253,10 @@ QUANTIZATIONS: tuple[str, ...] = tuple(_CONFIGS)
 GGUF_SCHEMES: tuple[str, ...] = ("gguf", "gguf_w8a8")
 
 
-def get_quantization_config(name: str = "none", group_size: int | None = None) -> QuantizationConfig:
-    """A new config of the scheme registered as ``name`` (``group_size`` for the schemes that take one).
+def get_quantization_config(name: str = "none", group_size: int | None = None,
+                            batch_invariant: bool = False) -> QuantizationConfig:
+    """A new config of the scheme registered as ``name`` (``group_size`` for the schemes that take one), whose layers
+    run every step size on one route with ``batch_invariant`` (see :class:`~jido.layers.weight_plan.WeightPlan`).
 
     Raises:
         ValueError: no scheme has that name (the message lists the known ones), or a bad group size.
@@ -234,5 +264,6 @@ def get_quantization_config(name: str = "none", group_size: int | None = None) -
     if name not in _CONFIGS:
         raise ValueError(f"unknown quantization {name!r}; available: {sorted(_CONFIGS)}")
     module_name, class_name = _CONFIGS[name].split(":")
-    config_cls = getattr(importlib.import_module(module_name), class_name)
-    return config_cls(group_size)
+    config = getattr(importlib.import_module(module_name), class_name)(group_size)
+    config.batch_invariant = batch_invariant
+    return config

@@ -127,7 +127,7 @@ class QuantizedLinearMethod(LinearMethod):
     (``qint_mm``); the codes (and a bf16 copy, where ``gguf`` keeps one) serve the rest as under ``gguf``.
     ``plan``: which of those copies (panels, five-bit rows, the int8 and bf16 copies) the layer may hold
     (:mod:`jido.layers.weight_plan`); every one by default. Without panels, steps of two rows or more pack them per
-    call: the same sums, so the same outputs.
+    call: the same sums, so the same outputs. A batch-invariant plan runs every step on the panels, one row too.
     """
 
     def __init__(self, bits: int | None, group_size: int | None, per_token: bool = False,
@@ -139,7 +139,7 @@ class QuantizedLinearMethod(LinearMethod):
         self.panel_min_rows = panel_min_rows
         self.prefill_w8a8 = prefill_w8a8
         self.plan = plan or WeightPlan()
-        self.dense = UnquantizedLinearMethod()
+        self.dense = UnquantizedLinearMethod(self.plan.batch_invariant)
 
     def create_weights(
         self, layer: nn.Module, in_features: int, out_features: int, weight_loader: WeightLoader
@@ -186,7 +186,8 @@ class QuantizedLinearMethod(LinearMethod):
         # torch._int_mm with the activation applied as its sums are scaled. The row count first: every decode step of
         # every MLP asks, and leaves here. A layer under calibration takes every step through apply (observe_inputs).
         rows = x.shape[0]
-        if rows < self._gemm_min_rows() or x.dtype != torch.bfloat16 or "observing" in layer.__dict__:
+        if (rows < self._gemm_min_rows() or x.dtype != torch.bfloat16 or "observing" in layer.__dict__
+                or self.plan.batch_invariant):
             return None
         act = fused_activation_code(activation)
         if act is None:
@@ -393,8 +394,17 @@ class QuantizedLinearMethod(LinearMethod):
         270M runs 73 linears a step, and choosing per call (attribute probes that miss, the kernels' checks) added
         Python time to each (benchmarks/results/report-2026-12-03-avx2-epyc-step-overhead.md). The weights are read
         from the layer at each call: moving them into huge pages
-        replaces them after load."""
+        replaces them after load. A batch-invariant plan binds every step size to the panels.
+
+        Raises:
+            RuntimeError: a batch-invariant plan where the int8 kernels do not run (apply's float kernels sum rows in
+                blocks that depend on the step's size).
+        """
+        invariant = self.plan.batch_invariant
         if not int8_dot.runs(layer.qweight):
+            if invariant:
+                raise RuntimeError("batch_invariant runs quantized layers on jido's int8 panel kernels, which need "
+                                   "AVX2 and a C++ compiler (see the build log); run without batch_invariant")
             return  # the int8 kernels do not run here: apply's other routes
         five, per_token, panel_min_rows = hasattr(layer, "qfive"), self.per_token, self.panel_min_rows
         panels = hasattr(layer, "qpanels")
@@ -409,6 +419,8 @@ class QuantizedLinearMethod(LinearMethod):
 
         def route(rows: int, dtype: torch.dtype) -> int:
             """The kernel a step of ``rows`` rows in ``dtype`` runs on: one of the ``_ON_*`` codes."""
+            if invariant:
+                return _ON_PANELS if panels else _ON_CALL_PANELS
             bf16 = dtype == torch.bfloat16
             if prefill_int_mm and rows >= int8_dot.INT_MM_MIN_ROWS and bf16:
                 return _ON_PREFILL_INT_MM

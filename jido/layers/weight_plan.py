@@ -14,6 +14,11 @@ extras what the host has available once the KV cache and the step workspace are 
 :data:`EXTRAS` order (decode speed per byte first) while they fit; one that does not is left out and the next
 tried. The plan is settled once the checkpoint is read (so the codes' own bytes are known) and before any layer
 packs a copy, so no copy is made and dropped.
+
+A batch-invariant plan (``batch_invariant``) runs every step of every size on the panels, prepacked or packed for the
+call, whose sums give a row the same bits in a step of any number of rows, one included; the other routes (the rows
+kernel and five-bit rows at one row, the bf16 copy and the int8 GEMMs for many) each sum in an order of their own, so
+the step's size would choose a row's bits. It holds the panels alone.
 """
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ CODES, FIVE_BITS, PANELS, AMX_GEMM, PREFILL_INT8, BF16_COPY = (
 # Extra layouts in the order a budget admits them: what one-row decode and small batches read first (five-bit rows
 # at 5/8 byte a weight, panels at about a byte), then prefill's copies (a byte a weight, then bf16's two).
 EXTRAS: tuple[str, ...] = (FIVE_BITS, PANELS, AMX_GEMM, PREFILL_INT8, BF16_COPY)
+# The extras a batch-invariant plan may hold: what serves its one route.
+INVARIANT_EXTRAS = frozenset({PANELS})
 # What each layout serves, for the start-up table.
 SERVES = {
     CODES: "every step not served below (1 row: rows kernel; 2+: panels packed per call)",
@@ -45,12 +52,22 @@ _HELD_AS = ((CODES, "qweight"), (FIVE_BITS, "qfive"), (PANELS, "qpanels"), (AMX_
 
 @dataclass
 class WeightPlan:
-    """The extra layouts quantized layers may hold. Made with every extra (a layer processed on its own, a test, a
-    draft model); :meth:`settle` narrows it once, before the model's layers process their weights."""
+    """The extra layouts quantized layers may hold, and whether every step size runs on one route
+    (``batch_invariant``, see the module docstring). Made with every extra it allows (a layer processed on its own,
+    a test, a draft model); :meth:`settle` narrows it once, before the model's layers process their weights."""
 
     extras: frozenset[str] = frozenset(EXTRAS)
     settled: bool = False
     reason: str = "every layout (no budget)"
+    batch_invariant: bool = False
+
+    def __post_init__(self) -> None:
+        self.extras = self.extras & self.allowed
+
+    @property
+    def allowed(self) -> frozenset[str]:
+        """The extras this plan may hold at all: :data:`INVARIANT_EXTRAS` when batch-invariant, else every one."""
+        return INVARIANT_EXTRAS if self.batch_invariant else frozenset(EXTRAS)
 
     def holds(self, layout: str) -> bool:
         return layout == CODES or layout in self.extras
@@ -61,6 +78,11 @@ class WeightPlan:
         unknown = extras - set(EXTRAS)
         if unknown:
             raise ValueError(f"unknown weight layouts {sorted(unknown)}; known: {list(EXTRAS)}")
+        if extras - self.allowed:
+            raise ValueError(f"a batch-invariant plan holds {sorted(self.allowed)} only, not "
+                             f"{sorted(extras - self.allowed)}")
+        if self.batch_invariant:
+            reason += "; batch_invariant: every step on the panels"
         self.extras, self.settled, self.reason = extras, True, reason
 
 
@@ -76,6 +98,10 @@ class LayoutCosts:
         for layout, nbytes in other.extras.items():
             extras[layout] = extras.get(layout, 0) + nbytes
         return LayoutCosts(self.codes + other.codes, extras)
+
+    def only(self, layouts: frozenset[str]) -> LayoutCosts:
+        """The same costs with the extras outside ``layouts`` left out (those a plan may not hold)."""
+        return LayoutCosts(self.codes, {layout: n for layout, n in self.extras.items() if layout in layouts})
 
 
 def choose_extras(weights_memory: int | str, costs: LayoutCosts,
