@@ -68,6 +68,11 @@ def test_an_unknown_keyword_names_the_accepted_ones():
     ({"kv_offload": {"remote": {"url": "redis://h:1", "timeout_s": 0}}}, "timeout_s must be a positive number"),
     ({"scheduling_policy": "sjf"}, r"scheduling_policy must be one of \['fcfs', 'lpm', 'priority'\], got 'sjf'"),
     ({"preemption_mode": "drop"}, r"preemption_mode must be one of \['recompute', 'swap'\], got 'drop'"),
+    ({"batch_invariant": "yes"}, "batch_invariant must be True or False, got 'yes'"),
+    ({"batch_invariant": True, "attention_backend": "torch"},
+     "batch_invariant attends every row with the tiled backend's C\\+\\+ kernel; attention_backend 'torch' has no "
+     "batch-invariant route"),
+    ({"batch_invariant": True, "quantization": "gguf_w8a8"}, "gguf_w8a8's prefill copy would never be used"),
 ])
 def test_bad_values_are_refused_with_what_is_allowed(kwargs, message):
     with pytest.raises(ValueError, match=message):

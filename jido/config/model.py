@@ -63,6 +63,11 @@ class ModelConfig:
     enforce_eager: bool = False
     """Never replay CUDA graphs: on CUDA, decode steps otherwise run from graphs captured at start for batch sizes
     up to max_num_seqs (with an attention backend that supports them: triton)."""
+    batch_invariant: bool = False
+    """A request's logits (so its greedy tokens and logprobs) bit for bit the same alone or batched, in whole or
+    chunked prefill, cold or after a cached prefix (vLLM's VLLM_BATCH_INVARIANT): every step size runs one kernel
+    route, the int8 panels for quantized layers, oneDNN's packed matmul for dense float32 ones, the C++ paged decode
+    kernel with fixed splits for every attention row. Slower; on CPU with the tiled attention backend only."""
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -74,6 +79,19 @@ class ModelConfig:
         if self.max_model_len is not None:
             check_positive_int("max_model_len", self.max_model_len)
         parse_weights_memory(self.weights_memory)
+        if self.batch_invariant is not False:
+            self._check_batch_invariant()
+
+    def _check_batch_invariant(self) -> None:
+        if not isinstance(self.batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be True or False, got {self.batch_invariant!r}")
+        if self.attention_backend not in (None, "tiled"):
+            raise ValueError(f"batch_invariant attends every row with the tiled backend's C++ kernel; "
+                             f"attention_backend {self.attention_backend!r} has no batch-invariant route: leave it "
+                             "unset or use tiled")
+        if self.quantization == "gguf_w8a8":
+            raise ValueError("batch_invariant runs every step on the codes, and gguf_w8a8's prefill copy would never "
+                             "be used: use quantization gguf")
 
 
 @dataclass(frozen=True)

@@ -125,16 +125,17 @@ def layer_kv_specs(arch: ModelArchConfig, block_size: int, kv_cache_dtype: torch
 def load_model(folder: Path, arch: ModelArchConfig, attn_backend: AttentionBackend, device: torch.device,
                dtype: torch.dtype, quantization: str, quantization_group_size: int | None,
                parallel: ModelParallel | None = None, weights_memory: int | str | None = None,
-               reserved_bytes: int = 0) -> torch.nn.Module:
+               reserved_bytes: int = 0, batch_invariant: bool = False) -> torch.nn.Module:
     """A model built on ``device`` in ``dtype`` from its checkpoint folder (``parallel``'s shard of it: its
     layers, its heads), weights processed, in eval mode.
 
     ``weights_memory`` (``auto``, ``lean`` or a size; None: every layout) settles the weight plan of a quantized
     model (:mod:`jido.layers.weight_plan`); under ``auto`` the copies get what the host has available less
-    ``reserved_bytes`` (the KV cache and step workspace to come), shared among the ranks."""
+    ``reserved_bytes`` (the KV cache and step workspace to come), shared among the ranks. ``batch_invariant``: its
+    linear layers run every step size on one route (the plan's ``batch_invariant``)."""
     start = time.perf_counter()
     model_class = get_model_class(arch.architecture)
-    quant_config = get_quantization_config(quantization, quantization_group_size)
+    quant_config = get_quantization_config(quantization, quantization_group_size, batch_invariant)
     # Built on its device in its dtype: no float32 (or CPU) copy of the whole model is ever made.
     with default_device_and_dtype(device, dtype), building_for(parallel or ModelParallel.single()):
         model = model_class(arch, attn_backend, quant_config)
@@ -155,14 +156,29 @@ def load_model(folder: Path, arch: ModelArchConfig, attn_backend: AttentionBacke
     return model
 
 
+def check_batch_invariant(device: torch.device, arch: ModelArchConfig) -> None:
+    """Log that ``batch_invariant`` is on, or raise where it has no route: off the CPU (its routes are jido's CPU
+    kernels), or in a mixture-of-experts model (each expert multiplies the tokens routed to it with torch's matmul,
+    whose sums change with their number)."""
+    if device.type != "cpu":
+        raise ValueError(f"batch_invariant runs jido's CPU kernels; on {device.type} it has no route (use device cpu)")
+    if arch.num_experts:
+        raise ValueError("batch_invariant has no route for mixture-of-experts layers (an expert's sums depend on how "
+                         "many tokens it got); run this model without it")
+    logger.info("batch_invariant: every step size on one route (quantized layers on the int8 panels, dense ones on "
+                "oneDNN's packed matmul, every attention row on the C++ paged decode kernel with fixed splits), so a "
+                "request's logits do not depend on its batch, its chunks or its cached prefix")
+
+
 # Left to the process itself (Python, torch, the tokenizer) when weights_memory=auto sizes the copies.
 RUNTIME_HEADROOM_BYTES = 1 << 30
 
 
 def _settle_weight_plan(model: torch.nn.Module, plan: WeightPlan, weights_memory: int | str, device: torch.device,
                         reserved_bytes: int, ranks: int) -> None:
-    """Settle ``plan`` from the model's layout costs (read before its layers process their weights)."""
-    costs = layout_costs(model)
+    """Settle ``plan`` from the model's layout costs (read before its layers process their weights) of the layouts it
+    may hold."""
+    costs = layout_costs(model).only(plan.allowed)
     if not costs.extras:
         return
     available = mem_available_bytes() if device.type == "cpu" else None
@@ -188,8 +204,11 @@ class ModelRunner:
         self.model_folder = Path(model_folder)
         self.model_arch = ModelArchConfig.from_hf_config(load_config(self.model_folder))
         self.block_size = config.cache_config.block_size
+        if config.model_config.batch_invariant:
+            check_batch_invariant(self.device, self.model_arch)
         self.attn_backend = get_attention_backend(config.model_config.attention_backend
-                                                  or default_attention_backend(self.device.type))
+                                                  or default_attention_backend(self.device.type),
+                                                  config.model_config.batch_invariant)
         self.quantization = resolve_quantization(config.model_config.quantization, self.device,
                                                  gguf_source(self.model_folder) is not None)
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache_config.kv_cache_dtype, self.dtype)
@@ -219,7 +238,8 @@ class ModelRunner:
         model = load_model(self.model_folder, self.model_arch, self.layer_hooks or self.attn_backend, self.device,
                            self.dtype, self.quantization, self.config.model_config.quantization_group_size,
                            self.parallel, self.config.model_config.weights_memory,
-                           self.config.cache_config.kv_cache_bytes + self.step_workspace().bytes)
+                           self.config.cache_config.kv_cache_bytes + self.step_workspace().bytes,
+                           self.config.model_config.batch_invariant)
         if self.parallel.world_size > 1:
             logger.info("rank %d holds %s of weights: layers %d-%d of %d, %d of %d query heads and %d of %d KV heads "
                         "per layer", self.parallel.rank, _mib(weight_bytes(model)), self.layer_ids.start,
