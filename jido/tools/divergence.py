@@ -82,7 +82,7 @@ def compare(candidate: RequestOutput, reference: RequestOutput) -> Divergence:
     ours, theirs = candidate.outputs[0], reference.outputs[0]
     for position, (a, b) in enumerate(zip(ours.token_ids, theirs.token_ids)):
         if a != b:
-            top = sorted((lp.logprob for lp in theirs.logprobs[position].values()), reverse=True)
+            top = sorted(theirs.logprobs[position].top_logprobs, reverse=True)
             return Divergence(position, top[0] - top[1] if len(top) > 1 else None)
     return Divergence(None, None)
 

@@ -8,7 +8,8 @@ import pytest
 
 from jido import LLM
 from jido.cli import main
-from jido.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from jido.core.outputs import Logprobs
+from jido.engine.outputs import CompletionOutput, RequestOutput
 from jido.models.loader import resolve_model
 from jido.models.tokenizer import Tokenizer
 from jido.tools import divergence
@@ -60,7 +61,7 @@ def test_prompt_windows_are_whole_and_evenly_spaced_from_first_to_last():
 
 
 def _output(token_ids: list[int], top2: list[tuple[float, float]]) -> RequestOutput:
-    logprobs = [{t: Logprob(a, 1), t + 1000: Logprob(b, 2)} for t, (a, b) in zip(token_ids, top2)]
+    logprobs = [Logprobs(t, a, [t, t + 1000], [a, b]) for t, (a, b) in zip(token_ids, top2)]
     return RequestOutput("0", None, [1], [CompletionOutput(0, "", token_ids, None, logprobs)], True)
 
 
