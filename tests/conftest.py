@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,3 +111,10 @@ def draft_for(tmp_path_factory: pytest.TempPathFactory):
         return drafts[target, method]
 
     return trained_for
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The run's peak resident memory, printed after every run, so the suite's memory is a figure and not a guess."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux counts KiB
+    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # the largest child waited for
+    terminalreporter.write_line(f"peak RSS: pytest process {own:.2f} GiB, largest child process {child:.2f} GiB")
