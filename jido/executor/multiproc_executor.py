@@ -5,6 +5,7 @@ import logging
 import multiprocessing as mp
 import os
 import socket
+import sys
 import traceback
 import weakref
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import Any
 from jido.config import EngineConfig
 from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
 from jido.executor.abstract import Executor, WorkerError, call_worker
+from jido.executor.start_method import START_METHOD_ENV, worker_start_method
 
 logger = logging.getLogger("jido")
 _POLL_S = 0.2  # how often a wait for a worker checks that the worker is still alive
@@ -33,7 +35,8 @@ class _WorkerHandle:
 
 
 class MultiprocExecutor(Executor):
-    """Starts ``world_size`` worker processes (spawned: a forked torch can deadlock) and talks to them.
+    """Starts ``world_size`` worker processes (forked where that is safe, else spawned: see
+    :func:`worker_start_method`) and talks to them.
 
     Every call is pickled once and sent to every worker (a broadcast over one duplex pipe each: a 128-request
     decode step's round trip is small beside the step, see docs/architecture.md), so a step's inputs reach each rank
@@ -47,14 +50,22 @@ class MultiprocExecutor(Executor):
         super().__init__(config, model_folder)
         self._failed: str | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jido-executor")
-        context = mp.get_context("spawn")
+        method, reason = worker_start_method()
         parallel = config.parallel_config
+        logger.info("starting %d worker process(es) with %s: %s", parallel.world_size, method, reason)
+        context = mp.get_context(method)
         init_method = f"tcp://127.0.0.1:{free_port()}" if parallel.world_size > 1 else None
         threads = threads_per_worker(parallel.world_size * parallel.data_parallel_size)
         self.workers = [self._start(context, rank, init_method, threads) for rank in range(parallel.world_size)]
         self._finalizer = weakref.finalize(self, _stop_workers, self.workers, self._pool)
-        for worker in self.workers:
-            self._receive(worker)  # "ready", or the error that stopped its start
+        try:
+            for worker in self.workers:
+                self._receive(worker)  # "ready", or the error that stopped its start
+        except WorkerError as exc:
+            main = getattr(sys.modules.get("__main__"), "__file__", None)  # what a spawned worker re-runs first
+            if method == "spawn" and main and any(w.process.exitcode == 1 for w in self.workers):
+                raise WorkerError(_main_module_failed(exc, main)) from None
+            raise
 
     def _start(self, context: Any, rank: int, init_method: str | None, threads: int) -> _WorkerHandle:
         parent, child = context.Pipe()
@@ -139,6 +150,16 @@ def _exited(worker: _WorkerHandle) -> str:
     return f"worker {worker.rank} (pid {worker.process.pid}) exited with code {worker.process.exitcode}"
 
 
+def _main_module_failed(exc: WorkerError, main: str) -> str:
+    """Why a spawned worker exits with code 1 before it is ready: it re-runs the main module first, and that
+    failed; most often because the script creates the engine at its top level, where Python refuses to start
+    processes from a process still importing its main module."""
+    return (f"{exc} before it was ready. A spawned worker first re-runs the main module ({main}) and that failed "
+            f"(its traceback is above): a script that creates the engine at its top level must do it under "
+            f'`if __name__ == "__main__":`, or set {START_METHOD_ENV}=fork if you know forking this process is safe '
+            f"(one thread, CUDA driver not loaded)")
+
+
 def threads_per_worker(num_workers: int) -> int:
     """This machine's cores shared out between the workers it runs, one at least each."""
     return max(1, len(os.sched_getaffinity(0)) // num_workers)
@@ -147,7 +168,8 @@ def threads_per_worker(num_workers: int) -> int:
 def worker_main(config: EngineConfig, model_folder: Path, rank: int, conn: Connection, log_level: int,
                 init_method: str | None = None, num_threads: int | None = None) -> None:
     """A worker process: build the Worker, then answer ``(method, args, kwargs)`` calls until told to stop."""
-    logging.basicConfig(level=log_level, format=f"%(levelname)s %(name)s[worker {rank}]: %(message)s")
+    # force: a forked worker inherits the engine's handlers, and its lines must still name the rank
+    logging.basicConfig(level=log_level, format=f"%(levelname)s %(name)s[worker {rank}]: %(message)s", force=True)
     try:
         from jido.runner.worker import Worker  # imported here: only worker processes load the model code
 

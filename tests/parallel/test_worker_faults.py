@@ -62,7 +62,8 @@ def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_and_the_server
 
 
 def _worker_pids(parent: int) -> list[int]:
-    """The spawned worker processes of ``parent`` (children running multiprocessing's spawn entry point)."""
+    """The worker processes of ``parent``: its children, forked or spawned, but multiprocessing's resource tracker
+    (which spawning starts)."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -72,7 +73,7 @@ def _worker_pids(parent: int) -> list[int]:
                 ppid, args = int(stat.read().rsplit(")", 1)[1].split()[1]), cmdline.read()
         except OSError:
             continue
-        if ppid == parent and b"spawn_main" in args:
+        if ppid == parent and b"resource_tracker" not in args:
             pids.append(int(entry))
     assert len(pids) == 2, f"expected the server's two workers, found {pids}"
     return sorted(pids)
