@@ -92,11 +92,12 @@ def test_data_parallel_routing_keeps_a_shared_prefix_on_one_instance(tiny_model_
 
 
 def test_router_serves_models_tokenize_health_and_metrics(tiny_model_folder):
+    name = tiny_model_folder.name  # the served name is the folder's, whatever pytest's temporary folder is called
     with tiny_server(tiny_model_folder) as server, router(None, [server.base_url]) as proxy:
         status, _, body = proxy.request("GET", "/v1/models")
-        assert status == 200 and json.loads(body)["data"][0]["id"] == "tiny-gemma30"
-        status, _, body = proxy.request("GET", "/v1/models/tiny-gemma30")
-        assert status == 200 and json.loads(body) == json.loads(server.request("GET", "/v1/models/tiny-gemma30")[2])
+        assert status == 200 and json.loads(body)["data"][0]["id"] == name
+        status, _, body = proxy.request("GET", f"/v1/models/{name}")
+        assert status == 200 and json.loads(body) == json.loads(server.request("GET", f"/v1/models/{name}")[2])
         status, _, body = proxy.request("GET", "/v1/models/org/other")
         assert status == 404 and json.loads(body)["error"]["code"] == "model_not_found"
         # /tokenize and /detokenize come from a decode instance: `jido bench` through the router counts tokens
