@@ -5,7 +5,7 @@ For each model, an engine at its default quantization and dtype takes ``--stream
 alternate, free then constrained, ``--repeats`` times each; a round waits until every stream has its first token
 and then times ``--steps`` engine steps, each giving every stream one token, so a step's wall time is the
 streams' TPOT. The constraint is a JSON schema whose answer is longer than the timed steps (an array of
-``--steps`` strings), so no stream ends inside the window. A round reports its median step; the result is the
+``--steps`` strings, bounded by ``--max-lengths`` or not), so no stream ends inside the window. A round reports its median step; the result is the
 median over rounds, with the time the scheduler spent filling masks (``fill_bitmasks``) per step beside it.
 The first constrained round is a warm-up (it builds the vocabulary's token trie) and is not counted. Run alone,
 under the lock:
@@ -32,10 +32,11 @@ TOPICS = ["rivers", "birds", "tools", "colours", "cities", "fruits", "metals", "
           "songs", "rocks", "fish", "clouds", "bridges"]
 
 
-def schema(num_items: int) -> dict:
+def schema(num_items: int, max_length: int | None) -> dict:
+    """An object holding an array of ``num_items`` strings, each at most ``max_length`` characters where given."""
+    item = {"type": "string", "minLength": 1} | ({"maxLength": max_length} if max_length else {})
     return {"type": "object", "additionalProperties": False, "required": ["items"],
-            "properties": {"items": {"type": "array", "minItems": num_items, "maxItems": num_items,
-                                     "items": {"type": "string", "minLength": 1, "maxLength": 12}}}}
+            "properties": {"items": {"type": "array", "minItems": num_items, "maxItems": num_items, "items": item}}}
 
 
 class MaskClock:
@@ -75,11 +76,11 @@ def run_round(engine: LLMEngine, tag: str, params: SamplingParams, streams: int,
     return {"median_step_s": statistics.median(times), "mask_s_per_step": (clock.seconds - mask_start) / steps}
 
 
-def measure(model: str, streams: int, steps: int, repeats: int) -> dict:
+def measure(model: str, streams: int, steps: int, repeats: int, max_length: int | None) -> dict:
     clock = MaskClock()
     free = SamplingParams(temperature=0, max_tokens=4 * steps, ignore_eos=True)
     constrained = SamplingParams(temperature=0, max_tokens=16 * steps,
-                                 structured_outputs=StructuredOutputsParams(json=schema(steps)))
+                                 structured_outputs=StructuredOutputsParams(json=schema(steps, max_length)))
     with LLMEngine(EngineConfig.from_kwargs(model=model, kv_cache_memory="512MiB")) as engine:
         config = engine.config.model_config
         run_round(engine, "warm-free", free, streams, 4, clock)
@@ -89,7 +90,7 @@ def measure(model: str, streams: int, steps: int, repeats: int) -> dict:
             rounds["free"].append(run_round(engine, f"free-{repeat}", free, streams, steps, clock))
             rounds["json_schema"].append(run_round(engine, f"json-{repeat}", constrained, streams, steps, clock))
     tpot = {kind: statistics.median(r["median_step_s"] for r in runs) for kind, runs in rounds.items()}
-    return {"model": model, "quantization": config.quantization or "default",
+    return {"model": model, "string_max_length": max_length, "quantization": config.quantization or "default",
             "dtype": str(config.dtype), "streams": streams,
             "timed_steps": steps, "repeats": repeats,
             "tpot_ms": {kind: round(1000 * value, 2) for kind, value in tpot.items()},
@@ -103,10 +104,11 @@ def write_markdown(path: Path, result: dict) -> None:
     lines = [f"# grammar_cost, {result['date']}, {cpu_kind(machine)}", "",
              f"CPU: {machine.get('cpu_model')} x{machine.get('num_cpus')}, ISA {machine.get('isa')}, "
              f"flags {' '.join(machine.get('cpu_flags') or [])}; torch {machine.get('torch')}; jido {result['commit']}.",
-             "", "| model | quantization, dtype | streams | TPOT free (ms) | TPOT json_schema (ms) | ratio | "
-             "masks per step (ms) |", "|---|---|---:|---:|---:|---:|---:|"]
+             "", "| model | quantization, dtype | strings' maxLength | streams | TPOT free (ms) | TPOT json_schema (ms) | "
+             "ratio | masks per step (ms) |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for run in result["runs"]:
-        lines.append(f"| {run['model']} | {run['quantization']}, {run['dtype']} | {run['streams']} | "
+        lines.append(f"| {run['model']} | {run['quantization']}, {run['dtype']} | {run['string_max_length'] or 'none'} | "
+                     f"{run['streams']} | "
                      f"{run['tpot_ms']['free']} | {run['tpot_ms']['json_schema']} | {run['tpot_ratio']}x | "
                      f"{run['mask_ms_per_step']} |")
     lines += ["", f"Medians of {result['runs'][0]['repeats']} alternating rounds of "
@@ -120,13 +122,16 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-lengths", type=int, nargs="+", default=[0, 12],
+                        help="the strings' maxLength per run (0: none); a bound leaves llguidance's fast path")
     parser.add_argument("--commit", default="")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     runs = []
     for model in args.models:
-        runs.append(measure(model, args.streams, args.steps, args.repeats))
-        print(json.dumps({k: v for k, v in runs[-1].items() if k != "rounds"}), flush=True)
+        for max_length in args.max_lengths:
+            runs.append(measure(model, args.streams, args.steps, args.repeats, max_length or None))
+            print(json.dumps({k: v for k, v in runs[-1].items() if k != "rounds"}), flush=True)
     if args.out:
         result = {"date": now_iso(), "machine": machine_info(), "commit": args.commit, "runs": runs}
         args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

@@ -55,24 +55,24 @@ class GuidanceGrammar:
     """A :class:`Grammar` on an llguidance matcher."""
 
     def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
-        self._matcher = matcher
+        self.matcher = matcher
         self.vocab_size = vocab_size
 
     def fill_bitmask(self, out: np.ndarray) -> None:
-        self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+        self.matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
 
     def accept_token(self, token_id: int) -> bool:
-        return self._matcher.consume_token(token_id)
+        return self.matcher.consume_token(token_id)
 
     def is_terminated(self) -> bool:
-        return self._matcher.is_stopped() or self._matcher.is_error()
+        return self.matcher.is_stopped() or self.matcher.is_error()
 
     def validate_tokens(self, token_ids: list[int]) -> int:
-        return self._matcher.validate_tokens(token_ids)
+        return self.matcher.validate_tokens(token_ids)
 
     def rollback(self, num_tokens: int) -> None:
-        if num_tokens and not self._matcher.rollback(num_tokens):
-            raise RuntimeError(f"the grammar could not take back {num_tokens} tokens: {self._matcher.get_error()}")
+        if num_tokens and not self.matcher.rollback(num_tokens):
+            raise RuntimeError(f"the grammar could not take back {num_tokens} tokens: {self.matcher.get_error()}")
 
 
 class GrammarCompiler:
@@ -149,28 +149,41 @@ def fill_bitmasks(grammars: dict[str, Grammar],
     """Per request, ``[1 + K, bitmask_words(vocab_size)]`` int32: the bitmask of its next token and, where the step
     verifies K proposals (``spec_tokens``), the bitmask after each of them, the row each verified position samples.
 
-    Proposals were cut to what the grammar accepts when they were made (``Grammar.validate_tokens``), so each is
-    accepted here for the masks after it and taken back before returning: the grammar is left where it was. A
-    proposal that ends the constraint leaves the rows after it the terminated grammar's mask (its stop tokens);
-    the scheduler drops whatever is sampled there.
+    All rows are one array, each request's a slice of it. Proposals were cut to
+    what the grammar accepts when they were made (``Grammar.validate_tokens``), so each is accepted here for the
+    masks after it and taken back before returning: the grammar is left where it was. A proposal that ends the
+    constraint leaves the rows after it the terminated grammar's mask (its stop tokens); the scheduler drops
+    whatever is sampled there.
     """
     if not grammars:
         return {}
     spec_tokens = spec_tokens or {}
     vocab_size = next(iter(grammars.values())).vocab_size
-    words = bitmask_words(vocab_size)
-    masks = {}
+    starts, total = {}, 0
+    for req_id in grammars:
+        starts[req_id] = total
+        total += 1 + len(spec_tokens.get(req_id, ()))
+    masks = np.empty((total, bitmask_words(vocab_size)), dtype=np.int32)
+    _fill_first_rows(grammars, starts, masks)
+    for req_id, proposals in spec_tokens.items():
+        if req_id in grammars:
+            _fill_after_proposals(req_id, grammars[req_id], proposals, masks[starts[req_id] + 1:])
+    return {req_id: masks[start:start + 1 + len(spec_tokens.get(req_id, ()))] for req_id, start in starts.items()}
+
+
+def _fill_first_rows(grammars: dict[str, Grammar], starts: dict[str, int], masks: np.ndarray) -> None:
+    # NOTE: llguidance's thread pool (fill_next_token_bitmask_par) made a 16-stream step's masks no faster on two
+    # cores, where torch's OpenMP threads wait spinning between steps.
     for req_id, grammar in grammars.items():
-        proposals = spec_tokens.get(req_id, [])
-        rows = np.empty((1 + len(proposals), words), dtype=np.int32)
-        grammar.fill_bitmask(rows[0])
-        advanced = 0
-        for row, token_id in zip(rows[1:], proposals):
-            if not grammar.is_terminated():  # tokens past the end are not history: nothing to roll back
-                if not grammar.accept_token(token_id):
-                    raise RuntimeError(f"request {req_id}: proposal {token_id} was not cut to its grammar")
-                advanced += 1
-            grammar.fill_bitmask(row)
-        grammar.rollback(advanced)
-        masks[req_id] = rows
-    return masks
+        grammar.fill_bitmask(masks[starts[req_id]])
+
+
+def _fill_after_proposals(req_id: str, grammar: Grammar, proposals: list[int], rows: np.ndarray) -> None:
+    advanced = 0
+    for row, token_id in zip(rows, proposals):
+        if not grammar.is_terminated():  # tokens past the end are not history: nothing to roll back
+            if not grammar.accept_token(token_id):
+                raise RuntimeError(f"request {req_id}: proposal {token_id} was not cut to its grammar")
+            advanced += 1
+        grammar.fill_bitmask(row)
+    grammar.rollback(advanced)

@@ -71,14 +71,31 @@ def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch
 
     Bit ``t % 32`` of word ``t // 32`` allows token ``t``; logits columns past the mask's bits are disallowed.
     """
-    width = logits.shape[1]
-    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
-    bits = (bitmask.to(logits.device)[:, :, None] >> shifts) & 1  # [G, words, 32]
-    allowed = torch.zeros((rows.numel(), width), dtype=torch.bool, device=logits.device)
-    num_bits = min(width, bits.shape[1] * 32)
-    allowed[:, :num_bits] = bits.flatten(1)[:, :num_bits].bool()
     index = rows.to(logits.device)
-    logits[index] = logits[index].masked_fill_(~allowed, float("-inf"))
+    whole = index.numel() == logits.shape[0] and bool((index == torch.arange(index.numel(), device=index.device)).all())
+    target = logits if whole else logits[index]
+    words = bitmask.to(logits.device)
+    full = min(words.shape[1], target.shape[1] // 32)  # words whose 32 tokens all have a logit
+    # A grammar's mask is mostly whole words, all banned or all allowed: those are filled 32 logits at a time, and
+    # only the mixed words (and a ragged tail) are unpacked bit by bit.
+    blocks = target[:, :full * 32].view(target.shape[0], full, 32)
+    blocks[words[:, :full] == 0] = float("-inf")
+    mixed = (words[:, :full] != 0) & (words[:, :full] != -1)
+    if bool(mixed.any()):
+        blocks[mixed] = blocks[mixed].masked_fill_(~_unpacked(words[:, :full][mixed][:, None], 32), float("-inf"))
+    if full * 32 < target.shape[1]:
+        tail = target[:, full * 32:]
+        num_bits = min(tail.shape[1], (words.shape[1] - full) * 32)
+        tail[:, :num_bits].masked_fill_(~_unpacked(words[:, full:], num_bits), float("-inf"))
+        tail[:, num_bits:] = float("-inf")
+    if not whole:
+        logits[index] = target
+
+
+def _unpacked(words: torch.Tensor, num_bits: int) -> torch.Tensor:
+    """[N, num_bits] bool: bit ``t % 32`` of word ``t // 32`` of each row of ``words`` ([N, W] int32)."""
+    shifts = torch.arange(32, dtype=torch.int32, device=words.device)
+    return ((words[:, :, None] >> shifts) & 1).flatten(1)[:, :num_bits].bool()
 
 
 def filtered_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None = None,
