@@ -11,6 +11,7 @@ from jido import LLM, SamplingParams
 PARAMS = SamplingParams(temperature=0, max_tokens=6, logprobs=20, ignore_eos=True)
 # The same with each prompt token's top-5 (such requests take no prefix-cache hit, so every prompt row is computed).
 SCORED = SamplingParams(temperature=0, max_tokens=3, logprobs=20, prompt_logprobs=5, ignore_eos=True)
+RUNS = {"plain": PARAMS, "scored": SCORED}
 # Under and over 16 rows (where the default attention changes kernels), longer than the chunk budgets below.
 LENGTHS = (70, 5, 33, 110, 17, 91)
 LONGEST = 3
@@ -33,26 +34,26 @@ def check_invariance(model: str, quantization: str, batch: list[list[int]]) -> N
     engine = dict(model=model, quantization=quantization, dtype="float32", kv_cache_memory="8MiB",
                   batch_invariant=True)
     llm = LLM(**engine)
-    for params in (PARAMS, SCORED):
-        alone = []
+    alone: dict[str, list[tuple]] = {}
+    for name, params in RUNS.items():
+        alone[name] = []
         for ids in batch:
             llm.reset_prefix_cache()
-            alone += results(llm, [ids], params)
+            alone[name] += results(llm, [ids], params)
         llm.reset_prefix_cache()
-        assert results(llm, batch, params) == alone, params
-        assert results(llm, batch[::-1], params) == alone[::-1], params
-    llm.reset_prefix_cache()
-    alone = [results(llm, [ids], PARAMS)[0] for ids in batch]
+        assert results(llm, batch, params) == alone[name], name
+        assert results(llm, batch[::-1], params) == alone[name][::-1], name
     for cached in (16, 64, 96):  # the rest runs as 15-95 rows, a decode-sized step among them
         llm.reset_prefix_cache()
         llm.generate([{"prompt_token_ids": batch[LONGEST][:cached + 2]}], SamplingParams(max_tokens=1),
                      use_tqdm=False)
         warm = llm.generate([{"prompt_token_ids": batch[LONGEST]}], PARAMS, use_tqdm=False)[0]
         assert warm.num_cached_tokens == cached
-        assert (warm.outputs[0].token_ids, warm.outputs[0].logprobs, None) == alone[LONGEST], cached
+        assert (warm.outputs[0].token_ids, warm.outputs[0].logprobs, None) == alone["plain"][LONGEST], cached
     for budget in (16, 23, 50):
         chunked = LLM(**{**engine, "max_num_batched_tokens": budget, "max_num_prefill_tokens_while_decoding": budget,
                          "max_model_len": 128})
-        assert results(chunked, batch, PARAMS) == alone, budget
+        for name, params in RUNS.items():
+            assert results(chunked, batch, params) == alone[name], (budget, name)
         chunked.shutdown()
     llm.shutdown()

@@ -105,7 +105,7 @@ class UnquantizedLinearMethod(LinearMethod):
         if packable(layer.weight):
             layer.weight = nn.Parameter(pack_dense(layer.weight), requires_grad=False)
         else:
-            self._check_packed(layer.weight)
+            self._refuse_unpacked(layer.weight)
 
     def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
         if is_untied_head(layer):
@@ -113,7 +113,7 @@ class UnquantizedLinearMethod(LinearMethod):
         elif packable(layer.weight):  # the embedding's lookups need the dense table: the packed copy sits beside it
             layer.packed_logits_weight = pack_dense(layer.weight)
         else:
-            self._check_packed(layer.weight)
+            self._refuse_unpacked(layer.weight)
 
     def apply_logits(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
         packed = getattr(layer, "packed_logits_weight", None)
@@ -132,7 +132,7 @@ class UnquantizedLinearMethod(LinearMethod):
             return packed_linear(x.expand(2, -1).contiguous(), packed, bias)[:1]
         return packed_linear(x, packed, bias)
 
-    def _check_packed(self, weight: torch.Tensor) -> None:
+    def _refuse_unpacked(self, weight: torch.Tensor) -> None:
         if self.batch_invariant:
             raise ValueError(f"batch_invariant multiplies dense weights on oneDNN's packed matmul, which does not take "
                              f"{str(weight.dtype).removeprefix('torch.')} weights on {weight.device.type} here: use "
