@@ -44,6 +44,8 @@ SERVES = {
     PREFILL_INT8: "gguf_w8a8 prefill-sized steps",
     BF16_COPY: "prefill-sized steps in bf16",
 }
+# What the layouts of a batch-invariant plan serve: every step size on the panels.
+SERVES_INVARIANT = {CODES: "every step not served below (panels packed per call)", PANELS: "steps of every size"}
 # Module attributes holding each layout (jido/layers/quantized_linear.py); gguf_w8a8's int8 copy is ``qint_mm`` where
 # it runs on oneDNN rather than AMX tiles.
 _HELD_AS = ((CODES, "qweight"), (FIVE_BITS, "qfive"), (PANELS, "qpanels"), (AMX_GEMM, "qgemm"),
@@ -148,13 +150,15 @@ def held_layouts(model: nn.Module) -> dict[str, tuple[int, int]]:
     return held
 
 
-def format_table(held: dict[str, tuple[int, int]]) -> str:
-    """The start-up log's table: one line per layout held, with its bytes, layers and the steps it serves."""
+def format_table(held: dict[str, tuple[int, int]], batch_invariant: bool = False) -> str:
+    """The start-up log's table: one line per layout held, with its bytes, layers and the steps it serves (under a
+    ``batch_invariant`` plan)."""
+    serves = {**SERVES, **SERVES_INVARIANT} if batch_invariant else SERVES
     lines = [f"{'layout':<13}{'MiB':>10}{'layers':>8}  serves"]
     for layout in (CODES, *EXTRAS):
         if layout in held:
             nbytes, layers = held[layout]
-            lines.append(f"{layout:<13}{nbytes / 2**20:>10.1f}{layers:>8}  {SERVES[layout]}")
+            lines.append(f"{layout:<13}{nbytes / 2**20:>10.1f}{layers:>8}  {serves[layout]}")
     total = sum(nbytes for nbytes, _ in held.values())
     lines.append(f"{'total':<13}{total / 2**20:>10.1f}")
     return "\n".join(lines)

@@ -146,7 +146,8 @@ def load_model(folder: Path, arch: ModelArchConfig, attn_backend: AttentionBacke
     process_weights_after_loading(model)
     held = held_layouts(model)
     if held:
-        logger.info("weights held (%s):\n%s", quant_config.plan.reason, format_table(held))
+        logger.info("weights held (%s):\n%s", quant_config.plan.reason,
+                    format_table(held, quant_config.plan.batch_invariant))
     if device.type == "cpu":
         moved = move_weights_to_huge_pages(model)
         logger.info("%s of weights in transparent huge pages (THP %s)", _mib(moved), thp_mode())

@@ -10,7 +10,8 @@ from jido.layers.linear import Linear
 from jido.layers.parameter import default_device_and_dtype
 from jido.layers.quantization import get_quantization_config
 from jido.layers.quantized_linear import QuantizedCodes
-from jido.layers.weight_plan import BF16_COPY, EXTRAS, FIVE_BITS, PANELS, LayoutCosts, WeightPlan, choose_extras
+from jido.layers.weight_plan import (BF16_COPY, CODES, EXTRAS, FIVE_BITS, PANELS, LayoutCosts, WeightPlan, choose_extras,
+                                     format_table)
 
 needs_int8_dot = pytest.mark.skipif(int8_dot.load_int8_dot_ops() is None, reason="no int8 dot kernel for this CPU")
 STEP_SIZES = [1, 2, 3, 5, 8, 9, 16, 17, 31, 40, 64, 100]
@@ -126,3 +127,6 @@ def test_a_batch_invariant_plan_holds_and_admits_the_panels_alone() -> None:
     plan.settle(extras, "weights_memory=auto")
     assert plan.reason == "weights_memory=auto; batch_invariant: every step on the panels"
     assert WeightPlan().extras == frozenset(EXTRAS)
+    table = format_table({CODES: (2**20, 3), PANELS: (2**21, 3)}, batch_invariant=True).splitlines()
+    assert table[1:3] == ["codes               1.0       3  every step not served below (panels packed per call)",
+                          "panels              2.0       3  steps of every size"]
