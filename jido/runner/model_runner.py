@@ -36,7 +36,7 @@ from jido.runner.prompt_logprobs import PromptLogprobsCollector
 from jido.runner.spec_decode import ProposerContext, SpecDecoder, make_proposer
 from jido.sampling.metadata import SamplingMetadata, with_grammar
 from jido.sampling.rejection_sampler import VerifiedTokens
-from jido.sampling.sampler import Sampler
+from jido.sampling.sampler import Sampler, argmax_under_grammar
 from jido.utils.cpu import CpuInfo, cpu_info
 from jido.utils.host_memory import StepWorkspace, mem_available_bytes
 from jido.utils.huge_pages import move_weights_to_huge_pages, thp_mode, zeros_in_huge_pages
@@ -492,10 +492,15 @@ class ModelRunner:
         """Each sampled request's new tokens from the rows' argmax straight from the LM head's kernel (the rows'
         final hidden states), where every row needs only that (``argmax_only``) and the model gives it; else None.
         With speculation, a step verifying K proposals then reads the head once for its K + 1 rows, as a plain step
-        does for its one, and makes no [K + 1, vocab] logits."""
-        token_ids = self.model.greedy_token_ids(hidden) if metadata.argmax_only else None
+        does for its one, and makes no [K + 1, vocab] logits. Under grammars, only the rows whose argmax a grammar
+        bans make logits (``argmax_under_grammar``)."""
+        token_ids = None
+        if metadata.argmax_only or metadata.argmax_under_grammar:
+            token_ids = self.model.greedy_token_ids(hidden)
         if token_ids is None:
             return None
+        if metadata.argmax_under_grammar:
+            token_ids = argmax_under_grammar(token_ids, metadata, lambda rows: self.model.compute_logits(hidden[rows]))
         if self.spec_decoder is not None:
             return self.spec_decoder.verify_argmax(token_ids, inputs)
         ids = token_ids.tolist()

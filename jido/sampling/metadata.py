@@ -101,6 +101,13 @@ class SamplingMetadata:
         logprobs (the sampler then needs no logits: see ``Model.greedy_token_ids``)."""
         return self.plain_greedy and self.max_num_logprobs is None
 
+    @property
+    def argmax_under_grammar(self) -> bool:
+        """Whether each row's token is its logits' argmax once grammar masks are applied, and nothing else reads
+        them: ``argmax_only`` but for the masks (see :func:`jido.sampling.sampler.argmax_under_grammar`)."""
+        return (self.all_greedy and self.no_penalties and not self.banned_rows and self.max_num_logprobs is None
+                and self.grammar_rows is not None)
+
 
 # The per-row tensors of SamplingMetadata, which a shifted copy gathers row by row.
 _ROW_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",

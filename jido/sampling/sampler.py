@@ -1,6 +1,7 @@
 """Sampler: turns the logits of a batch of rows into next tokens, each row with its own settings."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -43,6 +44,28 @@ def exponential_noise(like: torch.Tensor, generator: torch.Generator) -> torch.T
     """
     return torch.empty_like(like).uniform_(generator=generator).log_().neg_()
 
+
+
+def argmax_under_grammar(token_ids: torch.Tensor, md: SamplingMetadata,
+                         logits_of: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Each row's argmax under its grammar mask ([R] int64), given the rows' unmasked argmax ``token_ids`` ([R], used
+    up) and ``logits_of(rows)``, the logits of some rows ([len(rows), vocab]).
+
+    Where the unmasked argmax is allowed it is the masked argmax too, so only the rows whose grammar bans it need
+    their logits (``md.argmax_under_grammar``): a grammar step keeps the LM head's argmax kernel for the rest.
+    """
+    rows, masks = md.grammar_rows, md.grammar_bitmask
+    chosen = token_ids[rows.to(token_ids.device)].cpu()
+    word = (chosen // 32).clamp(max=masks.shape[1] - 1)
+    bit = (masks.gather(1, word[:, None]).flatten() >> (chosen % 32).to(torch.int32)) & 1
+    allowed = (bit == 1) & (chosen < masks.shape[1] * 32)
+    if bool(allowed.all()):
+        return token_ids
+    misses = rows[~allowed]
+    logits = logits_of(misses)
+    apply_token_bitmask(logits, torch.arange(misses.numel()), masks[~allowed])
+    token_ids[misses.to(token_ids.device)] = argmax(logits).to(token_ids.device)
+    return token_ids
 
 class SamplerOutput(NamedTuple):
     """One token per row, and its logprobs where the row asked for them."""

@@ -9,7 +9,7 @@ from jido.core.sampling_params import SamplingParams
 from jido.sampling.batch import SamplingBatch
 from jido.sampling.filters import apply_token_bitmask
 from jido.sampling.metadata import with_grammar
-from jido.sampling.sampler import Sampler
+from jido.sampling.sampler import Sampler, argmax_under_grammar
 
 VOCAB = 100  # not a multiple of 32: the last word's high bits lie past the logits
 
@@ -84,3 +84,29 @@ def test_a_request_whose_masks_do_not_match_its_rows_is_an_error_not_a_shifted_m
     md = _metadata([SamplingParams(temperature=0)])
     with pytest.raises(ValueError, match="samples 1 rows but has 2 grammar bitmasks"):
         with_grammar(md, ["a"], {"a": bitmask_of([{1}, {2}])})
+
+
+def test_the_argmax_under_grammar_is_the_samplers_greedy_token_and_makes_logits_only_where_the_argmax_is_banned():
+    params = [SamplingParams(temperature=0)] * 4
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(3))
+    best = logits.argmax(-1).tolist()
+    # "a" allows its argmax, "b" bans it, "free" has no grammar, "c" allows one token past the logits' best.
+    allowed = {"a": {best[0], 7}, "b": {t for t in range(VOCAB) if t != best[1]}, "c": {99}}
+    req_ids = ["a", "b", "free", "c"]
+    md = with_grammar(_metadata(params), req_ids, dict(zip(allowed, bitmask_of(list(allowed.values())))))
+    assert md.argmax_under_grammar and not md.argmax_only
+    asked = []
+
+    def logits_of(rows: torch.Tensor) -> torch.Tensor:
+        asked.append(rows.tolist())
+        return logits[rows].clone()
+
+    tokens = argmax_under_grammar(logits.argmax(-1), md, logits_of)
+    assert tokens.tolist() == Sampler(0).sample(logits.clone(), md).token_ids  # the masked logits' greedy tokens
+    assert asked == [[1, 3]]  # only the rows whose argmax their grammar bans
+
+
+def test_logprobs_or_a_random_row_need_the_full_logits_under_a_grammar():
+    masks = {"a": bitmask_of([{1}])[0]}
+    for params in (SamplingParams(temperature=0, logprobs=1), SamplingParams(temperature=1.0)):
+        assert not with_grammar(_metadata([params]), ["a"], masks).argmax_under_grammar
