@@ -56,7 +56,9 @@ class MultiprocExecutor(Executor):
         context = mp.get_context(method)
         init_method = f"tcp://127.0.0.1:{free_port()}" if parallel.world_size > 1 else None
         threads = threads_per_worker(parallel.world_size * parallel.data_parallel_size)
-        self.workers = [self._start(context, rank, init_method, threads) for rank in range(parallel.world_size)]
+        self.workers: list[_WorkerHandle] = []
+        for rank in range(parallel.world_size):
+            self.workers.append(self._start(context, rank, init_method, threads))
         self._finalizer = weakref.finalize(self, _stop_workers, self.workers, self._pool)
         try:
             for worker in self.workers:
@@ -69,9 +71,15 @@ class MultiprocExecutor(Executor):
 
     def _start(self, context: Any, rank: int, init_method: str | None, threads: int) -> _WorkerHandle:
         parent, child = context.Pipe()
-        process = context.Process(target=worker_main, name=f"jido-worker-{rank}", daemon=True,
-                                  args=(self.config, self.model_folder, rank, child, logging.getLogger().level,
-                                        init_method, threads))
+        args = (self.config, self.model_folder, rank, child, logging.getLogger().level, init_method, threads)
+        if context.get_start_method() == "fork":
+            # A forked worker inherits the engine's ends of its own pipe and of the workers before it; holding them,
+            # it would never read EOF when the engine dies, and would outlive it for good.
+            inherited = [parent, *(worker.conn for worker in self.workers)]
+            process = context.Process(target=_forked_worker_main, name=f"jido-worker-{rank}", daemon=True,
+                                      args=(inherited, *args))
+        else:
+            process = context.Process(target=worker_main, name=f"jido-worker-{rank}", daemon=True, args=args)
         process.start()
         child.close()
         return _WorkerHandle(rank, process, parent)
@@ -191,6 +199,13 @@ def worker_main(config: EngineConfig, model_folder: Path, rank: int, conn: Conne
             conn.send(("ok", call_worker(worker, method, args, kwargs)))
         except Exception:  # noqa: BLE001 - report, and let the engine decide
             conn.send(("error", traceback.format_exc()))
+
+
+def _forked_worker_main(inherited: list[Connection], *args: Any) -> None:
+    """:func:`worker_main` in a forked process, once it has closed the engine's connections it inherited."""
+    for conn in inherited:
+        conn.close()
+    worker_main(*args)
 
 
 def _stop_workers(workers: list[_WorkerHandle], pool: ThreadPoolExecutor) -> None:

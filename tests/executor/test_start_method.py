@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,38 @@ def test_a_process_that_loaded_the_cuda_driver_spawns(monkeypatch, tmp_path):
     assert worker_start_method() == StartMethod(
         "spawn", "this process has loaded the CUDA driver (torch.cuda.is_available() does), and a forked child "
                  "could not initialize it")
+
+
+KILLED_ENGINE_SCRIPT = """\
+import os, sys, time
+from multiprocessing import active_children
+from jido import LLM
+
+llm = LLM(sys.argv[1], dtype="float32", kv_cache_memory="4MiB", tensor_parallel_size=2)
+print(" ".join(str(p.pid) for p in active_children() if p.name.startswith("jido-worker")), flush=True)
+time.sleep(600)  # killed by the test
+"""
+
+
+def test_forked_workers_exit_when_their_engine_is_killed(tmp_path, tiny_model_folder):
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED_ENGINE_SCRIPT)
+    engine = subprocess.Popen([sys.executable, str(script), str(tiny_model_folder)], env=environment("fork"),
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        workers = [int(pid) for pid in engine.stdout.readline().split()]
+        assert len(workers) == 2
+    finally:
+        engine.kill()
+        engine.wait()
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() and _state(pid) != "Z" for pid in workers):
+        assert time.monotonic() < deadline, f"workers {workers} outlived their killed engine"
+        time.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"  # gone between the two reads
