@@ -5,8 +5,9 @@ For each model, an engine at its default quantization and dtype takes ``--stream
 alternate, free then constrained, ``--repeats`` times each; a round waits until every stream has its first token
 and then times ``--steps`` engine steps, each giving every stream one token, so a step's wall time is the
 streams' TPOT. The constraint is a JSON schema whose answer is longer than the timed steps (an array of
-``--steps`` strings, bounded by ``--max-lengths`` or not), so no stream ends inside the window. A round reports its median step; the result is the
-median over rounds, with the time the scheduler spent filling masks (``fill_bitmasks``) per step beside it.
+``--steps`` strings, bounded by ``--max-lengths`` or not), so no stream ends inside the window. A round reports
+its median step; the result is the median over rounds, with the time the scheduler spent filling masks
+(``fill_bitmasks``) per step beside it.
 The first constrained round is a warm-up (it builds the vocabulary's token trie) and is not counted. Run alone,
 under the lock:
 
@@ -40,12 +41,19 @@ def schema(num_items: int, max_length: int | None) -> dict:
 
 
 class MaskClock:
-    """Wall time the scheduler spends in ``fill_bitmasks`` (wrapped where the scheduler looks it up)."""
+    """Wall time the scheduler spends in ``fill_bitmasks`` while the clock is entered (wrapped where the scheduler
+    looks it up, and put back on exit)."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
         self._fill = scheduler_module.fill_bitmasks
+
+    def __enter__(self) -> MaskClock:
         scheduler_module.fill_bitmasks = self._timed
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        scheduler_module.fill_bitmasks = self._fill
 
     def _timed(self, *args, **kwargs):
         start = time.perf_counter()
@@ -77,11 +85,10 @@ def run_round(engine: LLMEngine, tag: str, params: SamplingParams, streams: int,
 
 
 def measure(model: str, streams: int, steps: int, repeats: int, max_length: int | None) -> dict:
-    clock = MaskClock()
     free = SamplingParams(temperature=0, max_tokens=4 * steps, ignore_eos=True)
     constrained = SamplingParams(temperature=0, max_tokens=16 * steps,
                                  structured_outputs=StructuredOutputsParams(json=schema(steps, max_length)))
-    with LLMEngine(EngineConfig.from_kwargs(model=model, kv_cache_memory="512MiB")) as engine:
+    with MaskClock() as clock, LLMEngine(EngineConfig.from_kwargs(model=model, kv_cache_memory="512MiB")) as engine:
         config = engine.config.model_config
         run_round(engine, "warm-free", free, streams, 4, clock)
         run_round(engine, "warm-json", constrained, streams, 4, clock)

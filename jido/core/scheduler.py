@@ -254,7 +254,8 @@ class Scheduler:
                 request.eos_token_ids, self.kv.get_block_ids(req_id), request.num_computed_tokens))
         dropped, self._dropped = self._dropped, set()
         output = SchedulerOutput(new_reqs, cached_reqs, num_scheduled, sum(num_scheduled.values()), dropped,
-                                 spec_tokens, kv_blend_plans=blend_plans, grammar_bitmask=fill_bitmasks(grammars, spec_tokens))
+                                 spec_tokens, kv_blend_plans=blend_plans,
+                                 grammar_bitmask=fill_bitmasks(grammars, spec_tokens))
         if self.connector is not None:
             output.kv_connector_metadata = self.connector.build_connector_meta(output, self.kv.get_block_ids)
         return output

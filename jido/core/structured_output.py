@@ -149,9 +149,9 @@ def fill_bitmasks(grammars: dict[str, Grammar],
     """Per request, ``[1 + K, bitmask_words(vocab_size)]`` int32: the bitmask of its next token and, where the step
     verifies K proposals (``spec_tokens``), the bitmask after each of them, the row each verified position samples.
 
-    All rows are one array, each request's a slice of it. Proposals were cut to
-    what the grammar accepts when they were made (``Grammar.validate_tokens``), so each is accepted here for the
-    masks after it and taken back before returning: the grammar is left where it was. A proposal that ends the
+    All rows are one array, each request's a slice of it. Proposals were cut to what the grammar accepts when they
+    were made (``Grammar.validate_tokens``), so each is accepted here for the masks after it and taken back before
+    returning: the grammar is left where it was. A proposal that ends the
     constraint leaves the rows after it the terminated grammar's mask (its stop tokens); the scheduler drops
     whatever is sampled there.
     """
@@ -164,18 +164,14 @@ def fill_bitmasks(grammars: dict[str, Grammar],
         starts[req_id] = total
         total += 1 + len(spec_tokens.get(req_id, ()))
     masks = np.empty((total, bitmask_words(vocab_size)), dtype=np.int32)
-    _fill_first_rows(grammars, starts, masks)
-    for req_id, proposals in spec_tokens.items():
-        if req_id in grammars:
-            _fill_after_proposals(req_id, grammars[req_id], proposals, masks[starts[req_id] + 1:])
-    return {req_id: masks[start:start + 1 + len(spec_tokens.get(req_id, ()))] for req_id, start in starts.items()}
-
-
-def _fill_first_rows(grammars: dict[str, Grammar], starts: dict[str, int], masks: np.ndarray) -> None:
     # NOTE: llguidance's thread pool (fill_next_token_bitmask_par) made a 16-stream step's masks no faster on two
     # cores, where torch's OpenMP threads wait spinning between steps.
     for req_id, grammar in grammars.items():
         grammar.fill_bitmask(masks[starts[req_id]])
+    for req_id, proposals in spec_tokens.items():
+        if req_id in grammars:
+            _fill_after_proposals(req_id, grammars[req_id], proposals, masks[starts[req_id] + 1:])
+    return {req_id: masks[start:start + 1 + len(spec_tokens.get(req_id, ()))] for req_id, start in starts.items()}
 
 
 def _fill_after_proposals(req_id: str, grammar: Grammar, proposals: list[int], rows: np.ndarray) -> None:

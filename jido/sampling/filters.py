@@ -79,10 +79,11 @@ def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch
     # A grammar's mask is mostly whole words, all banned or all allowed: those are filled 32 logits at a time, and
     # only the mixed words (and a ragged tail) are unpacked bit by bit.
     blocks = target[:, :full * 32].view(target.shape[0], full, 32)
-    blocks[words[:, :full] == 0] = float("-inf")
-    mixed = (words[:, :full] != 0) & (words[:, :full] != -1)
+    whole_words = words[:, :full]
+    blocks[whole_words == 0] = float("-inf")
+    mixed = (whole_words != 0) & (whole_words != -1)
     if bool(mixed.any()):
-        blocks[mixed] = blocks[mixed].masked_fill_(~_unpacked(words[:, :full][mixed][:, None], 32), float("-inf"))
+        blocks[mixed] = blocks[mixed].masked_fill_(~_unpacked(whole_words[mixed][:, None], 32), float("-inf"))
     if full * 32 < target.shape[1]:
         tail = target[:, full * 32:]
         num_bits = min(tail.shape[1], (words.shape[1] - full) * 32)

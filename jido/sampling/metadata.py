@@ -93,7 +93,11 @@ class SamplingMetadata:
     @property
     def plain_greedy(self) -> bool:
         """Whether each row's token is the argmax of its logits as they come: greedy rows, no penalties, no bans."""
-        return self.all_greedy and self.no_penalties and not self.banned_rows and self.grammar_rows is None
+        return self._greedy_unpenalized and self.grammar_rows is None
+
+    @property
+    def _greedy_unpenalized(self) -> bool:
+        return self.all_greedy and self.no_penalties and not self.banned_rows
 
     @property
     def argmax_only(self) -> bool:
@@ -105,8 +109,7 @@ class SamplingMetadata:
     def argmax_under_grammar(self) -> bool:
         """Whether each row's token is its logits' argmax once grammar masks are applied, and nothing else reads
         them: ``argmax_only`` but for the masks (see :func:`jido.sampling.sampler.argmax_under_grammar`)."""
-        return (self.all_greedy and self.no_penalties and not self.banned_rows and self.max_num_logprobs is None
-                and self.grammar_rows is not None)
+        return self._greedy_unpenalized and self.max_num_logprobs is None and self.grammar_rows is not None
 
 
 # The per-row tensors of SamplingMetadata, which a shifted copy gathers row by row.

@@ -45,7 +45,6 @@ def exponential_noise(like: torch.Tensor, generator: torch.Generator) -> torch.T
     return torch.empty_like(like).uniform_(generator=generator).log_().neg_()
 
 
-
 def argmax_under_grammar(token_ids: torch.Tensor, md: SamplingMetadata,
                          logits_of: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """Each row's argmax under its grammar mask ([R] int64), given the rows' unmasked argmax ``token_ids`` ([R], used
