@@ -1,4 +1,4 @@
-"""Builds a C++ source of torch ops once per source, torch version and CPU ISA, and loads it into the process.
+"""Builds a library of torch ops from its C++ sources once per version of them, torch version and CPU ISA, and loads it.
 
 The build runs with ``torch.utils.cpp_extension.load`` (g++ and ninja) into ``~/.cache/jido/torch_extensions/<key>``,
 so a machine compiles each version once: ahead of time by ``jido build-kernels`` (``make`` runs it), else at first
@@ -18,7 +18,7 @@ import fcntl
 import hashlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,14 +72,23 @@ def fallbacks() -> dict[str, str]:
             if not outcome.loaded}
 
 
-def build_key(prefix: str, source: Path, isa: str) -> str:
-    """The cache folder name: the hash of the source, the headers it may include (beside it and the shared ones) and
-    its flags, the torch version and the ISA the code is compiled for."""
+def build_key(prefix: str, sources: Path | Sequence[Path], isa: str) -> str:
+    """The cache folder name: the hash of the library's sources (one, or its units in order), the headers they may
+    include (beside them and the shared ones) and its flags, the torch version and the ISA the code is compiled for."""
+    sources = _as_list(sources)
     flags = " ".join([*COMMON_FLAGS, *ISA_FLAGS[isa], *LINK_FLAGS]).encode()
-    header_files = [*sorted(source.parent.glob("*.h")), *sorted(SHARED_HEADERS.glob("*.h"))]
+    folders = sorted({source.parent for source in sources})
+    header_files = [*(h for folder in folders for h in sorted(folder.glob("*.h"))), *sorted(SHARED_HEADERS.glob("*.h"))]
     headers = b"".join(h.name.encode() + b"\0" + h.read_bytes() for h in header_files)
-    digest = hashlib.sha256(source.read_bytes() + b"\0" + headers + b"\0" + flags).hexdigest()[:16]
+    # One source hashes as it always has (its libraries keep their builds); units by name and text.
+    code = sources[0].read_bytes() if len(sources) == 1 else b"\0".join(
+        s.name.encode() + b"\0" + s.read_bytes() for s in sources)
+    digest = hashlib.sha256(code + b"\0" + headers + b"\0" + flags).hexdigest()[:16]
     return f"{prefix}_{digest}_torch{torch.__version__.replace('+', '_').replace('.', '_')}_{isa}"
+
+
+def _as_list(sources: Path | Sequence[Path]) -> list[Path]:
+    return [sources] if isinstance(sources, Path) else list(sources)
 
 
 def target_isa(isa: str | None = None) -> str:
@@ -94,16 +103,18 @@ def target_isa(isa: str | None = None) -> str:
     return isa
 
 
-def load_ops_library(prefix: str, source: Path, purpose: str, fallback: str, isa: str | None = None) -> bool:
-    """Compile ``source`` for ``isa`` (default: ``$JIDO_BUILD_ISA``, else this CPU's) and load it, so its
-    ``TORCH_LIBRARY`` ops appear under ``torch.ops``; False if it cannot, with the warning "``purpose``
-    unavailable (why); using ``fallback``".
+def load_ops_library(prefix: str, sources: Path | Sequence[Path], purpose: str, fallback: str,
+                     isa: str | None = None) -> bool:
+    """Compile ``sources`` (one file, or a library's units: each compiled on its own, then linked) for ``isa``
+    (default: ``$JIDO_BUILD_ISA``, else this CPU's) and load them, so their ``TORCH_LIBRARY`` ops appear under
+    ``torch.ops``; False if it cannot, with the warning "``purpose`` unavailable (why); using ``fallback``".
 
     NOTE: a process can hold one build of a library only (its ops namespace is registered once), so a build for
     another ISA than this CPU's must be loaded in a fresh process.
     """
     isa = target_isa(isa)
-    key = build_key(prefix, source, isa)
+    sources = _as_list(sources)
+    key = build_key(prefix, sources, isa)
     build_dir = CACHE_ROOT / key
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
@@ -111,7 +122,7 @@ def load_ops_library(prefix: str, source: Path, purpose: str, fallback: str, isa
 
         with _build_lock(build_dir):
             # A copy of LINK_FLAGS: load() appends torch's -L/-l flags to the list it is given.
-            load(name=key, sources=[str(source)], build_directory=str(build_dir), is_python_module=False,
+            load(name=key, sources=[str(s) for s in sources], build_directory=str(build_dir), is_python_module=False,
                  extra_cflags=[*COMMON_FLAGS, *ISA_FLAGS[isa]], extra_ldflags=list(LINK_FLAGS),
                  extra_include_paths=[str(SHARED_HEADERS)], verbose=False)
         BUILDS[prefix] = BuildOutcome(purpose, fallback, loaded=True)
@@ -122,7 +133,8 @@ def load_ops_library(prefix: str, source: Path, purpose: str, fallback: str, isa
         log = CACHE_ROOT / f"{key}.log"
         with contextlib.suppress(OSError):
             log.parent.mkdir(parents=True, exist_ok=True)
-            log.write_text(f"{purpose} ({source}, {isa}) failed to build or load:\n{message}\n", encoding="utf-8")
+            names = ", ".join(map(str, sources))
+            log.write_text(f"{purpose} ({names}, {isa}) failed to build or load:\n{message}\n", encoding="utf-8")
         BUILDS[prefix] = BuildOutcome(purpose, fallback, loaded=False, reason=reason, log=log)
         logger.error("%s unavailable (%s); using %s instead, several times slower. The compiler's output is in %s; "
                      "`%s` rebuilds every kernel and reports each", purpose, reason, fallback, log, REBUILD_COMMAND)

@@ -56,6 +56,30 @@ def test_the_build_key_changes_with_the_compiler_flags(monkeypatch, tmp_path) ->
     assert cpp_build.build_key("k", source, "avx2") != key
 
 
+def test_a_library_of_units_compiles_each_and_links_them(tmp_path) -> None:
+    # int8_dot's layout: the ops in one unit, a kernel in another without ATen.
+    ops_unit, kernel_unit = tmp_path / "ops.cpp", tmp_path / "kernel.cpp"
+    ops_unit.write_text(textwrap.dedent("""
+        #include <torch/library.h>
+        int64_t twice(int64_t v);
+        TORCH_LIBRARY(jido_build_units, m) { m.def("twice(int v) -> int", &twice); }
+    """))
+    kernel_unit.write_text("#include <cstdint>\nint64_t twice(int64_t v) { return 2 * v; }\n")
+    if not cpp_build.load_ops_library("jido_build_units", [ops_unit, kernel_unit], "the units probe", "nothing"):
+        pytest.skip("no C++ compiler here")
+    assert torch.ops.jido_build_units.twice(21) == 42
+
+
+def test_the_build_key_changes_with_any_unit_of_a_library(tmp_path) -> None:
+    units = [tmp_path / "a.cpp", tmp_path / "b.cpp"]
+    for unit in units:
+        unit.write_text("int x;")
+    key = cpp_build.build_key("k", units, "avx2")
+    assert cpp_build.build_key("k", units[:1], "avx2") == cpp_build.build_key("k", units[0], "avx2")
+    units[1].write_text("int y;")
+    assert cpp_build.build_key("k", units, "avx2") != key
+
+
 def test_the_build_key_changes_with_a_shared_header(monkeypatch, tmp_path) -> None:
     # A library that includes a shared header must rebuild when that header changes, not load a stale build.
     source, shared = tmp_path / "k.cpp", tmp_path / "shared"
