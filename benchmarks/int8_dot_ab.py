@@ -1,7 +1,7 @@
 """The int8 panel kernel of the working tree against a git revision's, in one process: an A/B that holds on a host
 whose speed drifts.
 
-Builds ``jido/layers/csrc/int8_dot.cpp`` as it is at ``--rev`` under another ops namespace (``jido_int8_dot_ab``)
+Builds ``jido/layers/csrc/int8_dot*.cpp`` as they are at ``--rev`` under another ops namespace (``jido_int8_dot_ab``)
 beside the working tree's build, packs one random weight for each, checks that both give the same bits, and times
 them alternately (the order flips every round) at each step size. Between processes on the 2-core hosts the same
 build moved by up to half; within one, the ratio of identical sources stayed within 1.00-1.05.
@@ -36,16 +36,23 @@ def _git(*args: str) -> str:
 
 
 def build_revision(rev: str) -> object:
-    """torch.ops.jido_int8_dot_ab: the kernels as ``rev`` has them (with the headers beside them at ``rev``), their
-    namespace renamed. The build is cached by content, as the tree's is, so the sources go once it is loaded."""
+    """torch.ops.jido_int8_dot_ab: the kernels as ``rev`` has them (``int8_dot.cpp`` and the per-ISA units beside it
+    where ``rev`` has them, with the headers beside them at ``rev``), their namespace renamed. The build is cached by
+    content, as the tree's is, so the sources go once it is loaded."""
     with tempfile.TemporaryDirectory(prefix="int8_dot_ab-") as folder:
+        sources = []
         for name in _git("ls-tree", "--name-only", rev, f"{CSRC}/").split():
-            if name.endswith(".h"):
-                (Path(folder) / Path(name).name).write_text(_git("show", f"{rev}:{name}"), encoding="utf-8")
-        path = Path(folder) / "int8_dot.cpp"
-        source = _git("show", f"{rev}:{CSRC / 'int8_dot.cpp'}")
-        path.write_text(source.replace("jido_int8_dot", "jido_int8_dot_ab"), encoding="utf-8")
-        if not load_ops_library("jido_int8_dot_ab", path, f"int8_dot at {rev}", "nothing"):
+            path = Path(folder) / Path(name).name
+            if not path.name.endswith(".h") and not (path.name.startswith("int8_dot") and path.suffix == ".cpp"):
+                continue
+            text = _git("show", f"{rev}:{name}")
+            if path.name.startswith("int8_dot"):
+                text = text.replace("jido_int8_dot", "jido_int8_dot_ab")
+            path.write_text(text, encoding="utf-8")
+            if path.suffix == ".cpp":
+                sources.append(path)
+        sources.sort(key=lambda path: path.name != "int8_dot.cpp")  # the ops first, as int8_dot.SOURCES
+        if not load_ops_library("jido_int8_dot_ab", sources, f"int8_dot at {rev}", "nothing"):
             raise SystemExit(f"could not build int8_dot.cpp at {rev}")
     return torch.ops.jido_int8_dot_ab
 

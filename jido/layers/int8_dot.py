@@ -11,14 +11,15 @@ activations; ``per_token``: one scale per row, vLLM's w8a8), and the mins' term 
 rounded x too. Every row is rounded alone, the same way at any number of rows, so a request's result does not
 depend on what else is in its step.
 
-Two C++ kernels (``csrc/int8_dot.cpp``) share that rounding: the rows kernel streams the weight in place for a
-few rows of x, the panel kernel repacks 8 weight rows at a time into a scratch panel that serves every row of
-x (from :data:`PANEL_MIN_ROWS` rows). A model's layers pack their panels once at load (:class:`PackedPanels`,
+Two C++ kernels (``csrc/int8_dot*.cpp``, one unit per ISA) share that rounding: the rows kernel streams the weight
+in place for a few rows of x, the panel kernel repacks 8 weight rows at a time into a scratch panel that serves every
+row of x (from :data:`PANEL_MIN_ROWS` rows). A model's layers pack their panels once at load (:class:`PackedPanels`,
 :func:`panel_linear`) and run every step of :data:`PREPACKED_MIN_ROWS` rows or more on them; one-row decode
 stays on the rows kernel. A row's output is then the same in any step of two rows or more, and differs from
-its one-row result by float32 sums in another order. Each kernel holds an AVX2 and an AVX-512 VNNI version;
-:func:`dot_isa` picks one by the CPU's flags. On CPUs with AMX-INT8 the prepacked panels hold 16 weight rows for the
-tile units instead (:func:`amx_runs`): the same integer sums and float operations, so the same bits.
+its one-row result by float32 sums in another order. Each kernel holds an AVX2 and an AVX-512 VNNI version; the
+library says which ISAs this CPU runs (:func:`cpu_isas`) and the widest is used. On CPUs with AMX-INT8 the prepacked
+panels hold 16 weight rows for the tile units instead (:func:`amx_runs`): the same integer sums and float operations,
+so the same bits.
 """
 from __future__ import annotations
 
@@ -33,9 +34,11 @@ from jido.layers.quant_kernels import QuantizedWeight, dequantize_reference
 from jido.utils.cpp_build import load_ops_library
 from jido.utils.cpu import CpuInfo, cpu_info
 
-SOURCE = Path(__file__).parent / "csrc" / "int8_dot.cpp"
+CSRC = Path(__file__).parent / "csrc"
+# The library's units: the ops and glue, then one per ISA (int8_dot_common.h says what they share).
+SOURCES = tuple(CSRC / name for name in ("int8_dot.cpp", "int8_dot_avx2.cpp", "int8_dot_vnni.cpp", "int8_dot_amx.cpp"))
 BLOCK = 32  # columns of x per scale
-# The kernels' ISAs, in the order of the C++ `isa` argument.
+# The vector kernels' ISAs, in the order of the C++ `isa` argument.
 ISAS = ("avx2", "avx512_vnni")
 # From this many rows of x on, the panel kernel (below it, the rows kernel) when the panels are packed per call.
 PANEL_MIN_ROWS = 8
@@ -54,7 +57,8 @@ AMX_GEMM_MIN_ROWS = 32
 
 
 def dot_isa(cpu: CpuInfo) -> str | None:
-    """The int8 dot-product kernel this CPU runs: ``avx512_vnni`` (vpdpbusd), ``avx2`` (maddubs), or None."""
+    """The int8 dot-product kernel a CPU with these flags runs: ``avx512_vnni`` (vpdpbusd), ``avx2`` (maddubs), or
+    None; for planning before the library is built (the loaded library's own answer is :func:`cpu_isas`)."""
     if {"avx512_vnni", "avx512vl"} <= cpu.flags:
         return "avx512_vnni"
     if {"avx2", "fma"} <= cpu.flags:
@@ -63,20 +67,28 @@ def dot_isa(cpu: CpuInfo) -> str | None:
 
 
 @functools.cache
-def _isa_index() -> int:
-    """The C++ ``isa`` argument for this CPU's kernel (see :func:`dot_isa`)."""
-    return ISAS.index(dot_isa(cpu_info()))
+def load_int8_dot_ops(sources: tuple[Path, ...] = SOURCES) -> object | None:
+    """``torch.ops.jido_int8_dot`` built from ``sources`` when this CPU runs one of its vector kernels, else None."""
+    if dot_isa(cpu_info()) is None or not load_ops_library("jido_int8_dot", sources, "C++ int8 dot-product kernels",
+                                                           "the float kernels"):
+        return None
+    ops = torch.ops.jido_int8_dot
+    return ops if set(ops.isas()) & set(ISAS) else None
 
 
 @functools.cache
-def load_int8_dot_ops(source: Path = SOURCE) -> object | None:
-    """``torch.ops.jido_int8_dot`` built from ``source`` when this CPU runs one of its kernels, else None."""
-    isa = dot_isa(cpu_info())
-    if isa is None or not load_ops_library("jido_int8_dot", source, "C++ int8 dot-product kernels",
-                                           "the float kernels"):
-        return None
-    ops = torch.ops.jido_int8_dot
-    return ops if ops.supported(ISAS.index(isa)) else None
+def cpu_isas() -> frozenset[str]:
+    """The ISAs the built library says this CPU runs (C++ ``cpu_runs``, its one check of the CPU): ``avx2``,
+    ``avx512_vnni``, ``amx`` (AMX-INT8, with the tile state granted to this process), ``avx512_bf16``; none where the
+    kernels are not built."""
+    ops = load_int8_dot_ops()
+    return frozenset(ops.isas()) if ops is not None else frozenset()
+
+
+@functools.cache
+def _isa_index() -> int:
+    """The C++ ``isa`` argument for the widest vector kernel this CPU runs (see :func:`cpu_isas`)."""
+    return max(ISAS.index(isa) for isa in cpu_isas() & set(ISAS))
 
 
 def supports(w: QuantizedWeight) -> bool:
@@ -150,8 +162,7 @@ def amx_runs() -> bool:
     """Whether prepacked panels run on AMX tiles here: the C++ kernels built, the CPU has AMX-INT8 and Linux gave this
     process its tile state. There the tiles beat the AVX-512 VNNI panels on the LM head, on the layers and on a whole
     decode step, more so the more rows (benchmarks/results/amx_panels-2026-12-04-amx-xeon.md)."""
-    ops = load_int8_dot_ops()
-    return ops is not None and bool(ops.amx_supported())
+    return "amx" in cpu_isas()
 
 
 def pack_panels(w: QuantizedWeight, per_token: bool = False, amx: bool | None = None,
@@ -295,8 +306,7 @@ def int_mm_gated(x: torch.Tensor, w: QuantizedWeight, act: int, bias: torch.Tens
 @functools.cache
 def int_mm_fuses_gated() -> bool:
     """Whether :func:`int_mm_gated` runs here (its bf16 epilogue needs AVX-512 BF16)."""
-    ops = load_int8_dot_ops()
-    return ops is not None and bool(ops.scale_sums_to_bf16_runs())
+    return "avx512_bf16" in cpu_isas()
 
 
 def _int_mm(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None, act: int,

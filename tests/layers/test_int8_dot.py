@@ -45,7 +45,11 @@ def random_x(rows: int, num_cols: int, dtype: torch.dtype, gen: torch.Generator)
 
 def assert_equals_reference(x: torch.Tensor, w: qk.QuantizedWeight, bias: torch.Tensor | None, per_token: bool,
                             panels: bool, context: object) -> None:
-    y = int8_dot.int8_dot_linear(x, w, bias, per_token, panels)
+    assert_within_reference(int8_dot.int8_dot_linear(x, w, bias, per_token, panels), x, w, bias, per_token, context)
+
+
+def assert_within_reference(y: torch.Tensor, x: torch.Tensor, w: qk.QuantizedWeight, bias: torch.Tensor | None,
+                            per_token: bool, context: object) -> None:
     ref = int8_dot.int8_dot_linear_reference(x, w, bias, per_token)
     # float32 sums of exact integer products: within 2^-18 of the sum of the terms' magnitudes
     magnitude = int8_dot.int8_dot_linear_reference(x.abs(), _magnitudes(w), None, per_token)
@@ -131,6 +135,29 @@ def test_vnni_panel_pairs_give_each_output_the_bits_of_the_avx2_panels(codes) ->
             out = {isa: ops.panel_linear(x, *packed[isa], num_rows, num_cols, w.group_size, None, isa, int8_dot.BLOCK)
                    for isa in (vnni, avx2)}
             assert torch.equal(out[vnni], out[avx2]), (codes, num_rows, num_cols, rows)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("bits", [8, 4])
+def test_every_isa_this_cpu_runs_gives_the_float64_result_and_the_same_bits(kernel, bits) -> None:
+    # The other tests run the CPU's widest ISA; here each ISA the library says this CPU runs (AVX2 on an AVX-512
+    # machine too), rows kernel and per-call panels (VNNI's in pairs), at every row block. Their integer sums are exact
+    # and their float operations the same, so every ISA gives the same bits.
+    ops = int8_dot.load_int8_dot_ops()
+    isas = [i for i, _ in enumerate(int8_dot.ISAS) if ops.supported(i)]
+    assert [int8_dot.ISAS[i] for i in isas] == sorted(int8_dot.cpu_isas() & set(int8_dot.ISAS), key=int8_dot.ISAS.index)
+    gen = torch.Generator().manual_seed(31 + bits)
+    for i, (num_rows, num_cols, group_size) in enumerate(SHAPES):
+        w = random_weight(num_rows, num_cols, group_size, bits, with_mins=i % 2 == 0, gen=gen)
+        bias = torch.randn(num_rows, generator=gen) if i % 3 else None
+        per_token = i % 4 == 1
+        for rows in (1, 2, 5, 8, 13):
+            x = random_x(rows, num_cols, torch.float32, gen)
+            out = {isa: ops.linear(x, w.data, w.scales, w.mins, w.group_size, bits, num_cols, bias, isa,
+                                   0 if per_token else int8_dot.BLOCK, KERNELS[kernel]) for isa in isas}
+            for isa, y in out.items():
+                assert_within_reference(y, x, w, bias, per_token, (int8_dot.ISAS[isa], i, rows))
+                assert torch.equal(y, out[isas[0]]), (int8_dot.ISAS[isa], i, rows)
 
 
 def test_the_decode_path_gives_each_output_bit_for_bit_what_the_one_row_kernel_gives() -> None:
