@@ -10,8 +10,9 @@ vLLM's CPU images get the same from tcmalloc in ``LD_PRELOAD``; here the policy 
 model and its KV cache are loaded, so that the load's own temporaries are still given back. The cost is memory the
 process keeps: torch asks for 64-byte aligned blocks, which do not fit the hole an equal block left, so the heap
 grows by a few blocks before holes merge and it settles (a 40 MiB block made over and over: five or six more).
-The policy is the process's while an engine in it serves: the last engine to shut down puts glibc's thresholds back
-and trims the heap, so a process that outlives its engines (a notebook, a test session) does not keep their memory.
+The policy is the process's while an engine in it serves: an engine that shuts down trims the heap, and the last one
+puts glibc's thresholds back, so a process that outlives its engines (a notebook, a test session) does not keep their
+memory.
 """
 from __future__ import annotations
 
@@ -77,14 +78,15 @@ def keep_freed_blocks(limit: int = KEEP_BYTES) -> bool:
 
 
 def release_freed_blocks() -> None:
-    """One caller of :func:`keep_freed_blocks` is done; after the last, glibc's default thresholds come back and the
-    heap's free pages go back to the kernel."""
+    """One caller of :func:`keep_freed_blocks` is done (its blocks freed): the heap's free pages go back to the
+    kernel, and after the last caller glibc's default thresholds come back."""
     global _holders
     if _holders == 0:
         return
     _holders -= 1
-    if _holders == 0 and _set_thresholds(GLIBC_DEFAULT_BYTES):
-        give_back_free_memory()
+    if _holders == 0:
+        _set_thresholds(GLIBC_DEFAULT_BYTES)
+    give_back_free_memory()  # an engine's freed blocks are holes in the heap the others share: trimmed, not kept
 
 
 def _set_thresholds(limit: int) -> bool:
