@@ -131,15 +131,22 @@ def _resident_bytes() -> int:
 # Resident memory a module left behind (after its module-scoped fixtures closed), summed per module, so the test
 # that holds memory is named in the summary instead of found by bisecting the suite.
 _MODULE_GROWTH: dict[str, int] = {}
+_PEAK_TEST: list[str] = []  # the test during which the process's peak was last raised
+
+
+def _peak_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    before = _resident_bytes() if sys.platform == "linux" else 0
+    before, peak = (_resident_bytes(), _peak_kib()) if sys.platform == "linux" else (0, 0)
     yield
     if sys.platform == "linux":
         module = item.nodeid.split("::")[0]
         _MODULE_GROWTH[module] = _MODULE_GROWTH.get(module, 0) + _resident_bytes() - before
+        if _peak_kib() > peak:
+            _PEAK_TEST[:] = [item.nodeid]
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -148,6 +155,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux counts KiB
     child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # the largest child waited for
     terminalreporter.write_line(f"peak RSS: pytest process {own:.2f} GiB, largest child process {child:.2f} GiB")
+    if _PEAK_TEST:
+        terminalreporter.write_line(f"  the pytest process's peak was reached in {_PEAK_TEST[0]}")
     if sys.platform == "linux":
         terminalreporter.write_line(f"resident at the end: {_resident_bytes() / 2**30:.2f} GiB")
     top = sorted(_MODULE_GROWTH.items(), key=lambda kv: kv[1], reverse=True)[:8]
