@@ -12,7 +12,8 @@ from jido.core.kv_cache_spec import KVCacheConfig, KVCacheSpec
 from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
 from jido.parallel.group import CommStats
 from jido.parallel.state import ModelParallel, destroy_model_parallel, init_model_parallel
-from jido.runner.model_runner import ModelRunner, resolve_device, weight_bytes
+from jido.runner.model_runner import ModelRunner
+from jido.runner.model_loading import resolve_device, weight_bytes
 from jido.runner.pipeline_runner import PipelineModelRunner
 from jido.utils import cpp_build
 from jido.utils.host_memory import check_kv_cache_fits, mem_available_bytes
