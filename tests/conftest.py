@@ -68,19 +68,22 @@ def qwen_reference() -> dict:
     return json.loads(QWEN_REFERENCE_PATH.read_text(encoding="utf-8"))
 
 
-@pytest.fixture(scope="session")
-def qwen_llm(qwen_folder: Path) -> LLM:
-    """Qwen2.5-Coder-0.5B-Instruct on CPU in float32 on float weights, as ``llm`` holds the default model."""
-    return LLM(model=QWEN, kv_cache_memory="160MiB", dtype="float32", quantization="none")
+@pytest.fixture(scope="module")
+def qwen_llm(qwen_folder: Path) -> Iterator[LLM]:
+    """Qwen2.5-Coder-0.5B-Instruct on CPU in float32 on float weights, as ``llm`` holds the default model; per module,
+    as few modules use it and it holds 2 GiB."""
+    with LLM(model=QWEN, kv_cache_memory="160MiB", dtype="float32", quantization="none") as qwen:
+        yield qwen
 
 
 @pytest.fixture(scope="session")
-def llm() -> LLM:
+def llm() -> Iterator[LLM]:
     """The default model on CPU in float32 (explicitly: ``auto`` is bf16 on CPUs with native bf16) on its GGUF's
     dequantized weights (``quantization="none"``: nothing rounded, so it computes what transformers computes;
     the default ``gguf`` kernels round activations and are checked against their own measured error), with a
     KV cache large enough for every test."""
-    return LLM(kv_cache_memory="160MiB", dtype="float32", quantization="none")
+    with LLM(kv_cache_memory="160MiB", dtype="float32", quantization="none") as default:
+        yield default
 
 
 @pytest.fixture(scope="session", autouse=True)
