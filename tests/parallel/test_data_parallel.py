@@ -25,6 +25,15 @@ def test_a_shared_prefix_goes_where_it_went_before_and_a_new_one_to_the_least_lo
     assert router.route(prefix[:4] + [9, 9, 9, 9], loads=[3, 1]) == 0  # one block matches
 
 
+def test_the_replica_holding_the_longest_prefix_wins_and_equal_matches_go_to_the_less_loaded():
+    router = CacheAwareRouter(num_replicas=3, block_size=BLOCK, capacity_blocks=100)
+    prompt = list(range(12))  # three full blocks
+    assert router.route(prompt[:4], loads=[1, 0, 1]) == 1  # nothing cached: least loaded
+    assert router.route(prompt[:8], loads=[9, 9, 0]) == 2  # 9 over 0: balance wins; replica 2 now has 2 blocks
+    assert router.route(prompt, loads=[0, 3, 4]) == 2  # 2 blocks there against 1 on replica 1
+    assert router.route(prompt[:4] + [99] * 4, loads=[0, 4, 3]) == 2  # 1 block on both 1 and 2: the less loaded
+
+
 def test_uneven_loads_override_prefix_affinity():
     router = CacheAwareRouter(num_replicas=2, block_size=BLOCK, capacity_blocks=100, balance_abs=2, balance_rel=1.5)
     prompt = list(range(8))
