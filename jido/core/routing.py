@@ -43,7 +43,7 @@ class CacheAwareRouter:
     replica takes the request. Among replicas matching as many blocks, the least loaded (then lowest index) wins.
     """
 
-    def __init__(self, num_replicas: int, block_size: int, capacity_blocks: int, balance_abs: int = 8,
+    def __init__(self, block_size: int, capacity_blocks: int, balance_abs: int = 8,
                  balance_rel: float = 1.5) -> None:
         self.block_size = block_size
         self.balance_abs, self.balance_rel = balance_abs, balance_rel
@@ -70,5 +70,5 @@ def make_router(policy: str, num_replicas: int, block_size: int, capacity_blocks
     if policy == "round_robin":
         return RoundRobinRouter(num_replicas)
     if policy == "cache_aware":
-        return CacheAwareRouter(num_replicas, block_size, capacity_blocks)
+        return CacheAwareRouter(block_size, capacity_blocks)
     raise ValueError(f"unknown data_parallel_routing {policy!r}; available: cache_aware, round_robin")
