@@ -23,15 +23,10 @@ run: kernels
 generate: kernels
 	$(VENV)/bin/jido generate "$(PROMPT)" --max-tokens 64 --temperature 0
 
-# The suite runs as three pytest processes: each holds its own models (the default one, Qwen, engines made
-# per module), so memory is given back between them; one process for all reached 24 GiB and was OOM-killed.
-ENGINE_TESTS := tests/engine tests/models tests/layers tests/attention tests/sampling
-SERVING_TESTS := tests/server tests/router tests/bench tests/tools
-
+# The suite runs as one pytest process: engines free their model and KV cache at shutdown or collection, and the
+# summary prints the process's peak RSS, the test that reached it and the modules that left memory resident.
 test: kernels
-	$(PY) -m pytest -q $(ENGINE_TESTS)
-	$(PY) -m pytest -q $(SERVING_TESTS)
-	$(PY) -m pytest -q tests $(addprefix --ignore=,$(ENGINE_TESTS) $(SERVING_TESTS))
+	$(PY) -m pytest -q tests
 
 bench: kernels
 	$(PY) benchmarks/offline_throughput.py

@@ -530,7 +530,7 @@ def jido_dtype(requested: str) -> str:
     """The dtype `jido serve --dtype` resolves to here, so "auto" is recorded as what it ran with."""
     import torch
 
-    from jido.runner.model_runner import resolve_dtype
+    from jido.runner.model_loading import resolve_dtype
 
     return str(resolve_dtype(requested, torch.device("cpu"))).removeprefix("torch.")
 

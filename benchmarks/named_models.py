@@ -38,7 +38,7 @@ def measure_one(model: str, dtype: str, repeats: int) -> dict:
 
     from jido import LLM
     from jido.models.loader import resolve_model
-    from jido.runner.model_runner import resolve_dtype
+    from jido.runner.model_loading import resolve_dtype
 
     start = time.perf_counter()
     resolve_model(model)  # assembles and converts on a first run; a no-op later

@@ -23,7 +23,7 @@ from decode_step import time_decode
 from jido import LLM
 from jido.bench.machine import cpu_kind, machine_info, now_iso
 from jido.layers import int8_dot
-from jido.runner.model_runner import weight_bytes
+from jido.runner.model_loading import weight_bytes
 
 RESULTS = Path(__file__).parent / "results"
 MODES = {"prepacked": int8_dot.PREPACKED_MIN_ROWS, "per_call": 2**31}

@@ -28,7 +28,7 @@ import torch
 from jido.bench.machine import describe_machine, machine_info, now_iso
 from jido.layers import int8_dot, quant_kernels as qk
 from jido.layers.quantization import pack_dense, packable, packed_linear
-from jido.runner.model_runner import resolve_dtype
+from jido.runner.model_loading import resolve_dtype
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 

@@ -120,10 +120,14 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
 
 def _run_serve(args: argparse.Namespace) -> int:
     from jido.server.config import ServerConfig
-    from jido.server.launcher import serve
+    from jido.server.launcher import KernelsMissingError, serve
 
     server_config = ServerConfig(**dataclass_kwargs(args, ServerConfig))
-    return serve(EngineConfig.from_kwargs(**_engine_kwargs(args)), server_config)
+    try:
+        return serve(EngineConfig.from_kwargs(**_engine_kwargs(args)), server_config)
+    except KernelsMissingError as exc:
+        logging.getLogger("jido").error("%s", exc)
+        return 1
 
 
 def _eval_parser(sub: argparse._SubParsersAction) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,19 +68,22 @@ def qwen_reference() -> dict:
     return json.loads(QWEN_REFERENCE_PATH.read_text(encoding="utf-8"))
 
 
-@pytest.fixture(scope="session")
-def qwen_llm(qwen_folder: Path) -> LLM:
-    """Qwen2.5-Coder-0.5B-Instruct on CPU in float32 on float weights, as ``llm`` holds the default model."""
-    return LLM(model=QWEN, kv_cache_memory="160MiB", dtype="float32", quantization="none")
+@pytest.fixture(scope="module")
+def qwen_llm(qwen_folder: Path) -> Iterator[LLM]:
+    """Qwen2.5-Coder-0.5B-Instruct on CPU in float32 on float weights, as ``llm`` holds the default model; per module,
+    as few modules use it and it holds 2 GiB."""
+    with LLM(model=QWEN, kv_cache_memory="160MiB", dtype="float32", quantization="none") as qwen:
+        yield qwen
 
 
 @pytest.fixture(scope="session")
-def llm() -> LLM:
+def llm() -> Iterator[LLM]:
     """The default model on CPU in float32 (explicitly: ``auto`` is bf16 on CPUs with native bf16) on its GGUF's
     dequantized weights (``quantization="none"``: nothing rounded, so it computes what transformers computes;
     the default ``gguf`` kernels round activations and are checked against their own measured error), with a
     KV cache large enough for every test."""
-    return LLM(kv_cache_memory="160MiB", dtype="float32", quantization="none")
+    with LLM(kv_cache_memory="160MiB", dtype="float32", quantization="none") as default:
+        yield default
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -113,8 +118,51 @@ def draft_for(tmp_path_factory: pytest.TempPathFactory):
     return trained_for
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _engines_collected_after_each_module() -> Iterator[None]:
+    """The engines a module made and dropped are collected at its end (their finalizers free the model and KV
+    cache), not at some later collection of the oldest generation: the whole suite runs in one process."""
+    yield
+    gc.collect()
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm", encoding="ascii") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+# Resident memory a module left behind (after its module-scoped fixtures closed), summed per module, so the test
+# that holds memory is named in the summary instead of found by bisecting the suite.
+_MODULE_GROWTH: dict[str, int] = {}
+_PEAK_TEST: list[str] = []  # the test during which the process's peak was last raised
+
+
+def _peak_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    before, peak = (_resident_bytes(), _peak_kib()) if sys.platform == "linux" else (0, 0)
+    yield
+    if sys.platform == "linux":
+        module = item.nodeid.split("::")[0]
+        _MODULE_GROWTH[module] = _MODULE_GROWTH.get(module, 0) + _resident_bytes() - before
+        if _peak_kib() > peak:
+            _PEAK_TEST[:] = [item.nodeid]
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The run's peak resident memory, printed after every run, so the suite's memory is a figure and not a guess."""
+    """The run's peak resident memory, printed after every run, so the suite's memory is a figure and not a guess;
+    then the modules that left the most resident memory behind."""
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux counts KiB
     child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # the largest child waited for
     terminalreporter.write_line(f"peak RSS: pytest process {own:.2f} GiB, largest child process {child:.2f} GiB")
+    if _PEAK_TEST:
+        terminalreporter.write_line(f"  the pytest process's peak was reached in {_PEAK_TEST[0]}")
+    if sys.platform == "linux":
+        terminalreporter.write_line(f"resident at the end: {_resident_bytes() / 2**30:.2f} GiB")
+    top = sorted(_MODULE_GROWTH.items(), key=lambda kv: kv[1], reverse=True)[:8]
+    for module, grown in top:
+        if grown >= 64 << 20:
+            terminalreporter.write_line(f"  {grown / 2**30:+.2f} GiB resident left by {module}")

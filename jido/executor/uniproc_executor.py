@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+import weakref
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ class UniprocExecutor(Executor):
     def __init__(self, config: EngineConfig, model_folder: Path) -> None:
         super().__init__(config, model_folder)
         self.worker = Worker(config, self.model_folder)
+        # An engine dropped without shutdown (``llm = LLM(...)`` rebound in a notebook) still hands its memory and
+        # the process's allocator policy back when it is collected.
+        self._finalizer = weakref.finalize(self, self.worker.shutdown)
 
     def collective_rpc(self, method: str | Callable[..., Any], args: tuple = (),
                        kwargs: dict[str, Any] | None = None) -> list[Any]:
@@ -36,5 +40,5 @@ class UniprocExecutor(Executor):
         self.worker.check_health()
 
     def shutdown(self) -> None:
-        """The worker lives and dies with this process; only its background transfers stop here."""
-        self.worker.shutdown()
+        """Stop the worker's background transfers and let go of its model and KV cache (the process lives on)."""
+        self._finalizer()

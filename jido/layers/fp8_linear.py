@@ -14,7 +14,7 @@ one beside it on CPU.
 
 ``torch._scaled_mm`` also runs on CPU tensors in torch 2.13, as a reference implementation: a loop orders of
 magnitude slower than float32's F.linear. The engine therefore refuses
-fp8 on a CPU (see :func:`jido.runner.model_runner.resolve_quantization`); tests run the method there on small
+fp8 on a CPU (see :func:`jido.runner.model_loading.resolve_quantization`); tests run the method there on small
 shapes.
 """
 from __future__ import annotations

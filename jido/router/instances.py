@@ -5,9 +5,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from jido.router.affinity import PrefixAffinity
+from jido.utils.prefix_affinity import PrefixAffinity
 
 logger = logging.getLogger("jido")
+
+MAX_HASHES = 1 << 16  # chained prefix hashes remembered per instance, least recently sent dropped first
 
 
 @dataclass
@@ -43,26 +45,24 @@ class Pool:
 
     instances: list[Instance]
     balance_threshold: int
-    affinity: PrefixAffinity = field(default_factory=PrefixAffinity)
+    affinity: PrefixAffinity[str] = field(default_factory=lambda: PrefixAffinity(MAX_HASHES))  # by instance URL
 
     def usable(self) -> list[Instance]:
         return [i for i in self.instances if i.usable]
 
     def pick(self, hashes: list[bytes], exclude: tuple[Instance, ...] = ()) -> tuple[Instance | None, str]:
-        """The instance for a prompt, and why: ``affinity`` (it served the longest shared prefix and is not
-        loaded past ``balance_threshold`` over the least loaded) or ``least_loaded``; (None, "none") if none
-        is usable."""
-        candidates = [i for i in self.usable() if i not in exclude]
-        if not candidates:
+        """The instance for a prompt, and why: ``affinity`` (it was sent the longest shared prefix, the least
+        loaded of those that were, and is not loaded past ``balance_threshold`` over the least loaded) or
+        ``least_loaded``; (None, "none") if none is usable."""
+        by_load = sorted((i for i in self.usable() if i not in exclude),
+                         key=lambda i: (i.outstanding_tokens, i.num_requests))
+        if not by_load:
             return None, "none"
-        least = min(candidates, key=lambda i: (i.outstanding_tokens, i.num_requests))
-        by_url = {i.url: i for i in candidates}
-        owner, length = self.affinity.longest_match(hashes, set(by_url))
-        if owner is not None and length > 0:
-            holder = by_url[owner]
-            if holder.outstanding_tokens <= least.outstanding_tokens + self.balance_threshold:
-                return holder, "affinity"
-        return least, "least_loaded"
+        owner, _ = self.affinity.longest_match(hashes, [i.url for i in by_load])
+        holder = next((i for i in by_load if i.url == owner), None)
+        if holder is not None and holder.outstanding_tokens <= by_load[0].outstanding_tokens + self.balance_threshold:
+            return holder, "affinity"
+        return by_load[0], "least_loaded"
 
     def start(self, instance: Instance, hashes: list[bytes], num_tokens: int) -> None:
         instance.outstanding_tokens += num_tokens

@@ -10,7 +10,7 @@ from jido.models.config import ModelArchConfig
 from jido.models.loader import gguf_source, load_config, resolve_model
 from jido.runner.draft_kv import DraftKV
 from jido.runner import smoothing
-from jido.runner.model_runner import load_model, resolve_quantization
+from jido.runner.model_loading import load_model, resolve_quantization
 from jido.runner.spec_decode import ProposalStep, ProposerContext
 from jido.sampling.rejection_sampler import Drafts, sample_draft_chain
 

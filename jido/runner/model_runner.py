@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from jido.attention.backend import AttentionBackend, build_step_metadata
+from jido.attention.backend import build_step_metadata
 from jido.attention.kv_quant import SCALE_BYTES, is_quantized, resolve_kv_cache_dtype
 from jido.attention.registry import default_attention_backend, get_attention_backend
 from jido.config import EngineConfig
@@ -18,93 +18,26 @@ from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
 from jido.kvtransfer.base import KVConnectorWorker, kv_fingerprint
 from jido.kvtransfer.factory import connector_name, make_worker_connector
 from jido.kvtransfer.layerwise import LayerwiseHooks
-from jido.layers.fp8_linear import MIN_CAPABILITY as MIN_FP8_CAPABILITY
-from jido.layers.parameter import default_device_and_dtype
-from jido.layers.quantization import (GGUF_SCHEMES, get_quantization_config, layout_costs,
-                                     process_weights_after_loading)
-from jido.layers.weight_plan import WeightPlan, choose_extras, format_table, held_layouts
 from jido.models.config import ModelArchConfig
-from jido.models.loader import gguf_source, iter_quantized_weights, iter_weights, load_config
-from jido.models.registry import get_model_class
+from jido.models.loader import gguf_source, load_config
 from jido.models.tokenizer import Tokenizer
-from jido.parallel.state import ModelParallel, building_for, layer_range, local_kv_heads
+from jido.parallel.state import ModelParallel, layer_range, local_kv_heads
 from jido.runner.cache_blend import CacheBlender
 from jido.runner.cuda_graphs import DecodeGraphs
 from jido.runner.input_batch import InputBatch, ModelInputs
+from jido.runner.model_loading import (check_batch_invariant, load_model, mib_text, resolve_device, resolve_dtype,
+                                       resolve_quantization, weight_bytes)
 from jido.runner import smoothing
 from jido.runner.prompt_logprobs import PromptLogprobsCollector
 from jido.runner.spec_decode import ProposerContext, SpecDecoder, make_proposer
 from jido.sampling.metadata import SamplingMetadata, with_grammar
 from jido.sampling.rejection_sampler import VerifiedTokens
 from jido.sampling.sampler import Sampler, argmax_under_grammar
-from jido.utils.cpu import CpuInfo, cpu_info
-from jido.utils.host_memory import StepWorkspace, mem_available_bytes
-from jido.utils.huge_pages import move_weights_to_huge_pages, thp_mode, zeros_in_huge_pages
+from jido.utils.cpu import cpu_info
+from jido.utils.host_memory import StepWorkspace
+from jido.utils.huge_pages import zeros_in_huge_pages
 
 logger = logging.getLogger("jido")
-
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(device: str | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} was asked for but no CUDA device is present; use device='cpu'")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device: torch.device, cpu: CpuInfo | None = None) -> torch.dtype:
-    """``auto``: bfloat16 on CUDA and on CPUs that compute it natively (AVX-512 BF16 or AMX), else float32.
-
-    Where bf16 is emulated (AVX2 + FMA only) a bf16 matmul is hundreds of times slower than float32, so float32 is
-    the fast choice there.
-    """
-    if dtype != "auto":
-        return DTYPES[dtype]
-    if device.type != "cpu":
-        return torch.bfloat16
-    return torch.bfloat16 if (cpu or cpu_info()).has_native_bf16 else torch.float32
-
-
-def resolve_quantization(quantization: str | None, device: torch.device, from_gguf: bool) -> str:
-    """The scheme to load with: as asked, else ``gguf`` for a GGUF model on CPU (the file's own codes, which keep
-    float32 GGUF-native perplexity on every held-out domain:
-    benchmarks/results/quality_gate-2026-12-07-xeon-vnni-gemma-3-270m.md) and ``none`` otherwise.
-
-    ``gguf_w8a8`` is opt-in: its prefill-sized steps on int8 GEMMs are faster in a bf16 model, but rounding x per token
-    cost several percent of perplexity on text outside its calibration (docs/quantization.md has the figures per
-    domain). The GGUF kernels are CPU kernels; on CUDA a GGUF model is dequantized to dtype unless asked otherwise.
-
-    Raises:
-        ValueError: ``gguf`` or ``gguf_w8a8`` asked for a model that is not a GGUF file, a CPU scheme off the CPU, or
-            ``fp8`` anywhere but on a GPU with FP8 tensor cores.
-    """
-    if quantization in GGUF_SCHEMES and not from_gguf:
-        raise ValueError(f"quantization {quantization!r} needs a .gguf model; for other checkpoints use int8, int4, "
-                         "w8a8 or none")
-    if quantization == "fp8":
-        check_fp8_device(device)
-        return quantization
-    if quantization not in (None, "none") and device.type != "cpu":
-        raise ValueError(f"quantization {quantization!r} runs on CPU kernels; on {device.type} use quantization none")
-    if quantization is not None:
-        return quantization
-    return "gguf" if from_gguf and device.type == "cpu" else "none"
-
-
-def check_fp8_device(device: torch.device) -> None:
-    """Raise unless ``device`` multiplies FP8 on tensor cores (CUDA compute capability 8.9 or newer)."""
-    if device.type != "cuda":
-        raise ValueError("quantization 'fp8' needs a GPU with FP8 tensor cores (CUDA compute capability 8.9 or "
-                         "newer); on a CPU torch multiplies FP8 by a reference loop (200x slower than float32): "
-                         "use w8a8 (int8 weights and activations) or int8 there")
-    capability = torch.cuda.get_device_capability(device)
-    if capability < MIN_FP8_CAPABILITY:
-        raise ValueError(f"quantization 'fp8' needs CUDA compute capability {MIN_FP8_CAPABILITY[0]}."
-                         f"{MIN_FP8_CAPABILITY[1]} or newer (Ada, Hopper); {torch.cuda.get_device_name(device)} "
-                         f"is {capability[0]}.{capability[1]}: use quantization none")
-
 
 def layer_kv_specs(arch: ModelArchConfig, block_size: int, kv_cache_dtype: torch.dtype,
                    num_kv_heads: int | None = None, layer_ids: range | None = None) -> dict[int, KVCacheSpec]:
@@ -120,72 +53,6 @@ def layer_kv_specs(arch: ModelArchConfig, block_size: int, kv_cache_dtype: torch
         else:
             specs[layer_id] = SlidingWindowSpec(block_size, heads, arch.head_dim, **sizes, sliding_window=window)
     return specs
-
-
-def load_model(folder: Path, arch: ModelArchConfig, attn_backend: AttentionBackend, device: torch.device,
-               dtype: torch.dtype, quantization: str, quantization_group_size: int | None,
-               parallel: ModelParallel | None = None, weights_memory: int | str | None = None,
-               reserved_bytes: int = 0, batch_invariant: bool = False) -> torch.nn.Module:
-    """A model built on ``device`` in ``dtype`` from its checkpoint folder (``parallel``'s shard of it: its
-    layers, its heads), weights processed, in eval mode.
-
-    ``weights_memory`` (``auto``, ``lean`` or a size; None: every layout) settles the weight plan of a quantized
-    model (:mod:`jido.layers.weight_plan`); under ``auto`` the copies get what the host has available less
-    ``reserved_bytes`` (the KV cache and step workspace to come), shared among the ranks. ``batch_invariant``: its
-    linear layers run every step size on one route (the plan's ``batch_invariant``)."""
-    start = time.perf_counter()
-    model_class = get_model_class(arch.architecture)
-    quant_config = get_quantization_config(quantization, quantization_group_size, batch_invariant)
-    # Built on its device in its dtype: no float32 (or CPU) copy of the whole model is ever made.
-    with default_device_and_dtype(device, dtype), building_for(parallel or ModelParallel.single()):
-        model = model_class(arch, attn_backend, quant_config)
-    model.load_weights(iter_quantized_weights(folder) if quantization in GGUF_SCHEMES else iter_weights(folder))
-    if weights_memory is not None:
-        _settle_weight_plan(model, quant_config.plan, weights_memory, device, reserved_bytes,
-                            (parallel or ModelParallel.single()).world_size)
-    process_weights_after_loading(model)
-    held = held_layouts(model)
-    if held:
-        logger.info("weights held (%s):\n%s", quant_config.plan.reason,
-                    format_table(held, quant_config.plan.batch_invariant))
-    if device.type == "cpu":
-        moved = move_weights_to_huge_pages(model)
-        logger.info("%s of weights in transparent huge pages (THP %s)", _mib(moved), thp_mode())
-    model.eval()
-    logger.info("loaded %s (%s, %s, quantization %s) in %.1f s", folder.name, device, dtype, quantization,
-                time.perf_counter() - start)
-    return model
-
-
-def check_batch_invariant(device: torch.device, arch: ModelArchConfig) -> None:
-    """Log that ``batch_invariant`` is on, or raise where it has no route: off the CPU (its routes are jido's CPU
-    kernels), or in a mixture-of-experts model (each expert multiplies the tokens routed to it with torch's matmul,
-    whose sums change with their number)."""
-    if device.type != "cpu":
-        raise ValueError(f"batch_invariant runs jido's CPU kernels; on {device.type} it has no route (use device cpu)")
-    if arch.num_experts:
-        raise ValueError("batch_invariant has no route for mixture-of-experts layers (an expert's sums depend on how "
-                         "many tokens it got); run this model without it")
-    logger.info("batch_invariant: every step size on one route (quantized layers on the int8 panels, dense ones on "
-                "oneDNN's packed matmul, every attention row on the C++ paged decode kernel with fixed splits), so a "
-                "request's logits do not depend on its batch, its chunks or its cached prefix")
-
-
-# Left to the process itself (Python, torch, the tokenizer) when weights_memory=auto sizes the copies.
-RUNTIME_HEADROOM_BYTES = 1 << 30
-
-
-def _settle_weight_plan(model: torch.nn.Module, plan: WeightPlan, weights_memory: int | str, device: torch.device,
-                        reserved_bytes: int, ranks: int) -> None:
-    """Settle ``plan`` from the model's layout costs (read before its layers process their weights) of the layouts it
-    may hold."""
-    costs = layout_costs(model).only(plan.allowed)
-    if not costs.extras:
-        return
-    available = mem_available_bytes() if device.type == "cpu" else None
-    if available is not None:
-        available = max(0, (available - reserved_bytes - RUNTIME_HEADROOM_BYTES) // max(1, ranks))
-    plan.settle(*choose_extras(weights_memory, costs, available))
 
 
 class ModelRunner:
@@ -243,7 +110,7 @@ class ModelRunner:
                            self.config.model_config.batch_invariant)
         if self.parallel.world_size > 1:
             logger.info("rank %d holds %s of weights: layers %d-%d of %d, %d of %d query heads and %d of %d KV heads "
-                        "per layer", self.parallel.rank, _mib(weight_bytes(model)), self.layer_ids.start,
+                        "per layer", self.parallel.rank, mib_text(weight_bytes(model)), self.layer_ids.start,
                         self.layer_ids.stop - 1, self.model_arch.num_layers,
                         self.model_arch.num_heads // self.parallel.tp.world_size, self.model_arch.num_heads,
                         self.num_kv_heads, self.model_arch.num_kv_heads)
@@ -282,7 +149,7 @@ class ModelRunner:
         self._smooth_quantized_layers(kv_cache_config.num_blocks)
         if self.parallel.world_size > 1:
             logger.info("rank %d holds %s of KV cache (%d tensors of %d blocks, %d of %d KV heads)",
-                        self.parallel.rank, _mib(sum(t.numel() * t.element_size() for t in tensors.values())),
+                        self.parallel.rank, mib_text(sum(t.numel() * t.element_size() for t in tensors.values())),
                         len(tensors), kv_cache_config.num_blocks, self.num_kv_heads, arch.num_kv_heads)
         if self.spec_decoder is not None:
             self.spec_decoder.bind_kv_cache(kv_cache_config, tensors, self.kv_caches, self.layer_groups)
@@ -513,43 +380,3 @@ class ModelRunner:
             return self.spec_decoder.verify(logits, inputs, metadata)
         token_ids, logprobs = self.sampler.sample(logits, metadata)
         return VerifiedTokens([[t] for t in token_ids], [[] if lp is None else [lp] for lp in logprobs])
-
-
-def weight_bytes(model: torch.nn.Module, prepacked: bool = True) -> int:
-    """Bytes of the model's weights as held: parameters, buffers, quantized codes and the packed copies beside them.
-
-    Without ``prepacked``, what a one-row decode step reads: the codes (or their five-bit rows, ``qfive``, where a
-    layer has them), without the panels, int8 prefill copies and bf16 copies beside them (``qpanels``, ``qgemm``,
-    ``qint_mm``, ``qdense``).
-    """
-    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    for module in model.modules():
-        tensors.update((id(t), t) for t in _held_beside(module, prepacked))
-    return sum(t.numel() * t.element_size() for t in tensors.values())
-
-
-def _held_beside(module: torch.nn.Module, prepacked: bool) -> list[torch.Tensor]:
-    """Weight tensors a layer keeps outside its parameters (see jido/layers/quantized_linear.py)."""
-    held = [getattr(module, name, None) for name in (
-        "packed_logits_weight", "weight_scale", "logits_codes", "logits_scale")]  # (the last three: fp8_linear)
-    qweight, five = getattr(module, "qweight", None), getattr(module, "qfive", None)
-    if qweight is not None:  # one-row decode reads the five-bit rows where a layer has them, else the codes
-        held += [qweight.scales, qweight.mins] + ([qweight.data] if prepacked or five is None else [])
-    if five is not None:
-        held.append(five.data)
-    panels = getattr(module, "qpanels", None)
-    if panels is not None and prepacked:
-        held += [panels.codes, panels.scales, panels.mins, panels.meta]
-    gemm = getattr(module, "qgemm", None)
-    if gemm is not None and prepacked:
-        held += [gemm.packed, gemm.scales]
-    int_mm = getattr(module, "qint_mm", None)  # gguf_w8a8's int8 prefill copy without AMX
-    if int_mm is not None and prepacked:
-        held += [int_mm.data, int_mm.scales]
-    if prepacked:
-        held.append(getattr(module, "qdense", None))
-    return [t for t in held if isinstance(t, torch.Tensor)]
-
-
-def _mib(num_bytes: int) -> str:
-    return f"{num_bytes / 2**20:.1f} MiB"

@@ -1,6 +1,7 @@
 """Worker: one rank's model runner behind the calls an executor makes, in-process or in a worker process."""
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 
@@ -11,11 +12,12 @@ from jido.core.kv_cache_spec import KVCacheConfig, KVCacheSpec
 from jido.core.outputs import ModelRunnerOutput, SchedulerOutput
 from jido.parallel.group import CommStats
 from jido.parallel.state import ModelParallel, destroy_model_parallel, init_model_parallel
-from jido.runner.model_runner import ModelRunner, resolve_device, weight_bytes
+from jido.runner.model_runner import ModelRunner
+from jido.runner.model_loading import resolve_device, weight_bytes
 from jido.runner.pipeline_runner import PipelineModelRunner
 from jido.utils import cpp_build
 from jido.utils.host_memory import check_kv_cache_fits, mem_available_bytes
-from jido.utils.malloc_policy import give_back_free_memory, keep_freed_blocks
+from jido.utils.malloc_policy import give_back_free_memory, keep_freed_blocks, release_freed_blocks
 
 
 class Worker:
@@ -45,6 +47,7 @@ class Worker:
         self.runner = runner_class(config, model_folder, self.parallel)
         self.is_output_rank = rank == parallel_config.output_rank
         self.num_steps, self.step_s = 0, 0.0  # for parallel_stats
+        self.closed = False
 
     def get_kv_cache_spec(self) -> dict[int, KVCacheSpec]:
         return self.runner.get_kv_cache_spec()
@@ -102,9 +105,18 @@ class Worker:
         return self.runner.kv_connector_info()
 
     def shutdown(self) -> None:
-        """Stop the KV connector's background transfers, then leave the parallel groups."""
+        """Stop the KV connector's background transfers, leave the parallel groups, then let go of the model and
+        its KV cache: an engine that is shut down gives its memory back though its caller still holds it."""
+        if self.closed:
+            return
         self.runner.shutdown()
         destroy_model_parallel()
+        self.closed = True
+        on_cpu = self.runner.device.type == "cpu"
+        del self.runner  # the only reference to the model, its KV cache and step buffers; calls after this fail
+        if on_cpu:
+            gc.collect()  # modules and hooks refer to each other: the weights go only with their cycles
+            release_freed_blocks()
 
     def check_health(self) -> None:
         """Raise if this worker cannot serve; a live in-process worker always can."""

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
@@ -70,80 +70,104 @@ def create_app(llm: LLMEngine | Sequence[LLMEngine], config: ServerConfig,
     # No /docs, /redoc or /openapi.json: the UIs load from a CDN, and the schema would list the routes
     # without their bodies (the handlers parse raw requests), telling clients less than OpenAI's API docs.
     app = FastAPI(title="jido", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.serving = serving
-    _add_routes(app, serving, config.enable_tokenizer_info_endpoint)
-    _add_cache_routes(app, cache)
+    app.state.serving, app.state.cache = serving, cache
+    app.include_router(_routes)
+    app.include_router(_cache_routes)
+    if config.enable_tokenizer_info_endpoint:  # vLLM serves it only when asked (--enable-tokenizer-info-endpoint)
+        app.include_router(_tokenizer_info_route)
     _add_error_handlers(app)
     app.add_middleware(GuardMiddleware, api_key=config.api_key, max_body_bytes=config.max_request_body_bytes,
                        read_timeout_s=config.request_read_timeout_s)
     return app
 
 
-def _get(app: FastAPI, path: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+# The handlers live at module level and find the app's serving objects on ``request.app.state``, as vLLM's do.
+# Closures over them would outlive the app: FastAPI keeps every endpoint it has classified in a process-wide cache
+# (4,096 entries), so each app made in one process (tests, benchmarks) kept its whole engine resident.
+_routes, _cache_routes, _tokenizer_info_route = APIRouter(), APIRouter(), APIRouter()
+
+
+def _get(router: APIRouter, path: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A GET route that answers HEAD too (load balancers probe with HEAD); uvicorn drops the HEAD body."""
-    return app.api_route(path, methods=["GET", "HEAD"])
+    return router.api_route(path, methods=["GET", "HEAD"])
 
 
-def _add_routes(app: FastAPI, serving: OpenAIServing, tokenizer_info: bool) -> None:
-    @_get(app, "/health")
-    async def health() -> Response:
-        try:
-            serving.engine.check_health()
-        except EngineStoppedError as exc:
-            return http_error(503, str(exc), "engine_dead").response()
-        return JSONResponse({"status": "ok"})
-
-    @_get(app, "/metrics")
-    async def metrics() -> Response:
-        return PlainTextResponse(serving.metrics.render(), media_type=_PROMETHEUS_TEXT)
-
-    @_get(app, "/v1/models")
-    async def models() -> Response:
-        return JSONResponse(serving.models())
-
-    @_get(app, "/v1/models/{model_id:path}")  # :path: a served name may hold a slash (Qwen/Qwen2.5-0.5B)
-    async def model(model_id: str) -> Response:
-        return JSONResponse(serving.model(model_id))
-
-    @_get(app, "/kv_transfer")
-    async def kv_transfer() -> Response:
-        return JSONResponse(serving.kv_transfer())
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await serving.completions(request)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await serving.chat(request)
-
-    @app.post("/tokenize")
-    async def tokenize(request: Request) -> Response:
-        return await serving.tokenize(request)
-
-    @app.post("/detokenize")
-    async def detokenize(request: Request) -> Response:
-        return await serving.detokenize(request)
-
-    if tokenizer_info:  # vLLM serves it only when asked (--enable-tokenizer-info-endpoint)
-        @_get(app, "/tokenizer_info")
-        async def get_tokenizer_info() -> Response:
-            return JSONResponse(serving.tokenizer_info())
+def _serving(request: Request) -> OpenAIServing:
+    return request.app.state.serving
 
 
-def _add_cache_routes(app: FastAPI, cache: CacheServing) -> None:
-    """Cache-augmented generation: pin a prompt's KV (POST), list the pins (GET), release one (DELETE)."""
-    @app.post("/v1/cache")
-    async def create_cache(request: Request) -> Response:
-        return await cache.create(request)
+@_get(_routes, "/health")
+async def health(request: Request) -> Response:
+    try:
+        _serving(request).engine.check_health()
+    except EngineStoppedError as exc:
+        return http_error(503, str(exc), "engine_dead").response()
+    return JSONResponse({"status": "ok"})
 
-    @_get(app, "/v1/cache")
-    async def list_cache() -> Response:
-        return cache.list()
 
-    @app.delete("/v1/cache/{pin_id}")
-    async def delete_cache(pin_id: str) -> Response:
-        return cache.delete(pin_id)
+@_get(_routes, "/metrics")
+async def metrics(request: Request) -> Response:
+    return PlainTextResponse(_serving(request).metrics.render(), media_type=_PROMETHEUS_TEXT)
+
+
+@_get(_routes, "/v1/models")
+async def models(request: Request) -> Response:
+    return JSONResponse(_serving(request).models())
+
+
+@_get(_routes, "/v1/models/{model_id:path}")  # :path: a served name may hold a slash (Qwen/Qwen2.5-0.5B)
+async def model(request: Request, model_id: str) -> Response:
+    return JSONResponse(_serving(request).model(model_id))
+
+
+@_get(_routes, "/kv_transfer")
+async def kv_transfer(request: Request) -> Response:
+    return JSONResponse(_serving(request).kv_transfer())
+
+
+@_routes.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    return await _serving(request).completions(request)
+
+
+@_routes.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await _serving(request).chat(request)
+
+
+@_routes.post("/tokenize")
+async def tokenize(request: Request) -> Response:
+    return await _serving(request).tokenize(request)
+
+
+@_routes.post("/detokenize")
+async def detokenize(request: Request) -> Response:
+    return await _serving(request).detokenize(request)
+
+
+@_get(_tokenizer_info_route, "/tokenizer_info")
+async def get_tokenizer_info(request: Request) -> Response:
+    return JSONResponse(_serving(request).tokenizer_info())
+
+
+# Cache-augmented generation: pin a prompt's KV (POST), list the pins (GET), release one (DELETE).
+def _cache(request: Request) -> CacheServing:
+    return request.app.state.cache
+
+
+@_cache_routes.post("/v1/cache")
+async def create_cache(request: Request) -> Response:
+    return await _cache(request).create(request)
+
+
+@_get(_cache_routes, "/v1/cache")
+async def list_cache(request: Request) -> Response:
+    return _cache(request).list()
+
+
+@_cache_routes.delete("/v1/cache/{pin_id}")
+async def delete_cache(request: Request, pin_id: str) -> Response:
+    return _cache(request).delete(pin_id)
 
 
 def _add_error_handlers(app: FastAPI) -> None:

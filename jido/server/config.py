@@ -64,6 +64,9 @@ class ServerConfig:
     """PEM private key (unencrypted) to serve HTTPS; goes with ssl_certfile (default: none, plain HTTP)."""
     ssl_certfile: str | None = None
     """PEM certificate chain to serve HTTPS; goes with ssl_keyfile (default: none, plain HTTP)."""
+    allow_kernel_fallbacks: bool = False
+    """Serve even when a C++ kernel library failed to build, on its PyTorch fallback (several times slower); without
+    it `jido serve` stops with the build's error and the command that rebuilds it."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:

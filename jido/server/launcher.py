@@ -17,6 +17,7 @@ from jido.engine.llm_engine import LLMEngine
 from jido.server.app import create_app
 from jido.server.config import ServerConfig
 from jido.server.connection import JidoH11Protocol
+from jido.utils.cpp_build import REBUILD_COMMAND
 from jido.utils.drain_signals import drained_signals_exit_cleanly
 
 logger = logging.getLogger("jido")
@@ -86,7 +87,7 @@ def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
     and the requests on them are gone either way.
     """
     engine_config = with_worker_process(engine_config)
-    replicas = [LLMEngine(engine_config) for _ in range(engine_config.parallel_config.data_parallel_size)]
+    replicas: list[LLMEngine] = []
     failure: list[BaseException] = []
 
     def on_engine_failure(error: BaseException) -> None:
@@ -94,19 +95,41 @@ def serve(engine_config: EngineConfig, config: ServerConfig) -> int:
         failure.append(error)
         server.should_exit = True
 
-    app = create_app(replicas, config, on_engine_failure)
-    sock = bind_socket(config.host, config.port)
-    host, port = sock.getsockname()[:2]
-    _log_usage(config, host, port, config.model_name(engine_config.model_config.model),
-               chat=app.state.serving.chat_template is not None)
-    server = uvicorn_server(app, config)
     try:
+        for _ in range(engine_config.parallel_config.data_parallel_size):
+            replicas.append(LLMEngine(engine_config))
+        check_kernels(replicas[0].kernel_fallbacks, config.allow_kernel_fallbacks)
+        app = create_app(replicas, config, on_engine_failure)
+        sock = bind_socket(config.host, config.port)
+        host, port = sock.getsockname()[:2]
+        _log_usage(config, host, port, config.model_name(engine_config.model_config.model),
+                   chat=app.state.serving.chat_template is not None)
+        server = uvicorn_server(app, config)
         with drained_signals_exit_cleanly():
             server.run(sockets=[sock])
     finally:
         for llm in replicas:
             llm.shutdown()
     return 1 if failure else 0
+
+
+class KernelsMissingError(RuntimeError):
+    """A C++ kernel library failed to build and the server was not told to serve on its slower fallback."""
+
+
+def check_kernels(fallbacks: dict[str, str], allowed: bool) -> None:
+    """Refuse to serve on PyTorch fallbacks unless ``allow_kernel_fallbacks`` says so: a server several times slower
+    than it should be is found only by measuring it, so it stops at start with the reason instead.
+
+    Raises:
+        KernelsMissingError: ``fallbacks`` (library -> what runs instead, and why) is not empty and not ``allowed``.
+    """
+    if fallbacks and not allowed:
+        raise KernelsMissingError(
+            f"{len(fallbacks)} C++ kernel libraries failed to build, so this server would run several times slower "
+            f"on their fallbacks: {'; '.join(f'{lib}: {what}' for lib, what in sorted(fallbacks.items()))}. Run "
+            f"`{REBUILD_COMMAND}` to rebuild them (it keeps each compiler's output), or pass "
+            "--allow-kernel-fallbacks to serve on the fallbacks on purpose")
 
 
 def with_worker_process(engine_config: EngineConfig) -> EngineConfig:

@@ -180,7 +180,7 @@ def result_record(result: PerplexityResult, llm: LLM) -> dict[str, Any]:
     import torch  # loaded with the engine already
 
     from jido.attention.registry import default_attention_backend
-    from jido.runner.model_runner import resolve_device, resolve_dtype
+    from jido.runner.model_loading import resolve_device, resolve_dtype
 
     config = llm.llm_engine.config
     device = resolve_device(config.device_config.device)

@@ -19,7 +19,7 @@ from jido.engine.llm import LLM
 from jido.engine.llm_engine import LLMEngine
 from jido.models.loader import load_config, resolve_model
 from jido.planner.model_shapes import ModelShape, shape_from_hf_config
-from jido.runner.model_runner import resolve_device, resolve_dtype, weight_bytes
+from jido.runner.model_loading import resolve_device, resolve_dtype, weight_bytes
 from jido.utils.cli_args import add_dataclass_arguments, dataclass_kwargs
 from jido.utils.cpu import cpu_info
 

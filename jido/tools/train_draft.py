@@ -41,7 +41,7 @@ from jido.models.config import ModelArchConfig
 from jido.models.eagle import EagleDraft, EagleDraftConfig
 from jido.models.medusa import MedusaConfig, MedusaHeads
 from jido.models.loader import gguf_source, load_config, resolve_model
-from jido.runner.model_runner import DTYPES, load_model, resolve_dtype, resolve_quantization
+from jido.runner.model_loading import DTYPES, load_model, resolve_dtype, resolve_quantization
 from jido.utils.cli_args import add_dataclass_arguments, dataclass_kwargs
 from jido.utils.cpu import cpu_info
 

@@ -10,6 +10,9 @@ vLLM's CPU images get the same from tcmalloc in ``LD_PRELOAD``; here the policy 
 model and its KV cache are loaded, so that the load's own temporaries are still given back. The cost is memory the
 process keeps: torch asks for 64-byte aligned blocks, which do not fit the hole an equal block left, so the heap
 grows by a few blocks before holes merge and it settles (a 40 MiB block made over and over: five or six more).
+The policy is the process's while an engine in it serves: an engine that shuts down trims the heap, and the last one
+puts glibc's thresholds back, so a process that outlives its engines (a notebook, a test session) does not keep their
+memory.
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ M_MMAP_THRESHOLD = -3  # <malloc.h>: blocks of at least this size get their own 
 # Blocks up to this size come from the heap and stay there once freed: a decode step of 256 rows over a
 # 262,144-token vocabulary makes 256 MiB of float32 logits.
 KEEP_BYTES = 256 << 20
+GLIBC_DEFAULT_BYTES = 128 << 10  # both thresholds' defaults (DEFAULT_MMAP_THRESHOLD_MIN, DEFAULT_TRIM_THRESHOLD)
+_holders = 0  # engines in this process that asked to keep freed blocks and have not shut down
 
 
 @functools.cache
@@ -61,12 +66,29 @@ def _mallopt() -> ctypes._CFuncPtr | None:
 
 
 def keep_freed_blocks(limit: int = KEEP_BYTES) -> bool:
-    """Keep freed blocks up to ``limit`` bytes in this process's heap for reuse (both thresholds to ``limit``).
-    Returns whether the C library took the setting (False where it has no ``mallopt``)."""
-    mallopt = _mallopt()
-    if mallopt is None:
+    """Keep freed blocks up to ``limit`` bytes in this process's heap for reuse (both thresholds to ``limit``) until
+    every caller has called :func:`release_freed_blocks`. Returns whether the C library took the setting (False where
+    it has no ``mallopt``)."""
+    global _holders
+    if not _set_thresholds(limit):
         return False
-    done = bool(mallopt(M_MMAP_THRESHOLD, limit)) and bool(mallopt(M_TRIM_THRESHOLD, limit))
-    if done:
-        logger.info("allocator keeps freed blocks of up to %d MiB for reuse (mallopt)", limit >> 20)
-    return done
+    _holders += 1
+    logger.info("allocator keeps freed blocks of up to %d MiB for reuse (mallopt)", limit >> 20)
+    return True
+
+
+def release_freed_blocks() -> None:
+    """One caller of :func:`keep_freed_blocks` is done (its blocks freed): the heap's free pages go back to the
+    kernel, and after the last caller glibc's default thresholds come back."""
+    global _holders
+    if _holders == 0:
+        return
+    _holders -= 1
+    if _holders == 0:
+        _set_thresholds(GLIBC_DEFAULT_BYTES)
+    give_back_free_memory()  # an engine's freed blocks are holes in the heap the others share: trimmed, not kept
+
+
+def _set_thresholds(limit: int) -> bool:
+    mallopt = _mallopt()
+    return mallopt is not None and bool(mallopt(M_MMAP_THRESHOLD, limit)) and bool(mallopt(M_TRIM_THRESHOLD, limit))

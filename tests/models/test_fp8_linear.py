@@ -14,7 +14,7 @@ from torch import nn
 from jido.layers import fp8_linear as fp8_linear_module
 from jido.layers.fp8_linear import FP8_DTYPE, FP8_MAX, Fp8LinearMethod, fp8_linear, quantize_rows
 from jido.layers.quantization import get_quantization_config, process_weights_after_loading
-from jido.runner.model_runner import resolve_quantization, weight_bytes
+from jido.runner.model_loading import resolve_quantization, weight_bytes
 
 TOKENS = {"a": [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], "b": [2, 7, 1, 8, 2, 8, 1, 8]}
 

@@ -24,7 +24,7 @@ from jido.layers.quant_kernels import QuantizedWeight
 from jido.layers.quantized_linear import QuantizedCodes, merge_codes
 from jido.models.loader import iter_gguf_weights
 from jido.models.named import CACHE_DIR_ENV
-from jido.runner.model_runner import resolve_quantization, weight_bytes
+from jido.runner.model_loading import resolve_quantization, weight_bytes
 from jido.utils.cpu import CpuInfo
 
 # A prefill of 20 rows; the layers run every step of two rows or more on their prepacked panels, and a decode

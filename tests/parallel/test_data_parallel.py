@@ -17,7 +17,7 @@ BLOCK = 4
 
 
 def test_a_shared_prefix_goes_where_it_went_before_and_a_new_one_to_the_least_loaded():
-    router = CacheAwareRouter(num_replicas=2, block_size=BLOCK, capacity_blocks=100)
+    router = CacheAwareRouter(block_size=BLOCK, capacity_blocks=100)
     prefix = list(range(10, 18))  # two full blocks
     assert router.route(prefix + [1], loads=[0, 0]) == 0
     assert router.route(list(range(50, 59)), loads=[1, 0]) == 1  # no match: least loaded
@@ -25,8 +25,17 @@ def test_a_shared_prefix_goes_where_it_went_before_and_a_new_one_to_the_least_lo
     assert router.route(prefix[:4] + [9, 9, 9, 9], loads=[3, 1]) == 0  # one block matches
 
 
+def test_the_replica_holding_the_longest_prefix_wins_and_equal_matches_go_to_the_less_loaded():
+    router = CacheAwareRouter(block_size=BLOCK, capacity_blocks=100)
+    prompt = list(range(12))  # three full blocks
+    assert router.route(prompt[:4], loads=[1, 0, 1]) == 1  # nothing cached: least loaded
+    assert router.route(prompt[:8], loads=[9, 9, 0]) == 2  # 9 over 0: balance wins; replica 2 now has 2 blocks
+    assert router.route(prompt, loads=[0, 3, 4]) == 2  # 2 blocks there against 1 on replica 1
+    assert router.route(prompt[:4] + [99] * 4, loads=[0, 4, 3]) == 2  # 1 block on both 1 and 2: the less loaded
+
+
 def test_uneven_loads_override_prefix_affinity():
-    router = CacheAwareRouter(num_replicas=2, block_size=BLOCK, capacity_blocks=100, balance_abs=2, balance_rel=1.5)
+    router = CacheAwareRouter(block_size=BLOCK, capacity_blocks=100, balance_abs=2, balance_rel=1.5)
     prompt = list(range(8))
     router.route(prompt, loads=[0, 0])
     assert router.route(prompt, loads=[3, 2]) == 0  # within the thresholds: affinity wins over load
@@ -34,7 +43,7 @@ def test_uneven_loads_override_prefix_affinity():
 
 
 def test_the_oldest_blocks_are_forgotten_past_capacity():
-    router = CacheAwareRouter(num_replicas=2, block_size=BLOCK, capacity_blocks=2)
+    router = CacheAwareRouter(block_size=BLOCK, capacity_blocks=2)
     first, second = list(range(8)), list(range(100, 108))
     router.route(first, loads=[0, 0])
     router.route(second, loads=[0, 1])  # replica 0 again (least loaded on ties: lowest index); evicts `first`

@@ -71,11 +71,18 @@ def running_server(server_config: ServerConfig | None = None, engine: LLMEngine 
     """Start the app on a free port with uvicorn in a thread; stop it (draining) on exit.
 
     Without ``server_config``, the server has Gemma's chat template (tests/fixtures) for chat. It serves
-    ``engine`` if given, else a new engine of ``engine_kwargs``.
+    ``engine`` if given, else a new engine of ``engine_kwargs``, which it shuts down on exit.
     """
     server_config = server_config or ServerConfig(chat_template=GEMMA_CHAT_TEMPLATE)
-    engine = engine or LLMEngine(EngineConfig.from_kwargs(**{"kv_cache_memory": KV_CACHE, "dtype": "float32",
-                                                            **engine_kwargs}))
+    if engine is not None:
+        yield from _serve(engine, server_config)
+        return
+    with LLMEngine(EngineConfig.from_kwargs(**{"kv_cache_memory": KV_CACHE, "dtype": "float32",
+                                               **engine_kwargs})) as own:
+        yield from _serve(own, server_config)
+
+
+def _serve(engine: LLMEngine, server_config: ServerConfig) -> Iterator[Server]:
     app = create_app(engine, server_config)
     sock = bind_socket("127.0.0.1", 0)
     uv = uvicorn_server(app, server_config)

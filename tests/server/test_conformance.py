@@ -157,8 +157,11 @@ def test_tokenizer_info_has_what_lm_eval_remote_tokenizer_reads(server):
 def test_tokenizer_info_is_served_only_when_enabled(server):
     from jido.server.app import create_app
 
+    from starlette.testclient import TestClient
+
     app = create_app(server.serving.llm, ServerConfig(chat_template=GEMMA_CHAT_TEMPLATE))
-    assert "/tokenizer_info" not in {route.path for route in app.routes}
+    assert TestClient(app).get("/tokenizer_info").status_code == 404  # without its lifespan: no engine thread
+    assert server.request("GET", "/tokenizer_info")[0] == 200
 
 
 # -- prompt_logprobs --------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def test_describe_lists_the_key_flags_in_a_fixed_order():
 def test_auto_dtype_follows_native_bf16():
     import torch
 
-    from jido.runner.model_runner import resolve_dtype
+    from jido.runner.model_loading import resolve_dtype
     cpu = torch.device("cpu")
     assert resolve_dtype("auto", cpu, CpuInfo("x", 2, frozenset({"avx2", "fma"}))) == torch.float32
     assert resolve_dtype("auto", cpu, CpuInfo("x", 2, frozenset({"avx512f", "avx512_bf16"}))) == torch.bfloat16
