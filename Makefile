@@ -24,9 +24,10 @@ generate: kernels
 	$(VENV)/bin/jido generate "$(PROMPT)" --max-tokens 64 --temperature 0
 
 # The suite runs as one pytest process: engines free their model and KV cache at shutdown or collection, and the
-# summary prints the process's peak RSS, the test that reached it and the modules that left memory resident.
+# summary prints the process's peak RSS, the test that reached it, the modules that left memory resident and the
+# slowest tests.
 test: kernels
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=20 tests
 
 bench: kernels
 	$(PY) benchmarks/offline_throughput.py
