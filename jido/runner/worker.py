@@ -48,6 +48,7 @@ class Worker:
         self.is_output_rank = rank == parallel_config.output_rank
         self.num_steps, self.step_s = 0, 0.0  # for parallel_stats
         self.closed = False
+        self.holds_malloc_policy = False  # released at shutdown only if taken, so others' holds stay counted
 
     def get_kv_cache_spec(self) -> dict[int, KVCacheSpec]:
         return self.runner.get_kv_cache_spec()
@@ -69,7 +70,7 @@ class Worker:
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         self.runner.initialize_kv_cache(kv_cache_config)
         if self.runner.device.type == "cpu":  # from here on steps, not the load, make the large blocks
-            keep_freed_blocks()
+            self.holds_malloc_policy = keep_freed_blocks()
 
     def capture_model(self, max_model_len: int) -> None:
         self.runner.capture_model(max_model_len)
@@ -116,7 +117,9 @@ class Worker:
         del self.runner  # the only reference to the model, its KV cache and step buffers; calls after this fail
         if on_cpu:
             gc.collect()  # modules and hooks refer to each other: the weights go only with their cycles
+        if self.holds_malloc_policy:
             release_freed_blocks()
+            self.holds_malloc_policy = False
 
     def check_health(self) -> None:
         """Raise if this worker cannot serve; a live in-process worker always can."""

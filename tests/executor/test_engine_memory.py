@@ -68,3 +68,14 @@ def test_the_allocator_policy_is_released_by_the_last_engine_that_holds_it(tiny_
     assert thresholds == [malloc_policy.KEEP_BYTES] * 2  # the second engine still serves under the policy
     second.shutdown()
     assert thresholds[-1] == malloc_policy.GLIBC_DEFAULT_BYTES
+
+
+def test_an_engine_that_never_took_the_policy_does_not_release_anothers(tiny_model_folder, thresholds, monkeypatch):
+    holder = _engine(tiny_model_folder)
+    monkeypatch.setattr(malloc_policy, "_set_thresholds", lambda limit: False)  # as where mallopt refuses
+    other = _engine(tiny_model_folder)
+    other.shutdown()
+    assert malloc_policy._holders == 1  # the holder's policy still stands
+    monkeypatch.setattr(malloc_policy, "_set_thresholds", lambda limit: thresholds.append(limit) or True)
+    holder.shutdown()
+    assert malloc_policy._holders == 0 and thresholds[-1] == malloc_policy.GLIBC_DEFAULT_BYTES
