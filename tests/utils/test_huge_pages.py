@@ -9,17 +9,22 @@ from jido.layers import quant_kernels
 from jido.utils import huge_pages
 
 
-def _advised(t: torch.Tensor) -> bool:
-    """Whether the mapping holding ``t`` carries madvise(MADV_HUGEPAGE): ``hg`` in its VmFlags (proc(5))."""
+def _mapping(t: torch.Tensor) -> tuple[int, int, bool]:
+    """The mapping holding ``t``: its address range, and whether it carries madvise(MADV_HUGEPAGE) (``hg`` in its
+    VmFlags, proc(5))."""
     address, current = t.data_ptr(), None
     for line in open("/proc/self/smaps"):
         head = line.split()[0]
         if "-" in head and not head.endswith(":"):
             start, end = (int(x, 16) for x in head.split("-"))
-            current = start <= address < end
+            current = (start, end) if start <= address < end else None
         elif head == "VmFlags:" and current:
-            return "hg" in line.split()[1:]
+            return (*current, "hg" in line.split()[1:])
     raise AssertionError("no mapping holds the tensor")
+
+
+def _advised(t: torch.Tensor) -> bool:
+    return _mapping(t)[2]
 
 
 needs_thp = pytest.mark.skipif(huge_pages.thp_mode() not in ("always", "madvise"),
@@ -32,9 +37,13 @@ def test_tensors_are_copied_into_one_advised_mapping_with_their_values() -> None
     moved = huge_pages.in_huge_pages(tensors)
     assert moved[0].data_ptr() % huge_pages.HUGE_PAGE == 0
     assert all(m.data_ptr() % huge_pages.ALIGN == 0 for m in moved)
+    advised = _mapping(moved[0])
+    assert advised[2]
     for old, new in zip(tensors, moved):
         assert new.data_ptr() != old.data_ptr() and new.dtype == old.dtype and new.shape == old.shape
-        assert torch.equal(new, old) and _advised(new) and not _advised(old)
+        # Copies, all in the one advised mapping. Where the originals lie is the allocator's choice: once, late in
+        # the one-process suite, an original lay in a mapping that carried the advice, so that is not asserted.
+        assert torch.equal(new, old) and _mapping(new) == advised and _mapping(old)[:2] != advised[:2]
     del tensors
     moved[0].add_(1)  # still writable, and alive without the originals
 
