@@ -1,8 +1,8 @@
 """UniprocExecutor: the worker runs in the engine's own process, on one device."""
 from __future__ import annotations
 
-from collections.abc import Callable
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
