@@ -18,6 +18,7 @@ import numpy as np
 from llguidance.gbnf_to_lark import any_to_lark
 
 from jido.core.sampling_params import StructuredOutputsParams
+from jido.utils.shared_values import Shared, SharedValues, file_identity
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -75,19 +76,23 @@ class GuidanceGrammar:
             raise RuntimeError(f"the grammar could not take back {num_tokens} tokens: {self.matcher.get_error()}")
 
 
+# llguidance's tokenizers (immutable) by file and vocabulary, shared by the engines of one process that hold them.
+_LLG_TOKENIZERS: SharedValues[llguidance.LLTokenizer] = SharedValues()
+
+
 class GrammarCompiler:
     """Compiles ``StructuredOutputsParams`` into grammars over one model's vocabulary; safe from any thread.
 
     The vocabulary's token trie is built on first use (seconds for Gemma 3's 262,144 tokens), from the tokenizer
     file read then, so an engine that never sees a constraint never pays for either: Gemma 3's tokenizer.json held
-    as a Python string took over 100 MiB of the server's memory.
+    as a Python string took over 100 MiB of the server's memory. Engines of one process share one trie per file.
     """
 
     def __init__(self, tokenizer_file: Path, vocab_size: int, eos_token_ids: list[int]) -> None:
         self.vocab_size = vocab_size
         self._tokenizer_file = Path(tokenizer_file)
         self._eos_token_ids = list(eos_token_ids)
-        self._tokenizer: llguidance.LLTokenizer | None = None
+        self._tokenizer: Shared[llguidance.LLTokenizer] | None = None
         self._lock = threading.Lock()
 
     def compile(self, params: StructuredOutputsParams) -> GuidanceGrammar:
@@ -105,14 +110,16 @@ class GrammarCompiler:
     def _llg_tokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:
             if self._tokenizer is None:
-                try:
-                    tokenizer_json = self._tokenizer_file.read_text(encoding="utf-8")
-                    self._tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=self.vocab_size,
-                                                             eos_token=self._eos_token_ids)
-                except ValueError as exc:  # e.g. a word-level vocabulary, with no byte-level decoder
-                    raise ValueError(f"structured_outputs needs a byte-level or byte-fallback tokenizer: {exc}") \
-                        from exc
-            return self._tokenizer
+                key = (*file_identity(self._tokenizer_file), self.vocab_size, tuple(self._eos_token_ids))
+                self._tokenizer = _LLG_TOKENIZERS.get(key, self._build_llg_tokenizer)
+            return self._tokenizer.value
+
+    def _build_llg_tokenizer(self) -> llguidance.LLTokenizer:
+        try:
+            tokenizer_json = self._tokenizer_file.read_text(encoding="utf-8")
+            return llguidance.LLTokenizer(tokenizer_json, n_vocab=self.vocab_size, eos_token=self._eos_token_ids)
+        except ValueError as exc:  # e.g. a word-level vocabulary, with no byte-level decoder
+            raise ValueError(f"structured_outputs needs a byte-level or byte-fallback tokenizer: {exc}") from exc
 
 
 def grammar_text(params: StructuredOutputsParams) -> tuple[str, str]:

@@ -15,6 +15,8 @@ from gguf.gguf_reader import ReaderTensor
 from gguf.quants import dequantize
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
+from jido.models import gguf_blocks
+
 GGUF_MAGIC = b"GGUF"
 
 # The names llama.cpp gives a tensor inside a block, and the HF (transformers) names they came from.
@@ -233,7 +235,11 @@ class RawTensor(NamedTuple):
     shape: tuple[int, ...]  # the HF shape, e.g. [out_features, in_features]
 
     def dequantize(self) -> np.ndarray:
-        """The tensor in float32, shaped ``shape``."""
+        """The tensor in float32, shaped ``shape``: the gguf package's values, by the faster decoders where they
+        are the same bit for bit."""
+        if gguf_blocks.dequantizes_exactly(self.tensor_type):
+            matrix = (int(np.prod(self.shape[:-1])), self.shape[-1])
+            return gguf_blocks.dequantize(self.data, self.tensor_type, matrix).numpy().reshape(self.shape)
         values = dequantize(self.data, self.tensor_type).reshape(self.shape)
         # F32 tensors come back as read-only views of the memory-mapped file; torch wants writable memory.
         return np.require(values, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])

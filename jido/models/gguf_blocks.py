@@ -81,6 +81,34 @@ def decode(data: np.ndarray, tensor_type: GGMLQuantizationType, shape: tuple[int
 _Decoded = tuple[np.ndarray, np.ndarray, "np.ndarray | None", int]
 
 
+# Types whose ``scale * q + offset``, computed as two float32 roundings, is the gguf package's dequantization bit
+# for bit. Q4_0 is not: the package computes ``d * (q - 8)``, one rounding where the codes' form has two.
+_EXACT_IN_FLOAT32 = frozenset({GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
+                               GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K,
+                               GGMLQuantizationType.Q6_K})
+
+
+def dequantizes_exactly(tensor_type: GGMLQuantizationType) -> bool:
+    """Whether :func:`dequantize` gives the gguf package's float32 values, bit for bit, for this type."""
+    return tensor_type in _EXACT_IN_FLOAT32
+
+
+def dequantize(data: np.ndarray, tensor_type: GGMLQuantizationType, shape: tuple[int, ...]) -> torch.Tensor:
+    """The 2-D tensor ``shape`` in float32: :func:`decode`, then ``scale * q + offset`` in vectorized torch.
+
+    The gguf package's numpy dequantization takes seconds for a 0.5B model's weights, tens of seconds for a
+    1.5B's; this is a few times faster and, for the types :func:`dequantizes_exactly` accepts, the same values.
+    """
+    codes = decode(data, tensor_type, shape)
+    rows, cols = shape
+    groups = cols // codes.group_size
+    values = torch.from_numpy(codes.q).view(rows, groups, codes.group_size).to(torch.float32)
+    values *= torch.from_numpy(codes.scales).view(rows, groups, 1)
+    if codes.offsets is not None:
+        values += torch.from_numpy(codes.offsets).view(rows, groups, 1)
+    return values.view(rows, cols)
+
+
 def _f16(blocks: np.ndarray) -> np.ndarray:
     return blocks.view(np.float16).astype(np.float32)
 

@@ -9,6 +9,11 @@ from typing import Any
 from tokenizers import Tokenizer as Backend
 
 from jido.models.loader import generation_eos_ids, load_config
+from jido.utils.shared_values import Shared, SharedValues, file_identity
+
+# Parsed tokenizer.json files, by file: jido never changes a backend after loading (no truncation, padding or added
+# tokens), so engines of one model in one process can share one.
+_BACKENDS: SharedValues[Backend] = SharedValues()
 
 
 class Tokenizer:
@@ -16,21 +21,23 @@ class Tokenizer:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: Backend | Shared[Backend],
         bos_token_id: int | None,
         eos_token_ids: list[int],
         pad_token_id: int | None,
         chat_template: str | None = None,
         settings: dict[str, Any] | None = None,
     ) -> None:
-        """``settings``: the checkpoint's tokenizer_config.json, as read (what ``info`` reports)."""
-        self._backend = backend
+        """``backend``: the parsed tokenizer.json, or a shared one (held as long as this tokenizer lives);
+        ``settings``: the checkpoint's tokenizer_config.json, as read (what ``info`` reports)."""
+        self._shared = backend if isinstance(backend, Shared) else None
+        self._backend: Backend = backend.value if isinstance(backend, Shared) else backend
         self._settings = dict(settings or {})
         self._bos_token_id = bos_token_id
         self._eos_token_ids = list(eos_token_ids)
         self._pad_token_id = pad_token_id
         self._chat_template = chat_template
-        self._all_special_ids = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
+        self._all_special_ids = {i for i, t in self._backend.get_added_tokens_decoder().items() if t.special}
 
     @classmethod
     def from_folder(cls, folder: Path) -> Tokenizer:
@@ -42,7 +49,8 @@ class Tokenizer:
         path = folder / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(f"{folder}: no tokenizer.json (jido reads tokenizers' JSON format only)")
-        backend = Backend.from_file(str(path))
+        shared = _BACKENDS.get(file_identity(path), lambda: Backend.from_file(str(path)))
+        backend = shared.value
         settings = _read_json(folder / "tokenizer_config.json")
         config = load_config(folder)
 
@@ -54,7 +62,7 @@ class Tokenizer:
 
         eos_ids = generation_eos_ids(folder) or [i for i in [token_id("eos_token_id", "eos_token")] if i is not None]
         return cls(
-            backend,
+            shared,
             bos_token_id=token_id("bos_token_id", "bos_token"),
             eos_token_ids=eos_ids,
             pad_token_id=token_id("pad_token_id", "pad_token"),

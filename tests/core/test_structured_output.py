@@ -119,3 +119,13 @@ def test_proposals_are_cut_at_the_first_token_the_grammar_refuses(compiler, gemm
     assert grammar.validate_tokens(refused) == 0
     mask = fill_bitmasks({"r": grammar})["r"][0]  # validating advanced nothing
     assert set(valid[:1]) <= allowed_tokens(mask) and not set(refused) & allowed_tokens(mask)
+
+
+def test_compilers_of_one_vocabulary_share_its_token_trie_and_another_eos_gets_its_own(compiler, gemma_folder):
+    schema = StructuredOutputsParams(json={"type": "object"})
+    second = GrammarCompiler(gemma_folder / "tokenizer.json", VOCAB, compiler._eos_token_ids)
+    other_eos = GrammarCompiler(gemma_folder / "tokenizer.json", VOCAB, [0])
+    for each in (compiler, second, other_eos):
+        each.compile(schema)
+    assert second._llg_tokenizer() is compiler._llg_tokenizer()
+    assert other_eos._llg_tokenizer() is not compiler._llg_tokenizer()

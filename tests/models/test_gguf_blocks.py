@@ -72,3 +72,17 @@ def test_the_cpp_decoders_give_the_numpy_decoders_codes_and_scales_bit_for_bit(t
     for a, b in [(ours.scales, reference.scales), (ours.offsets, reference.offsets)]:
         assert (a is None) == (b is None)
         assert a is None or np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("tensor_type", sorted(_F16_AT, key=lambda t: t.name))
+def test_dequantize_gives_the_gguf_packages_float32_bits_for_every_type_it_claims(tensor_type):
+    rows, cols = 4, 1024
+    data = _random_blocks(tensor_type, rows, cols, seed=100 + tensor_type.value)
+    reference = dequantize(data, tensor_type).reshape(rows, cols)
+    ours = gguf_blocks.dequantize(data, tensor_type, (rows, cols)).numpy()
+    assert ours.dtype == np.float32 and ours.shape == (rows, cols)
+    if gguf_blocks.dequantizes_exactly(tensor_type):
+        assert np.array_equal(ours.view(np.uint32), reference.view(np.uint32))
+    else:  # Q4_0: d * q - 8 * d rounds twice where the package's d * (q - 8) rounds once
+        assert tensor_type == T.Q4_0
+        np.testing.assert_allclose(ours, reference, rtol=1e-6, atol=1e-7)

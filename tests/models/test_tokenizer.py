@@ -90,3 +90,34 @@ def test_info_is_the_tokenizer_config_with_added_tokens_as_text_and_no_file_path
     assert Tokenizer.from_folder(tmp_path).info() == {
         "eos_token": "<eos>", "added_tokens_decoder": {"1": "<eos>"}, "model_max_length": 256,
         "tokenizer_class": "GemmaTokenizer", "bos_token": "<bos>", "pad_token": "<pad>"}
+
+
+def test_tokenizers_of_one_file_share_one_parse_while_held_and_a_rewritten_file_is_parsed_again(
+        tmp_path: Path, tiny_model_folder: Path) -> None:
+    import gc
+
+    from jido.models import tokenizer as tokenizer_module
+
+    for name in ("tokenizer.json", "config.json"):
+        (tmp_path / name).write_bytes((tiny_model_folder / name).read_bytes())
+    first, second = Tokenizer.from_folder(tmp_path), Tokenizer.from_folder(tmp_path)
+    assert first._backend is second._backend
+    text = "hello world"
+    assert first.encode(text) == second.encode(text)
+
+    spec = json.loads((tmp_path / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    word = "zzqx"
+    vocab[word] = max(vocab.values()) + 1  # a vocabulary one token longer: another file
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    rewritten = Tokenizer.from_folder(tmp_path)
+    assert rewritten._backend is not first._backend
+    assert rewritten.vocab_size == first.vocab_size + 1
+
+    def held() -> set[str]:
+        return {key[0] for key in tokenizer_module._BACKENDS.keys()}
+
+    assert str((tmp_path / "tokenizer.json").resolve()) in held()
+    del first, second, rewritten
+    gc.collect()
+    assert str((tmp_path / "tokenizer.json").resolve()) not in held()
