@@ -131,6 +131,7 @@ class IndexedTensor(NamedTuple):
 # GGUF value types (gguf-py's GGUFValueType) with a fixed size: struct format of one value.
 _FIXED = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+_LENGTH = struct.Struct("<Q")
 
 
 def open_gguf_index(path: Path) -> GGUFFile:
@@ -202,7 +203,13 @@ def _value(buffer: memoryview, offset: int, value_type: int) -> tuple[Any, int]:
     offset += 12
     if item_type in _FIXED:
         return None, offset + count * struct.calcsize("<" + _FIXED[item_type])
-    for _ in range(count):  # strings (or nested arrays): walked, not kept
+    if item_type == _STRING:  # the vocabulary: each string's length read to step over it, none decoded
+        for _ in range(count):
+            offset += 8 + _LENGTH.unpack_from(buffer, offset)[0]
+        if offset > len(buffer):
+            raise ValueError("a string runs past the end of the file")
+        return None, offset
+    for _ in range(count):  # nested arrays: walked, not kept
         offset = _value(buffer, offset, item_type)[1]
     return None, offset
 

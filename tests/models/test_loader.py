@@ -320,7 +320,8 @@ def test_the_tensor_index_reads_what_gguf_py_reads_without_the_vocabulary(tiny_l
 
 def test_the_tensor_index_refuses_a_file_cut_short_by_name(tiny_llama, tmp_path: Path) -> None:
     whole = tiny_llama[0].read_bytes()
-    for keep in (len(whole) - 100, 40):  # inside the last tensor's bytes, inside the metadata
+    vocabulary = whole.index(b"tokenizer.ggml.tokens") + 40  # a few strings into the vocabulary, which is stepped over
+    for keep in (len(whole) - 100, 40, vocabulary):  # inside the last tensor's bytes, the metadata, the vocabulary
         cut = tmp_path / "cut.gguf"
         cut.write_bytes(whole[:keep])
         with pytest.raises(ValueError, match=r"cut\.gguf: not a readable GGUF file, cut short or corrupt"):
