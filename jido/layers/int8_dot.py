@@ -193,16 +193,21 @@ def panel_linear(x: torch.Tensor, panels: PackedPanels, bias: torch.Tensor | Non
                             _isa_index(), x_block)
 
 
-def panel_argmax(x: torch.Tensor, panels: PackedPanels, bias: torch.Tensor | None = None) -> torch.Tensor:
+def panel_argmax(x: torch.Tensor, panels: PackedPanels, bias: torch.Tensor | None = None,
+                 allowed: torch.Tensor | None = None) -> torch.Tensor:
     """Each row's ``argmax`` of ``panel_linear(x.float(), panels, bias)`` ([M] int64: the first column of the largest
     value, or of the first NaN, as ``torch.argmax``) from vector panels, without the outputs: a greedy step's LM head
     then neither writes its logits nor reads them back. The float32 logits whatever x's dtype, as ``compute_logits``
-    hands them to the sampler: logits of a bf16 model that round to one bf16 value are still told apart."""
+    hands them to the sampler: logits of a bf16 model that round to one bf16 value are still told apart.
+
+    ``allowed`` (int32 ``[M, words]``): each row's grammar bitmask; the argmax is then over the columns it allows, as
+    the sampler's after ``apply_token_bitmask`` (banned columns count as -inf)."""
     if panels.amx:
         raise ValueError("panel_argmax takes vector panels; AMX panels have amx_panel_argmax")
     n, k = panels.shape
     return load_int8_dot_ops().panel_argmax(x, panels.codes, panels.scales, panels.mins, panels.meta, n, k,
-                                            panels.group_size, bias, _isa_index(), 0 if panels.per_token else BLOCK)
+                                            panels.group_size, bias, _isa_index(), 0 if panels.per_token else BLOCK,
+                                            allowed)
 
 
 def amx_panel_argmax(x: torch.Tensor, panels: PackedPanels, bias: torch.Tensor | None = None) -> torch.Tensor:

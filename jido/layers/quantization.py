@@ -53,9 +53,11 @@ class LinearMethod(ABC):
         where the caller runs :meth:`apply` and then the activation."""
         return None
 
-    def greedy_token_ids(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
+    def greedy_token_ids(self, layer: nn.Module, hidden: torch.Tensor,
+                         allowed: torch.Tensor | None = None) -> torch.Tensor | None:
         """Each row's argmax of :meth:`apply_logits` ([N] int64, the first of equals) where a kernel gives it without
-        making the logits; None (the default) where the caller must make them."""
+        making the logits; None (the default) where the caller must make them. With ``allowed`` (int32 ``[N, words]``,
+        each row's grammar bitmask), the argmax over the columns it allows, or None where the kernel takes no masks."""
         return None
 
     def layout_costs(self, layer: nn.Module, head: bool = False) -> LayoutCosts:

@@ -209,17 +209,19 @@ class QuantizedLinearMethod(LinearMethod):
         qweight = getattr(layer, "qweight", None)
         return qweight if self.per_token and qweight is not None and int8_dot.takes_int_mm(qweight) else None
 
-    def greedy_token_ids(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor | None:
+    def greedy_token_ids(self, layer: nn.Module, hidden: torch.Tensor,
+                         allowed: torch.Tensor | None = None) -> torch.Tensor | None:
         # Where the head's panels run on AMX tiles, at any number of rows: a one-row greedy step then sums as a verify
-        # step's rows do, and skips the rows kernel's logits, which the sampler would otherwise read back.
+        # step's rows do, and skips the rows kernel's logits, which the sampler would otherwise read back. That kernel
+        # takes no grammar masks (untested without AMX): the caller then masks the rows the plain argmax got wrong.
         # Elsewhere, where the step's rows run on the vector panels (see _bind).
         panels = getattr(layer, "qpanels", None)
         if panels is not None and panels.amx:
-            return int8_dot.amx_panel_argmax(hidden, panels)
+            return int8_dot.amx_panel_argmax(hidden, panels) if allowed is None else None
         # The x compute_logits multiplies (apply_logits): hidden.float(), so the same route and the same float32 logits,
         # whose argmax tells apart values a bf16 model's logits would round to one.
         argmax = getattr(layer, "qargmax", None)
-        return None if argmax is None else argmax(hidden.float())
+        return None if argmax is None else argmax(hidden.float(), allowed=allowed)
 
     def observe_inputs(self, layer: nn.Module) -> list[torch.Tensor] | None:
         """Start recording, step by step, the largest ``|x|`` of each input channel (into the returned list, a float32
@@ -454,12 +456,14 @@ class QuantizedLinearMethod(LinearMethod):
                 return int8_dot.five_bit_linear(x, layer.qfive, bias, per_token)
             return int8_dot.int8_dot_linear(x, layer.qweight, bias, per_token)
 
-        def argmax(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor | None:
-            """Each row's argmax of ``linear(x, bias)`` where that runs on vector panels (their kernel gives it
-            without the outputs); else None. AMX panels have their own (see greedy_token_ids)."""
+        def argmax(x: torch.Tensor, bias: torch.Tensor | None = None,
+                   allowed: torch.Tensor | None = None) -> torch.Tensor | None:
+            """Each row's argmax of ``linear(x, bias)`` (over the columns ``allowed``, a grammar bitmask per row,
+            permits) where that runs on vector panels (their kernel gives it without the outputs); else None. AMX
+            panels have their own (see greedy_token_ids)."""
             if inv is not None or route(x.shape[0], x.dtype) != _ON_PANELS or layer.qpanels.amx:
                 return None
-            return int8_dot.panel_argmax(x, layer.qpanels, bias)
+            return int8_dot.panel_argmax(x, layer.qpanels, bias, allowed)
 
         layer.qlinear, layer.qargmax = linear, argmax
 

@@ -246,13 +246,14 @@ class LlamaForCausalLM(nn.Module):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def greedy_token_ids(self, hidden: torch.Tensor) -> torch.Tensor | None:
+    def greedy_token_ids(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> torch.Tensor | None:
         """Each row's argmax of :meth:`compute_logits` ([N] int64) where the head's kernels give it without making
-        the logits (``LinearMethod.greedy_token_ids``); None where they do not, or the logits are soft-capped (capped
-        values may tie where the raw ones do not) or split over tensor-parallel ranks."""
+        the logits (``LinearMethod.greedy_token_ids``; under ``allowed``, each row's grammar bitmask, the argmax over
+        the columns it allows); None where they do not, or the logits are soft-capped (capped values may tie where the
+        raw ones do not) or split over tensor-parallel ranks."""
         if self.config.final_logit_softcapping is not None or self.tp.world_size > 1:
             return None
-        return self.logits_method.greedy_token_ids(self.lm_head, hidden)
+        return self.logits_method.greedy_token_ids(self.lm_head, hidden, allowed)
 
     def hf_name(self, name: str) -> str | None:
         """Normalise a checkpoint name to ours' HF layout; ``None`` for tensors we do not use."""

@@ -359,19 +359,29 @@ class ModelRunner:
         """Each sampled request's new tokens from the rows' argmax straight from the LM head's kernel (the rows'
         final hidden states), where every row needs only that (``argmax_only``) and the model gives it; else None.
         With speculation, a step verifying K proposals then reads the head once for its K + 1 rows, as a plain step
-        does for its one, and makes no [K + 1, vocab] logits. Under grammars, only the rows whose argmax a grammar
-        bans make logits (``argmax_under_grammar``)."""
-        token_ids = None
-        if metadata.argmax_only or metadata.argmax_under_grammar:
-            token_ids = self.model.greedy_token_ids(hidden)
+        does for its one, and makes no [K + 1, vocab] logits. Under grammars, the kernel skips the columns each row's
+        mask bans; where it takes no masks, only the rows whose argmax a grammar bans make logits."""
+        token_ids = self._argmax_token_ids(hidden, metadata)
         if token_ids is None:
             return None
-        if metadata.argmax_under_grammar:
-            token_ids = argmax_under_grammar(token_ids, metadata, lambda rows: self.model.compute_logits(hidden[rows]))
         if self.spec_decoder is not None:
             return self.spec_decoder.verify_argmax(token_ids, inputs)
         ids = token_ids.tolist()
         return VerifiedTokens([[t] for t in ids], [[] for _ in ids])
+
+    def _argmax_token_ids(self, hidden: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor | None:
+        if metadata.argmax_only:
+            return self.model.greedy_token_ids(hidden)
+        if not metadata.argmax_under_grammar:
+            return None
+        # Masks in the head's one pass; else the plain argmax, and logits (a second pass) for the rows it got wrong.
+        token_ids = self.model.greedy_token_ids(hidden, allowed=metadata.row_bitmasks(hidden.shape[0]))
+        if token_ids is not None:
+            return token_ids
+        token_ids = self.model.greedy_token_ids(hidden)
+        if token_ids is None:
+            return None
+        return argmax_under_grammar(token_ids, metadata, lambda rows: self.model.compute_logits(hidden[rows]))
 
     def _sample(self, logits: torch.Tensor, inputs: ModelInputs, metadata: SamplingMetadata) -> VerifiedTokens:
         """Each sampled request's new tokens: one drawn by the sampler (with the rows' ``metadata``), or its verified

@@ -111,6 +111,14 @@ class SamplingMetadata:
         them: ``argmax_only`` but for the masks (see :func:`jido.sampling.sampler.argmax_under_grammar`)."""
         return self._greedy_unpenalized and self.max_num_logprobs is None and self.grammar_rows is not None
 
+    def row_bitmasks(self, num_rows: int) -> torch.Tensor:
+        """Every row's grammar bitmask (int32 ``[num_rows, words]``): its grammar's for ``grammar_rows``, all bits set
+        (every token allowed) for the others. Needs ``grammar_rows``."""
+        assert self.grammar_rows is not None and self.grammar_bitmask is not None
+        masks = torch.full((num_rows, self.grammar_bitmask.shape[1]), -1, dtype=torch.int32)
+        masks[self.grammar_rows] = self.grammar_bitmask
+        return masks
+
 
 # The per-row tensors of SamplingMetadata, which a shifted copy gathers row by row.
 _ROW_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",

@@ -62,3 +62,30 @@ def test_a_bad_schema_is_refused_before_anything_is_queued(llm):
         llm.generate(["x"], bad, use_tqdm=False)
     assert not llm.llm_engine.has_engine_work()
 
+
+
+def test_greedy_constrained_rows_of_the_default_kernels_take_the_heads_masked_argmax_with_the_logits_paths_tokens():
+    # Many rows a step, so the default model's head runs on its vector panels, whose argmax kernel skips the tokens
+    # each row's grammar bans; the same requests with that kernel turned off (logits, masks, the sampler's argmax)
+    # must give the same tokens.
+    prompts = [f"Record {i} of a city database, as JSON:" for i in range(12)]
+    params = SamplingParams(temperature=0, max_tokens=24, structured_outputs=_constrained(json=SCHEMA))
+    with LLM(kv_cache_memory="32MiB", dtype="float32") as default:
+        model = default.llm_engine.core.executor.worker.runner.model
+        kernel, masked_steps = model.greedy_token_ids, []
+
+        def counted(hidden, allowed=None):
+            tokens = kernel(hidden, allowed)
+            if tokens is not None and allowed is not None:
+                masked_steps.append(hidden.shape[0])
+            return tokens
+
+        model.greedy_token_ids = counted
+        fused = [o.outputs[0].token_ids for o in default.generate(prompts, params, use_tqdm=False)]
+        model.greedy_token_ids = lambda hidden, allowed=None: None
+        logits_path = [o.outputs[0].token_ids for o in default.generate(prompts, params, use_tqdm=False)]
+        model.greedy_token_ids = kernel
+    assert fused == logits_path
+    if not masked_steps:  # AMX panels: the plain argmax, and logits for the rows a grammar bans (checked just above)
+        pytest.skip("the head's masked argmax kernel did not run here (its rows are not on vector panels on this CPU)")
+    assert max(masked_steps) == len(prompts)

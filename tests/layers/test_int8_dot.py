@@ -307,6 +307,47 @@ def test_panel_argmax_is_torch_argmax_of_the_float32_logits_panel_linear_gives(c
         assert int8_dot.panel_argmax(x, packed, tied).tolist() == [25] * 3
 
 
+def test_panel_argmax_under_grammar_masks_is_the_samplers_argmax_of_the_masked_logits_on_every_isa() -> None:
+    # Masks of every kind: whole words banned or allowed, mixed words, a last partial word, rows left all-allowed,
+    # a row allowing one column only, a mask narrower than the vocabulary (the columns past it banned), and banned
+    # NaN outputs (ignored: the sampler's -inf covers them) beside an allowed NaN (it wins).
+    from jido.sampling.filters import apply_token_bitmask
+
+    gen = torch.Generator().manual_seed(29)
+    num_rows, num_cols = 4099, 96
+    w = random_weight(num_rows, num_cols, 32, 8, with_mins=False, gen=gen)
+    bias = torch.randn(num_rows, generator=gen)
+    ops = int8_dot.load_int8_dot_ops()
+    isas = [i for i in range(len(int8_dot.ISAS)) if ops.supported(i)]
+    assert isas, "no vector ISA runs the panels here"
+    for isa in isas:
+        packed = ops.pack_panels(w.data, w.scales, w.mins, w.group_size, 8, num_cols, isa, int8_dot.BLOCK)
+        for rows in (2, 16, 17):
+            for words in ((num_rows + 31) // 32, 100):  # the whole vocabulary, or its first 3,200 columns only
+                x = random_x(rows, num_cols, torch.float32, gen)
+                masks = torch.randint(-2**31, 2**31 - 1, (rows, words), generator=gen, dtype=torch.int32)
+                masks[:, ::3] = 0
+                masks[:, 1::5] = -1
+                masks[0] = -1
+                masks[1] = 0
+                masks[1, 50] = 1 << 7  # row 1 allows column 1,607 alone
+                for b in (None, bias):
+                    logits = ops.panel_linear(x, *packed, num_rows, num_cols, w.group_size, b, isa, int8_dot.BLOCK)
+                    if b is not None:
+                        nan = torch.full((num_rows,), float("nan"))
+                        b = torch.where(torch.arange(num_rows) % 997 == 5, nan, b)  # NaN outputs in some columns
+                        logits = ops.panel_linear(x, *packed, num_rows, num_cols, w.group_size, b, isa,
+                                                  int8_dot.BLOCK)
+                    apply_token_bitmask(logits, torch.arange(rows), masks)
+                    ids = ops.panel_argmax(x, *packed, num_rows, num_cols, w.group_size, b, isa, int8_dot.BLOCK,
+                                           masks)
+                    assert torch.equal(ids, logits.argmax(dim=-1)), (isa, rows, words, b is None)
+                    assert ids[1] == 1607
+    with pytest.raises(RuntimeError, match="allowed must be a contiguous int32"):
+        ops.panel_argmax(x, *packed, num_rows, num_cols, w.group_size, None, isas[0], int8_dot.BLOCK,
+                         masks[:1])
+
+
 @pytest.mark.skipif(not int8_dot.amx_runs(), reason="needs AMX-INT8 tiles (and the kernels built)")
 @pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("bits", [8, 4])

@@ -446,11 +446,25 @@ int64_t best_column(const std::vector<std::vector<Best>>& parts, int64_t m) {
 // The threads' RowMax rows of a sweep (one vector per range of sets), and the bias (float32 [N], or nullptr) each
 // output gets before it is compared: the float32 logits panel_linear gives for float32 x, which compute_logits hands
 // the sampler whatever the model's dtype (so no bf16 rounding here: it made ties of values the sampler tells apart).
+// With `allowed` (int32 [M, words], or nullptr), each row's grammar mask: bit n % 32 of word n / 32 allows column n,
+// and a banned column's output counts as -inf, as apply_token_bitmask makes it (columns past the mask are banned), so
+// a constrained greedy step reads the head once instead of twice.
 struct ArgmaxParts {
   const float* bias;
+  const int32_t* allowed = nullptr;
+  int64_t words = 0;
   std::mutex lock;
   std::vector<std::vector<RowMax>> parts;
 };
+
+// The lanes of the kPanel columns from `column` (a multiple of kPanel) that row_bits allows, as a blend mask.
+inline __m256 allowed_lanes(const int32_t* row_bits, int64_t words, int64_t column) {
+  const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const int64_t word = column >> 5;
+  const uint32_t bits = word < words ? (static_cast<uint32_t>(row_bits[word]) >> (column & 31)) & 0xFF : 0;
+  const __m256i set = _mm256_and_si256(_mm256_set1_epi32(static_cast<int32_t>(bits)), lane_bits);
+  return _mm256_castsi256_ps(_mm256_cmpeq_epi32(set, lane_bits));
+}
 
 // Rows [0, M) of a set's outputs (tile, `width` columns a row, row stride ld; columns n0.. of the weight) into each
 // row's RowMax.
@@ -475,6 +489,9 @@ inline void take_set(const float* tile, int64_t M, int64_t width, int64_t ld, in
         std::memcpy(b, how.bias + n0 + c, std::min(kPanel, width - c) * sizeof(float));
         v = _mm256_add_ps(v, _mm256_load_ps(b));
       }
+      if (how.allowed != nullptr)
+        v = _mm256_blendv_ps(_mm256_set1_ps(-std::numeric_limits<float>::infinity()), v,
+                             allowed_lanes(how.allowed + m * how.words, how.words, n0 + c));
       const __m256 larger = _mm256_cmp_ps(v, value, _CMP_GT_OQ);
       value = _mm256_blendv_ps(value, v, larger);
       const __m256i at = _mm256_add_epi32(lanes, _mm256_set1_epi32(static_cast<int32_t>(n0 + c)));
@@ -782,7 +799,7 @@ at::Tensor int8_dot_panel_linear(const at::Tensor& x, const at::Tensor& codes, c
 at::Tensor int8_dot_panel_argmax(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                                  const at::Tensor& mins, const at::Tensor& meta, int64_t N, int64_t K,
                                  int64_t group_size, const c10::optional<at::Tensor>& bias, int64_t isa,
-                                 int64_t x_block) {
+                                 int64_t x_block, const c10::optional<at::Tensor>& allowed) {
 #if defined(__AVX2__)
   const Weight w = packed_shape(N, K, group_size);
   const Kernels& k = vector_kernels(isa);
@@ -790,6 +807,13 @@ at::Tensor int8_dot_panel_argmax(const at::Tensor& x, const at::Tensor& codes, c
   const at::Tensor b = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   TORCH_CHECK(!b.defined() || b.numel() == N, "bias must have N elements");
   ArgmaxParts argmax{b.defined() ? b.data_ptr<float>() : nullptr};
+  if (allowed.has_value()) {
+    TORCH_CHECK(allowed->scalar_type() == at::kInt && allowed->dim() == 2 && allowed->size(0) == x.size(0) &&
+                    allowed->is_contiguous(),
+                "allowed must be a contiguous int32 [M, words] bitmask, one row per row of x");
+    argmax.allowed = allowed->data_ptr<int32_t>();
+    argmax.words = allowed->size(1);
+  }
   prepacked_panels(w, codes, scales, mins, meta, rx.view, x_block, k, nullptr, &argmax);
   at::Tensor tokens = at::empty({x.size(0)}, x.options().dtype(at::kLong));
   int64_t* t = tokens.data_ptr<int64_t>();
@@ -1245,7 +1269,7 @@ TORCH_LIBRARY(jido_int8_dot, m) {
   m.def("panel_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, Tensor meta, int N, int K, int group_size, "
         "Tensor? bias, int isa, int x_block) -> Tensor");
   m.def("panel_argmax(Tensor x, Tensor codes, Tensor scales, Tensor mins, Tensor meta, int N, int K, int group_size, "
-        "Tensor? bias, int isa, int x_block) -> Tensor");
+        "Tensor? bias, int isa, int x_block, Tensor? allowed=None) -> Tensor");
   m.def("five_bit_linear(Tensor x, Tensor data, Tensor scales, Tensor? mins, int group_size, int K, Tensor? bias, "
         "int isa, int x_block) -> Tensor");
   m.def("quantize_per_token(Tensor x, Tensor? channel_scale=None) -> Tensor[]");
