@@ -489,18 +489,14 @@ inline void take_set(const float* tile, int64_t M, int64_t width, int64_t ld, in
         std::memcpy(b, how.bias + n0 + c, std::min(kPanel, width - c) * sizeof(float));
         v = _mm256_add_ps(v, _mm256_load_ps(b));
       }
-      __m256 larger = _mm256_cmp_ps(v, value, _CMP_GT_OQ);
-      int nan = _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-      // Under a grammar only allowed lanes may win. Its mask is read only where some lane would win: rarely, once
-      // the running maximum has risen over the first panels, so a masked step costs about what a free one does.
-      if (how.allowed != nullptr && (_mm256_movemask_ps(larger) | nan)) {
-        const __m256 ok = allowed_lanes(how.allowed + m * how.words, how.words, n0 + c);
-        larger = _mm256_and_ps(larger, ok);
-        nan &= _mm256_movemask_ps(ok);
-      }
+      if (how.allowed != nullptr)
+        v = _mm256_blendv_ps(_mm256_set1_ps(-std::numeric_limits<float>::infinity()), v,
+                             allowed_lanes(how.allowed + m * how.words, how.words, n0 + c));
+      const __m256 larger = _mm256_cmp_ps(v, value, _CMP_GT_OQ);
       value = _mm256_blendv_ps(value, v, larger);
       const __m256i at = _mm256_add_epi32(lanes, _mm256_set1_epi32(static_cast<int32_t>(n0 + c)));
       column = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(column), _mm256_castsi256_ps(at), larger));
+      const int nan = _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
       if (nan && row.first_nan < 0) row.first_nan = n0 + c + __builtin_ctz(nan);
     }
     _mm256_store_ps(row.value, value);
