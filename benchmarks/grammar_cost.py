@@ -13,7 +13,7 @@ under the lock:
 
     flock /tmp/jido-bench.lock env PYTHONPATH=. .venv/bin/python benchmarks/grammar_cost.py \\
         [--models gemma-3-270m qwen2.5-coder-0.5b-instruct] [--streams 16] [--steps 48] [--repeats 3] \\
-        [--out benchmarks/results/grammar_cost-<date>-<cpu kind>.json]
+        [--out benchmarks/results/grammar_cost-<date>-<cpu kind>.json (the default)]
 """
 from __future__ import annotations
 
@@ -139,10 +139,11 @@ def main() -> None:
         for max_length in args.max_lengths:
             runs.append(measure(model, args.streams, args.steps, args.repeats, max_length or None))
             print(json.dumps({k: v for k, v in runs[-1].items() if k != "rounds"}), flush=True)
-    if args.out:
-        result = {"date": now_iso(), "machine": machine_info(), "commit": args.commit, "runs": runs}
-        args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        write_markdown(args.out.with_suffix(".md"), result)
+    out = args.out or Path(__file__).parent / "results" / f"grammar_cost-{now_iso()[:10]}-{cpu_kind()}.json"
+    result = {"date": now_iso(), "machine": machine_info(), "commit": args.commit, "runs": runs}
+    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    write_markdown(out.with_suffix(".md"), result)
+    print(out)
 
 
 if __name__ == "__main__":
