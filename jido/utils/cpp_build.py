@@ -1,7 +1,8 @@
 """Builds a library of torch ops from its C++ sources once per version of them, torch version and CPU ISA, and loads it.
 
 The build runs with ``torch.utils.cpp_extension.load`` (g++ and ninja) into ``~/.cache/jido/torch_extensions/<key>``,
-so a machine compiles each version once: ahead of time by ``jido build-kernels`` (``make`` runs it), else at first
+from copies of the sources made there (so every checkout of the same code shares the build), and a machine compiles
+each version once: ahead of time by ``jido build-kernels`` (``make`` runs it), else at first
 use. A build that fails (no compiler, no ninja, a compile error) is logged at ERROR with the command that rebuilds it,
 its compiler output is kept in ``<key>.log``, and the caller stays on its PyTorch path, several times slower; every
 library's outcome is in :data:`BUILDS`.
@@ -83,8 +84,43 @@ def build_key(prefix: str, sources: Path | Sequence[Path], isa: str) -> str:
     # One source hashes as it always has (its libraries keep their builds); units by name and text.
     code = sources[0].read_bytes() if len(sources) == 1 else b"\0".join(
         s.name.encode() + b"\0" + s.read_bytes() for s in sources)
-    digest = hashlib.sha256(code + b"\0" + headers + b"\0" + flags).hexdigest()[:16]
+    digest = hashlib.sha256(code + b"\0" + headers + b"\0" + flags + b"\0" + _LAYOUT).hexdigest()[:16]
     return f"{prefix}_{digest}_torch{torch.__version__.replace('+', '_').replace('.', '_')}_{isa}"
+
+
+# How a build folder is laid out, in the key so that builds of another layout keep their own folders: "staged", the
+# sources and headers copied in (see _staged).
+_LAYOUT = b"staged"
+
+
+def _staged(build_dir: Path, sources: list[Path]) -> list[Path]:
+    """The sources, and the headers beside them, copied into ``build_dir/src`` (the shared headers into
+    ``build_dir/include``), each written only where it differs; the copies of the sources, to build.
+
+    ninja rebuilds when its build file names other paths, so two checkouts of the same code (a clean clone beside a
+    working tree, a benchmark's baseline beside the change) rebuilt the one folder their key shares in turn, seconds
+    each time; building from the copies names the same paths from any checkout.
+
+    Raises:
+        ValueError: two of the files have one name.
+    """
+    files: dict[str, Path] = {}
+    beside = (h for folder in sorted({s.parent for s in sources}) for h in sorted(folder.glob("*.h")))
+    for path in [*sources, *beside]:
+        if files.setdefault(path.name, path) != path:
+            raise ValueError(f"{path} and {files[path.name]}: one name twice among a library's files")
+    for name, path in files.items():
+        _write_if_changed(build_dir / "src" / name, path.read_bytes())
+    for header in sorted(SHARED_HEADERS.glob("*.h")):
+        _write_if_changed(build_dir / "include" / header.name, header.read_bytes())
+    return [build_dir / "src" / source.name for source in sources]
+
+
+def _write_if_changed(path: Path, data: bytes) -> None:
+    # Unchanged files keep their times, so ninja sees nothing new.
+    if not path.is_file() or path.read_bytes() != data:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
 
 
 def _as_list(sources: Path | Sequence[Path]) -> list[Path]:
@@ -121,10 +157,11 @@ def load_ops_library(prefix: str, sources: Path | Sequence[Path], purpose: str, 
         from torch.utils.cpp_extension import load
 
         with _build_lock(build_dir):
+            staged = _staged(build_dir, sources)
             # A copy of LINK_FLAGS: load() appends torch's -L/-l flags to the list it is given.
-            load(name=key, sources=[str(s) for s in sources], build_directory=str(build_dir), is_python_module=False,
+            load(name=key, sources=[str(s) for s in staged], build_directory=str(build_dir), is_python_module=False,
                  extra_cflags=[*COMMON_FLAGS, *ISA_FLAGS[isa]], extra_ldflags=list(LINK_FLAGS),
-                 extra_include_paths=[str(SHARED_HEADERS)], verbose=False)
+                 extra_include_paths=[str(build_dir / "include")], verbose=False)
         BUILDS[prefix] = BuildOutcome(purpose, fallback, loaded=True)
         return True
     except Exception as exc:  # noqa: BLE001 - any failure to build or load means: use the PyTorch path
