@@ -38,16 +38,21 @@ for _ in range(2):  # the second while the first still lives, as in a notebook o
     times.append(time.perf_counter() - start)
 for llm in engines:
     llm.shutdown()
-print(json.dumps({"import_s": imported, "first_s": times[0], "second_s": times[1],
+import jido
+print(json.dumps({"jido": jido.__file__, "import_s": imported, "first_s": times[0], "second_s": times[1],
                   "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
 """
 
 
 def start_once(checkout: Path, model: str, quantization: str, dtype: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(checkout.resolve()))
-    done = subprocess.run([sys.executable, "-c", CHILD, model, quantization, dtype], env=env, check=True,
-                          capture_output=True, text=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    # Run from the checkout: `python -c` puts the working directory ahead of PYTHONPATH on sys.path.
+    root = checkout.resolve()
+    done = subprocess.run([sys.executable, "-c", CHILD, model, quantization, dtype], cwd=root, check=True,
+                          env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True, text=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if not result["jido"].startswith(str(root)):
+        raise RuntimeError(f"{checkout}: the child imported jido from {result['jido']}")
+    return result
 
 
 def git_head(checkout: Path) -> str:
@@ -74,7 +79,8 @@ def main() -> None:
                     runs[head].append(start_once(checkout, model, quantization, args.dtype))
             row = {"model": model, "quantization": quantization, "dtype": args.dtype}
             for role, head in zip(("baseline", "change"), heads):
-                row[role] = {key: statistics.median(r[key] for r in runs[head]) for key in runs[head][0]}
+                row[role] = {key: statistics.median(r[key] for r in runs[head]) for key in runs[head][0]
+                             if key != "jido"}
                 row[role]["runs"] = runs[head]
             row["ratios"] = {key: row["change"][key] / row["baseline"][key]
                              for key in ("first_s", "second_s", "peak_rss_gib")}
