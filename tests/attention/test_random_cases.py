@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import random
-import shutil
 import subprocess
 import sys
 
@@ -118,20 +117,23 @@ def test_cpp_decode_kernel_builds_on_this_machine() -> None:
     assert cpu_extension.load_paged_decode() is not None
 
 
-def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next_load(tmp_path) -> None:
+def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next_load() -> None:
     # torch waits forever on a build folder's `lock` file; a process killed inside its load leaves one behind.
     cached = cpp_build.CACHE_ROOT / cpp_build.build_key("jido_cpu_attn", cpu_extension.SOURCE, cpp_build.target_isa())
     if not (cached / f"{cached.name}.so").exists():
         pytest.skip("the paged decode kernel is not built yet")
-    shutil.copytree(cached, tmp_path / cached.name)  # built already: a load only takes the locks
-    (tmp_path / cached.name / "lock").touch()
-    # A fresh process, as after the kill: a process holds one build of a library only.
-    script = ("import sys; from pathlib import Path; from jido.utils import cpp_build; "
-              "cpp_build.CACHE_ROOT = Path(sys.argv[1]); from jido.attention import cpu_extension; "
-              "assert cpu_extension.load_paged_decode() is not None")
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert not (tmp_path / cached.name / "lock").exists() and "left by a process that died" in done.stderr
+    # The build folder itself, built already, so a load only takes the locks: a copy elsewhere would be rebuilt
+    # (the build names the paths of its folder's copies of the sources).
+    lock = cached / "lock"
+    lock.touch()
+    try:
+        # A fresh process, as after the kill: a process holds one build of a library only.
+        script = "from jido.attention import cpu_extension; assert cpu_extension.load_paged_decode() is not None"
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert not lock.exists() and "left by a process that died" in done.stderr
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

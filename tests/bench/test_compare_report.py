@@ -81,9 +81,11 @@ def test_a_second_jido_dtype_is_saved_beside_the_first(compare, tmp_path, monkey
     assert "| jido[dtype=float32] | 150.0 |" in text and "| jido[dtype=bfloat16] | 600.0 |" in text
 
 
-def test_peers_run_bf16_only_where_the_cpu_has_it_natively(compare, capsys):
+def test_peers_run_bf16_only_where_the_cpu_has_it_natively(compare, capsys, monkeypatch, tmp_path):
     assert compare.best_dtype(native_bf16=True) == "bfloat16"
     assert compare.best_dtype(native_bf16=False) == "float32"
+    # The command only: vLLM's float32 copy of the model is written when its server is set up, not here.
+    monkeypatch.setattr(compare, "peer_folder", lambda model: tmp_path / "peers" / "models" / model)
     command, _ = compare.vllm_command(8765, "float32")
     assert command[command.index("--dtype") + 1] == "float32"
     with pytest.raises(SystemExit):

@@ -28,10 +28,15 @@ PROBE = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def probe_ops(tmp_path_factory) -> object:
+def probe_source(tmp_path_factory) -> Path:
     source = Path(tmp_path_factory.mktemp("probe")) / "probe.cpp"
     source.write_text(PROBE)
-    if not cpp_build.load_ops_library("jido_build_probe", source, "the build probe", "nothing"):
+    return source
+
+
+@pytest.fixture(scope="module")
+def probe_ops(probe_source) -> object:
+    if not cpp_build.load_ops_library("jido_build_probe", probe_source, "the build probe", "nothing"):
         pytest.skip("no C++ compiler here")
     return torch.ops.jido_build_probe
 
@@ -168,23 +173,21 @@ def test_an_engine_reports_the_kernel_libraries_its_worker_could_not_build(tiny_
         assert llm.llm_engine.kernel_fallbacks == {"jido_missing": "the PyTorch ops (CalledProcessError: no compiler)"}
 
 
-def test_two_checkouts_of_one_source_share_one_build_and_the_second_compiles_nothing(tmp_path) -> None:
+def test_two_checkouts_of_one_source_share_one_build_and_the_second_compiles_nothing(probe_ops, probe_source,
+                                                                                     tmp_path) -> None:
     # Built from copies inside the build folder: ninja's file names the same paths whichever checkout asks, so a
-    # second checkout of the same code (a clean clone, a benchmark's baseline) loads the first one's library as is.
-    code = PROBE.replace("jido_build_probe", "jido_build_shared")
-    first, second = tmp_path / "one" / "probe.cpp", tmp_path / "two" / "probe.cpp"
-    for source in (first, second):
-        source.parent.mkdir()
-        source.write_text(code)
-    if not cpp_build.load_ops_library("jido_build_shared", first, "the shared-build probe", "nothing"):
-        pytest.skip("no C++ compiler here")
-    key = cpp_build.build_key("jido_build_shared", first, cpp_build.target_isa())
-    assert cpp_build.build_key("jido_build_shared", second, cpp_build.target_isa()) == key
+    # second checkout of the same code (a worktree, a benchmark's baseline) loads the first one's library as is.
+    first = probe_source
+    second = tmp_path / "another-checkout" / "probe.cpp"
+    second.parent.mkdir()
+    second.write_text(first.read_text())
+    key = cpp_build.build_key("jido_build_probe", first, cpp_build.target_isa())
+    assert cpp_build.build_key("jido_build_probe", second, cpp_build.target_isa()) == key
     library = next((cpp_build.CACHE_ROOT / key).glob("*.so"))
     built = library.stat().st_mtime_ns
-    assert cpp_build.load_ops_library("jido_build_shared", second, "the shared-build probe", "nothing")
+    assert cpp_build.load_ops_library("jido_build_probe", second, "the build probe", "nothing")
     assert library.stat().st_mtime_ns == built
-    assert torch.ops.jido_build_shared.threads_used(4) >= 1
+    assert probe_ops.threads_used(4) >= 1
 
 
 def test_a_library_whose_files_share_a_name_is_refused_by_name(tmp_path, monkeypatch) -> None:
