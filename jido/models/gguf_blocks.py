@@ -96,8 +96,8 @@ def dequantizes_exactly(tensor_type: GGMLQuantizationType) -> bool:
 def dequantize(data: np.ndarray, tensor_type: GGMLQuantizationType, shape: tuple[int, ...]) -> torch.Tensor:
     """The 2-D tensor ``shape`` in float32: :func:`decode`, then ``scale * q + offset`` in vectorized torch.
 
-    The gguf package's numpy dequantization takes seconds for a 0.5B model's weights, tens of seconds for a
-    1.5B's; this is a few times faster and, for the types :func:`dequantizes_exactly` accepts, the same values.
+    Several times faster than the gguf package's numpy dequantization (benchmarks/results/engine_start-*.md) and,
+    for the types :func:`dequantizes_exactly` accepts, the same values.
     """
     codes = decode(data, tensor_type, shape)
     rows, cols = shape

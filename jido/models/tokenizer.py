@@ -21,17 +21,17 @@ class Tokenizer:
 
     def __init__(
         self,
-        backend: Backend | Shared[Backend],
+        backend: Shared[Backend],
         bos_token_id: int | None,
         eos_token_ids: list[int],
         pad_token_id: int | None,
         chat_template: str | None = None,
         settings: dict[str, Any] | None = None,
     ) -> None:
-        """``backend``: the parsed tokenizer.json, or a shared one (held as long as this tokenizer lives);
-        ``settings``: the checkpoint's tokenizer_config.json, as read (what ``info`` reports)."""
-        self._shared = backend if isinstance(backend, Shared) else None
-        self._backend: Backend = backend.value if isinstance(backend, Shared) else backend
+        """``backend``: the parsed tokenizer.json, shared with the process's other tokenizers of that file and held
+        while this one lives; ``settings``: the checkpoint's tokenizer_config.json, as read (what ``info`` reports)."""
+        self._shared = backend
+        self._backend = backend.value
         self._settings = dict(settings or {})
         self._bos_token_id = bos_token_id
         self._eos_token_ids = list(eos_token_ids)

@@ -1,8 +1,9 @@
 """Values built once per key and shared by everything in the process that holds them, dropped with the last holder.
 
 A process that starts several engines of one model (tests, notebooks, ablations, data-parallel replicas in one
-process) would otherwise parse the same tokenizer files once per engine: about a second and some 290 MiB each for
-Gemma 3's 262,144-token vocabulary. Only immutable values belong here: every holder sees the same object.
+process) would otherwise parse the same tokenizer files once per engine, each parse seconds and hundreds of MiB for
+a large vocabulary (benchmarks/results/engine_start-*.md). Only immutable values belong here: every holder sees the
+same object.
 """
 from __future__ import annotations
 
