@@ -454,7 +454,7 @@ def wait_until_ready(process: subprocess.Popen, base_url: str, startup_s: float,
             with urllib.request.urlopen(f"{base_url}/v1/models", timeout=5) as response:
                 if response.status == 200:
                     return
-        time.sleep(2)
+        time.sleep(0.25)  # start-up is reported to this resolution
     raise RuntimeError(f"server not ready after {startup_s:.0f} s:\n{tail(log)}")
 
 
