@@ -26,6 +26,7 @@ from jido.layers.quantized_linear import QuantizedCodes, merge_codes
 from jido.models.loader import iter_gguf_weights
 from jido.models.named import CACHE_DIR_ENV
 from jido.runner.model_loading import resolve_quantization, weight_bytes
+from jido.utils import huge_pages
 from jido.utils.cpu import CpuInfo
 
 # A prefill of 20 rows; the layers run every step of two rows or more on their prepacked panels, and a decode
@@ -480,24 +481,26 @@ def test_q5_codes_decode_one_row_from_five_bits_with_the_same_outputs(monkeypatc
     assert weight_bytes(model) - read == layer.qweight.data.numel() + layer.layouts.panels.nbytes
 
 
+def _q5_layer(seed: int) -> torch.nn.Module:
+    """A float32 Linear on random Q5_0 codes under ``gguf``: it holds panels and five-bit rows where the kernels run."""
+    from jido.layers.linear import Linear
+    from jido.layers.parameter import default_device_and_dtype
+
+    gen = torch.Generator().manual_seed(seed)
+    codes = QuantizedCodes(torch.randint(-16, 16, (40, 96), generator=gen, dtype=torch.int8),
+                           torch.rand(40, 3, generator=gen), None, 32, "Q5_0")
+    with default_device_and_dtype(torch.device("cpu"), torch.float32):
+        layer = Linear(96, 40, quant_config=get_quantization_config("gguf"))
+    layer.weight.weight_loader(layer.weight, codes, None)
+    layer.linear_method.process_weights_after_loading(layer)
+    return layer
+
+
 @pytest.mark.skipif(int8_dot.load_int8_dot_ops() is None, reason="no int8 dot kernel for this CPU")
 def test_the_route_settled_at_load_reads_the_weights_the_layer_holds_at_each_call():
     """Moving weights into huge pages replaces a layer's codes, panels and five-bit rows after load: the kernels'
     route bound at load must multiply by what the layer holds then, and give what choosing per call gives."""
-    from jido.layers.linear import Linear
-    from jido.layers.parameter import default_device_and_dtype
-
-    def q5_layer(seed: int) -> Linear:
-        gen = torch.Generator().manual_seed(seed)
-        codes = QuantizedCodes(torch.randint(-16, 16, (40, 96), generator=gen, dtype=torch.int8),
-                               torch.rand(40, 3, generator=gen), None, 32, "Q5_0")
-        with default_device_and_dtype(torch.device("cpu"), torch.float32):
-            layer = Linear(96, 40, quant_config=get_quantization_config("gguf"))
-        layer.weight.weight_loader(layer.weight, codes, None)
-        layer.linear_method.process_weights_after_loading(layer)
-        return layer
-
-    layer, other = q5_layer(1), q5_layer(2)
+    layer, other = _q5_layer(1), _q5_layer(2)
     xs = [torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)) for rows in (1, 3, 9)]
     layer.qweight, layer.layouts.panels, layer.layouts.five_bits = (other.qweight, other.layouts.panels,
                                                                     other.layouts.five_bits)
@@ -506,6 +509,24 @@ def test_the_route_settled_at_load_reads_the_weights_the_layer_holds_at_each_cal
     other.layouts.linear = None  # apply's own choice, per call
     for x in xs:
         torch.testing.assert_close(layer(x), other(x), atol=0, rtol=0)
+
+
+@pytest.mark.skipif(int8_dot.load_int8_dot_ops() is None, reason="no int8 dot kernel for this CPU")
+@pytest.mark.skipif(huge_pages.thp_mode() not in ("always", "madvise"), reason="transparent huge pages are off")
+def test_moving_weights_into_huge_pages_moves_the_panels_and_five_bit_rows_the_bound_route_reads(monkeypatch):
+    monkeypatch.setattr(huge_pages, "MIN_BYTES", 1)
+    layer = _q5_layer(3)
+    xs = [torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)) for rows in (1, 3)]  # five bits, panels
+    before, held = [layer(x) for x in xs], (layer.layouts.panels, layer.layouts.five_bits)
+    moved = huge_pages.move_weights_to_huge_pages(torch.nn.Sequential(layer))
+    panels, five = layer.layouts.panels, layer.layouts.five_bits
+    assert panels is not held[0] and five is not held[1] and moved >= panels.nbytes + five.data.numel()
+    read = []
+    five_bit_linear, panel_linear = int8_dot.five_bit_linear, int8_dot.panel_linear
+    monkeypatch.setattr(int8_dot, "five_bit_linear", lambda x, w, *a: read.append(w) or five_bit_linear(x, w, *a))
+    monkeypatch.setattr(int8_dot, "panel_linear", lambda x, w, *a: read.append(w) or panel_linear(x, w, *a))
+    assert all(torch.equal(layer(x), out) for x, out in zip(xs, before))
+    assert len(read) == 2 and read[0] is five and read[1] is panels
 
 
 def test_gguf_codes_are_read_from_the_file_at_each_load_and_nothing_derived_is_written(tmp_path):
