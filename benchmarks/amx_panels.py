@@ -24,6 +24,7 @@ from decode_step import time_decode
 from jido import LLM
 from jido.bench.machine import cpu_kind, machine_info, now_iso
 from jido.layers import int8_dot, quantized_linear
+from jido.layers.quantized_layouts import layouts_of
 
 RESULTS = Path(__file__).parent / "results"
 MODES = ("amx", "vector")
@@ -32,9 +33,9 @@ MODES = ("amx", "vector")
 def panel_sets(model: torch.nn.Module) -> dict[str, list[tuple[torch.nn.Module, int8_dot.PackedPanels, int]]]:
     """Each mode's panels for every module that holds prepacked panels, with the rows from which a layer's bf16 copy
     takes over (quantized_linear.BF16_COPY_MIN_ROWS and _AMX)."""
-    modules = [m for m in model.modules() if hasattr(m, "qpanels")]
-    return {"amx": [(m, m.qpanels, quantized_linear.BF16_COPY_MIN_ROWS_AMX) for m in modules],
-            "vector": [(m, int8_dot.pack_panels(m.qweight, m.qpanels.per_token, amx=False),
+    modules = [m for m in model.modules() if layouts_of(m) is not None and m.layouts.panels is not None]
+    return {"amx": [(m, m.layouts.panels, quantized_linear.BF16_COPY_MIN_ROWS_AMX) for m in modules],
+            "vector": [(m, int8_dot.pack_panels(m.qweight, m.layouts.panels.per_token, amx=False),
                         quantized_linear.BF16_COPY_MIN_ROWS) for m in modules]}
 
 
@@ -54,8 +55,8 @@ def main() -> None:
     for r in range(args.repeats):
         for mode, batch in runs:
             for module, panels, min_rows in sets[mode]:
-                module.qpanels = panels  # read at each call (quantized_linear's _bind and apply)
-                module.qdense_min_rows = min_rows
+                module.layouts.panels = panels  # read at each call (quantized_linear's _bind and apply)
+                module.layouts.bf16_copy_min_rows = min_rows
             runs[(mode, batch)].append(time_decode(llm, batch, args.context, args.steps)["step_ms"])
             print(f"round {r + 1}: {mode} batch {batch}: {runs[(mode, batch)][-1]:.1f} ms", flush=True)
     rows = [{"batch": b, **{f"{m}_ms": statistics.median(runs[(m, b)]) for m in MODES},

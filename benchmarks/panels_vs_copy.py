@@ -24,6 +24,7 @@ from jido import LLM
 from jido.bench.machine import cpu_kind, machine_info, now_iso
 from jido.layers import int8_dot
 from jido.layers.quantization import packed_linear
+from jido.layers.quantized_layouts import layouts_of
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -57,11 +58,11 @@ def compare(kinds: dict[str, list], rows: int, rounds: int) -> list[dict]:
 
 
 def _panels(layer, x: torch.Tensor) -> None:
-    int8_dot.panel_linear(x, layer.qpanels)
+    int8_dot.panel_linear(x, layer.layouts.panels)
 
 
 def _copy(layer, x: torch.Tensor) -> None:
-    packed_linear(x, layer.qdense, None)
+    packed_linear(x, layer.layouts.bf16_copy, None)
 
 
 def main() -> None:
@@ -74,14 +75,16 @@ def main() -> None:
     model = llm.llm_engine.core.executor.worker.runner.model
     kinds = collections.defaultdict(list)
     for name, module in model.named_modules():
-        if hasattr(module, "qdense") and hasattr(module, "qpanels"):
+        layouts = layouts_of(module)
+        if layouts is not None and layouts.bf16_copy is not None and layouts.panels is not None:
             kinds[name.split(".")[-1]].append(module)
     if not kinds:
         raise SystemExit("no layer keeps a bf16 copy here (needs AVX-512 BF16 or AMX, and a bf16 model)")
     rows = [row for r in args.rows for row in compare(kinds, r, args.rounds)]
     result = {"date": now_iso(), "machine": machine_info() | {"torch": torch.__version__,
                                                               "torch_threads": torch.get_num_threads()},
-              "amx": any(m.qpanels.amx for ms in kinds.values() for m in ms), "rounds": args.rounds, "rows": rows}
+              "amx": any(m.layouts.panels.amx for ms in kinds.values() for m in ms), "rounds": args.rounds,
+              "rows": rows}
     path = RESULTS / f"panels_vs_copy-{result['date'][:10]}-{cpu_kind(result['machine'])}{args.tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {path}")

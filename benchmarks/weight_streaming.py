@@ -66,15 +66,15 @@ def pages(layers: list, head, repeats: int) -> dict:
                                               lambda t=table: int8_dot.int8_dot_linear(hx, t), repeats)
         out[f"head_ms_{name}"] = _median_ms(lambda t=table: int8_dot.int8_dot_linear(hx, t),
                                             lambda w=weights: run_layers(w), repeats)
-    five = [(m, x) for m, x in zip(layers, xs) if hasattr(m, "qfive")]
+    five = [(m, x) for m, x in zip(layers, xs) if m.layouts.five_bits is not None]
     out["five_bit_layers"] = len(five)
     out["five_bit_codes_mb"] = sum(m.qweight.data.numel() for m, _ in five) / 1e6
-    out["five_bit_rows_mb"] = sum(m.qfive.data.numel() for m, _ in five) / 1e6
+    out["five_bit_rows_mb"] = sum(m.layouts.five_bits.data.numel() for m, _ in five) / 1e6
     evict = lambda: int8_dot.int8_dot_linear(hx, head_held)  # noqa: E731
     out["five_bit_layers_ms_bytes"] = _median_ms(lambda: [int8_dot.int8_dot_linear(x, m.qweight) for m, x in five],
                                                  evict, repeats)
-    out["five_bit_layers_ms_five_bits"] = _median_ms(lambda: [int8_dot.five_bit_linear(x, m.qfive) for m, x in five],
-                                                     evict, repeats)
+    out["five_bit_layers_ms_five_bits"] = _median_ms(
+        lambda: [int8_dot.five_bit_linear(x, m.layouts.five_bits) for m, x in five], evict, repeats)
     return out
 
 
@@ -84,10 +84,12 @@ def rows(layers: list, head, repeats: int) -> list[dict]:
     for num_rows in (4, 8, 16, 32, 48, 64, 128, 2000):
         xs = [torch.randn(num_rows, m.qweight.shape[1], dtype=torch.bfloat16) for m in layers]
         record = {"rows": num_rows}
-        record["panels_ms"] = _median_ms(lambda: [int8_dot.panel_linear(x, m.qpanels) for m, x in zip(layers, xs)],
+        record["panels_ms"] = _median_ms(lambda: [int8_dot.panel_linear(x, m.layouts.panels)
+                                                  for m, x in zip(layers, xs)],
                                          lambda: int8_dot.int8_dot_linear(hx, head.qweight), repeats)
-        if all(hasattr(m, "qdense") for m in layers):
-            record["bf16_copy_ms"] = _median_ms(lambda: [packed_linear(x, m.qdense) for m, x in zip(layers, xs)],
+        if all(m.layouts.bf16_copy is not None for m in layers):
+            record["bf16_copy_ms"] = _median_ms(lambda: [packed_linear(x, m.layouts.bf16_copy)
+                                                         for m, x in zip(layers, xs)],
                                                 lambda: int8_dot.int8_dot_linear(hx, head.qweight), repeats)
         results.append(record)
     return results

@@ -180,8 +180,8 @@ def _run_divergence(args: argparse.Namespace) -> int:
     summaries = divergence.run(_engine_kwargs(args), config)
     if config.json:
         print(json.dumps(summaries))
-    for domain, summary in ([] if config.json else summaries.items()):
-        print(divergence.format_summary(domain, summary))
+    for domain, domain_summary in ([] if config.json else summaries.items()):
+        print(divergence.format_summary(domain, domain_summary))
     return 0
 
 

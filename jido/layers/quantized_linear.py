@@ -1,11 +1,12 @@
 """Weight-quantized linear layers, embedding and LM head: GGUF codes kept as stored, or int8/int4 made at load.
 
 Each quantized layer ends up holding one :class:`~jido.layers.quant_kernels.QuantizedWeight` as ``qweight``
-(``w = scale * q + offset`` per group of a row) and no float copy of it. The matmuls run on it by integer dot
-products (:mod:`jido.layers.int8_dot`: x rounded to int8 per block of 32, or per token under ``w8a8``) at
-every number of rows, so a request's result does not depend on the rest of its step; where those kernels do
-not run (no AVX2, no compiler), by :mod:`jido.layers.quant_kernels` on x as it is (``w8a8``: x rounded per
-token first). The embedding gathers from the same codes. Two ways in:
+(``w = scale * q + offset`` per group of a row) and no float copy of it; the copies of those codes in other layouts,
+its SmoothQuant state and its kernel route sit in one :class:`~jido.layers.quantized_layouts.QuantizedLayouts`
+(``layer.layouts``). The matmuls run on the codes by integer dot products (:mod:`jido.layers.int8_dot`: x rounded
+to int8 per block of 32, or per token under ``w8a8``) at every number of rows, so a request's result does not depend
+on the rest of its step; where those kernels do not run (no AVX2, no compiler), by :mod:`jido.layers.quant_kernels`
+on x as it is (``w8a8``: x rounded per token first). The embedding gathers from the same codes. Two ways in:
 
 - ``gguf``: the loader hands each GGUF tensor over still quantized, as :class:`QuantizedCodes`; a merged
   projection (q/k/v, gate/up) joins its shards' codes, which may come from different GGML types.
@@ -30,6 +31,7 @@ from jido.layers.parameter import WeightLoader
 from jido.layers.quantization import (LinearMethod, QuantizationConfig, UnquantizedLinearMethod, pack_dense,
                                      packed_linear)
 from jido.layers.quant_kernels import QuantizedWeight
+from jido.layers.quantized_layouts import QuantizedLayouts
 from jido.layers.weight_plan import (AMX_GEMM, BF16_COPY, FIVE_BITS, PANELS, PREFILL_INT8, LayoutCosts,
                                      WeightPlan)
 from jido.utils.cpu import cpu_info
@@ -123,8 +125,9 @@ class QuantizedLinearMethod(LinearMethod):
     than on the rows kernel (benchmarks/results/spec_decode-2026-12-05-amx-xeon.md).
     ``prefill_w8a8`` (``gguf_w8a8``): in a bf16 model where the int8 kernels run, prefill-sized steps run as w8a8 on
     an int8 copy of the dequantized weight, smoothed as w8a8 is (:meth:`smooth`): on AMX tiles from
-    :data:`PREFILL_W8A8_MIN_ROWS` rows (``qgemm``), elsewhere on oneDNN's int8 GEMM from ``int8_dot.INT_MM_MIN_ROWS``
-    (``qint_mm``); the codes (and a bf16 copy, where ``gguf`` keeps one) serve the rest as under ``gguf``.
+    :data:`PREFILL_W8A8_MIN_ROWS` rows (the layouts' ``amx_gemm``), elsewhere on oneDNN's int8 GEMM from
+    ``int8_dot.INT_MM_MIN_ROWS`` (``prefill_int_mm``); the codes (and a bf16 copy, where ``gguf`` keeps one) serve the
+    rest as under ``gguf``.
     ``plan``: which of those copies (panels, five-bit rows, the int8 and bf16 copies) the layer may hold
     (:mod:`jido.layers.weight_plan`); every one by default. Without panels, steps of two rows or more pack them per
     call: the same sums, so the same outputs. A batch-invariant plan runs every step on the panels, one row too.
@@ -147,26 +150,25 @@ class QuantizedLinearMethod(LinearMethod):
         # The dense weight is never written when codes arrive: its untouched pages cost no memory.
         self.dense.create_weights(layer, in_features, out_features, _staging_loader(layer, weight_loader))
         layer.staged_codes = {}
+        layer.layouts = QuantizedLayouts()
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        bound = getattr(layer, "qlinear", None)
+        layouts = layer.layouts
+        bound = layouts.linear
         if bound is not None:  # the int8 kernels' route, settled at load (see _bind)
             return bound(x, bias)
-        inv = getattr(layer, "smooth_inv", None)
-        if inv is not None:
-            x = x * inv
+        if layouts.smooth_inv is not None:
+            x = x * layouts.smooth_inv
         qweight = getattr(layer, "qweight", None)
         if qweight is None:
             return self.dense.apply(layer, x, bias)
-        copy = getattr(layer, "qdense", None)
-        if copy is not None and x.shape[0] >= layer.qdense_min_rows and x.dtype == torch.bfloat16:
+        copy = layouts.bf16_copy
+        if copy is not None and x.shape[0] >= layouts.bf16_copy_min_rows and x.dtype == torch.bfloat16:
             return packed_linear(x, copy, bias)
-        panels = getattr(layer, "qpanels", None)
-        if panels is not None and x.shape[0] >= self.panel_min_rows:
-            return int8_dot.panel_linear(x, panels, bias)
-        five = getattr(layer, "qfive", None)
-        if five is not None and x.shape[0] == 1:
-            return int8_dot.five_bit_linear(x, five, bias, self.per_token)
+        if layouts.panels is not None and x.shape[0] >= self.panel_min_rows:
+            return int8_dot.panel_linear(x, layouts.panels, bias)
+        if layouts.five_bits is not None and x.shape[0] == 1:
+            return int8_dot.five_bit_linear(x, layouts.five_bits, bias, self.per_token)
         if int8_dot.runs(qweight):
             return int8_dot.int8_dot_linear(x, qweight, bias, self.per_token)
         if self.per_token:
@@ -185,15 +187,13 @@ class QuantizedLinearMethod(LinearMethod):
         # w8a8 steps of many rows: on AMX tiles where the layer was packed gated (it told us its activation), else on
         # torch._int_mm with the activation applied as its sums are scaled. The row count first: every decode step of
         # every MLP asks, and leaves here. A layer under calibration takes every step through apply (observe_inputs).
-        rows = x.shape[0]
-        if (rows < self._gemm_min_rows() or x.dtype != torch.bfloat16 or "observing" in layer.__dict__
-                or self.plan.batch_invariant):
+        rows, layouts = x.shape[0], layer.layouts
+        if rows < self._gemm_min_rows() or x.dtype != torch.bfloat16 or layouts.observing or self.plan.batch_invariant:
             return None
         act = fused_activation_code(activation)
         if act is None:
             return None
-        channel_scale = getattr(layer, "gemm_channel_scale", None)
-        gemm = getattr(layer, "qgemm", None)
+        channel_scale, gemm = layouts.gemm_channel_scale, layouts.amx_gemm
         if gemm is not None:
             return int8_dot.amx_gemm_gated(x, gemm, act, bias, channel_scale) if gemm.gated else None
         weight = self._int_mm_weight(layer)
@@ -204,8 +204,8 @@ class QuantizedLinearMethod(LinearMethod):
     def _int_mm_weight(self, layer: nn.Module) -> QuantizedWeight | None:
         """The weight a step of many rows multiplies on ``torch._int_mm``: ``gguf_w8a8``'s prefill copy, or ``w8a8``'s
         codes; None where the layer has neither."""
-        if hasattr(layer, "qint_mm"):
-            return layer.qint_mm
+        if layer.layouts.prefill_int_mm is not None:
+            return layer.layouts.prefill_int_mm
         qweight = getattr(layer, "qweight", None)
         return qweight if self.per_token and qweight is not None and int8_dot.takes_int_mm(qweight) else None
 
@@ -215,31 +215,32 @@ class QuantizedLinearMethod(LinearMethod):
         # step's rows do, and skips the rows kernel's logits, which the sampler would otherwise read back. That kernel
         # takes no grammar masks (untested without AMX): the caller then masks the rows the plain argmax got wrong.
         # Elsewhere, where the step's rows run on the vector panels (see _bind).
-        panels = getattr(layer, "qpanels", None)
+        layouts = layer.layouts
+        panels = layouts.panels
         if panels is not None and panels.amx:
             return int8_dot.amx_panel_argmax(hidden, panels) if allowed is None else None
         # The x compute_logits multiplies (apply_logits): hidden.float(), so the same route and the same float32 logits,
         # whose argmax tells apart values a bf16 model's logits would round to one.
-        argmax = getattr(layer, "qargmax", None)
-        return None if argmax is None else argmax(hidden.float(), allowed=allowed)
+        return None if layouts.argmax is None else layouts.argmax(hidden.float(), allowed=allowed)
 
     def observe_inputs(self, layer: nn.Module) -> list[torch.Tensor] | None:
         """Start recording, step by step, the largest ``|x|`` of each input channel (into the returned list, a float32
         ``[in_features]`` tensor a step) while the layer runs on its float weight (the smoothing source w8a8 keeps
-        from load); None for a layer without one. The layer's fused gate/up routes step aside meanwhile (``observing``,
-        read by :meth:`apply_gated`), so every step comes through :meth:`apply`. End it with :meth:`smooth`, which
-        remakes the int8 packings."""
-        source = getattr(layer, "smoothing_source", None)
+        from load); None for a layer without one. The layer's fused gate/up routes step aside meanwhile (the layouts'
+        ``observing``, read by :meth:`apply_gated`), so every step comes through :meth:`apply`. End it with
+        :meth:`smooth`, which remakes the int8 packings."""
+        layouts = layer.layouts
+        source = layouts.smoothing_source
         if source is None:
             return None
         step_maxima: list[torch.Tensor] = []
-        layer.observing = True
+        layouts.observing = True
 
         def observed(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
             step_maxima.append(x.detach().abs().amax(dim=0).float().cpu())
             return torch.nn.functional.linear(x, source.to(x.dtype), bias)
 
-        layer.qlinear = observed
+        layouts.linear = observed
         return step_maxima
 
     def smooth(self, layer: nn.Module, step_maxima: list[torch.Tensor], alpha: float) -> bool:
@@ -249,22 +250,21 @@ class QuantizedLinearMethod(LinearMethod):
         seen; benchmarks/results/report-2026-12-05-amx-xeon-w8a8-smoothing.md). Drops the float
         source. A layer that saw no input (an untied LM head: the forward does not run it) gets codes of W itself
         again; returns whether the layer was smoothed."""
-        source = layer.smoothing_source
-        del layer.smoothing_source
-        layer.__dict__.pop("observing", None)
+        layouts = layer.layouts
+        source = layouts.smoothing_source
+        layouts.smoothing_source, layouts.observing = None, False
         input_max = torch.stack(step_maxima).mean(dim=0) if step_maxima else torch.zeros(source.shape[1])
         s = smoothing_factors(input_max, source, alpha)
         smoothed = not bool((s == 1).all())
         qweight = quant_kernels.quantize(source.float() * s if smoothed else source.float(), 8, None)
         inv = (1 / s).to(source.dtype) if smoothed else None
         # The GEMMs fold 1 / s into their rounding of x (quantize_per_token's channel_scale, in float32).
-        layer.gemm_channel_scale = None if inv is None else inv.float()
+        layouts.gemm_channel_scale = None if inv is None else inv.float()
         if self.prefill_w8a8:  # only the prefill copy: the file's codes serve decode unsmoothed
             self._set_prefill_copy(layer, qweight, source.dtype)
         else:
-            layer.smooth_inv = inv
+            layouts.smooth_inv = inv
             self._pack(layer, qweight, source.dtype)
-        layer.__dict__.pop("qlinear", None)
         self._bind(layer)
         return smoothed
 
@@ -296,6 +296,8 @@ class QuantizedLinearMethod(LinearMethod):
         return codes + LayoutCosts(0, extras)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
+        # Made anew: a draft's layers come here without create_weights.
+        layer.layouts = QuantizedLayouts()
         from_float = not getattr(layer, "staged_codes", None)
         qweight = self._quantized(layer)
         if qweight is None:
@@ -303,11 +305,11 @@ class QuantizedLinearMethod(LinearMethod):
             return
         model_dtype = layer.weight.dtype
         if self.per_token and from_float:  # kept until the runner smooths the layer (see observe_inputs)
-            layer.smoothing_source = layer.weight.detach()
+            layer.layouts.smoothing_source = layer.weight.detach()
         self._hold(layer, qweight)
         if self.prefill_w8a8 and self.plan.holds(PREFILL_INT8):
             self._keep_prefill_copy(layer, qweight, model_dtype)
-        if not hasattr(layer, "qgemm") and self.plan.holds(BF16_COPY):  # on AMX the int8 copy serves those steps
+        if layer.layouts.amx_gemm is None and self.plan.holds(BF16_COPY):  # on AMX the int8 copy serves those steps
             self._keep_bf16_copy(layer, model_dtype)
         self._bind(layer)
 
@@ -319,14 +321,16 @@ class QuantizedLinearMethod(LinearMethod):
             return
         on_amx = int8_dot.runs(qweight) and int8_dot.amx_runs()
         # The copy serves prefill-sized steps only where the AMX panels take the rest (see pack_dense).
-        layer.qdense = pack_dense(quant_kernels.dequantize(qweight).to(torch.bfloat16),
-                                  BF16_COPY_ROWS_HINT_AMX if on_amx else 1)
-        layer.qdense_min_rows = bf16_copy_min_rows(qweight.shape[1], on_amx)
+        layer.layouts.bf16_copy = pack_dense(quant_kernels.dequantize(qweight).to(torch.bfloat16),
+                                             BF16_COPY_ROWS_HINT_AMX if on_amx else 1)
+        layer.layouts.bf16_copy_min_rows = bf16_copy_min_rows(qweight.shape[1], on_amx)
 
     def process_logits_weights_after_loading(self, layer: nn.Module) -> None:
         # A tied head is the embedding: its gathers read the same qweight, so no dense table is kept. An untied head
         # is a Linear, held the same way: no bf16 copy and no prefill copy (the logits multiply x.float() on the
-        # codes, see apply_logits), nor a smoothing source (its forward never runs to calibrate it).
+        # codes, see apply_logits), nor a smoothing source (its forward never runs to calibrate it). A tied head comes
+        # here without create_weights: its layouts are made here.
+        layer.layouts = QuantizedLayouts()
         qweight = self._quantized(layer)
         if qweight is None:
             self.dense.process_logits_weights_after_loading(layer)
@@ -347,16 +351,16 @@ class QuantizedLinearMethod(LinearMethod):
     def _pack(self, layer: nn.Module, qweight: QuantizedWeight, model_dtype: torch.dtype, gemm: bool = True) -> None:
         """``qweight`` as the layer's codes, with the packings its kernels read (see :meth:`_hold`), in place of any
         it held; ``gemm`` False leaves out w8a8's AMX GEMM packing."""
-        for packing in ("qpanels", "qfive", "qgemm", "qint_mm"):  # every packing set here or by _set_prefill_copy
-            layer.__dict__.pop(packing, None)
+        layouts = layer.layouts  # every packing set here or by _set_prefill_copy, dropped:
+        layouts.panels = layouts.five_bits = layouts.amx_gemm = layouts.prefill_int_mm = None
         layer.qweight = qweight
         if int8_dot.runs(qweight):
             if self.plan.holds(PANELS):
-                layer.qpanels = int8_dot.pack_panels(qweight, self.per_token)
+                layouts.panels = int8_dot.pack_panels(qweight, self.per_token)
             if self.plan.holds(FIVE_BITS) and int8_dot.fits_five_bits(qweight):
-                layer.qfive = int8_dot.pack_five_bits(qweight)
+                layouts.five_bits = int8_dot.pack_five_bits(qweight)
             if gemm and self.per_token and self.plan.holds(AMX_GEMM) and int8_dot.takes_amx_gemm(qweight):
-                layer.qgemm = self._prefill_gemm(layer, qweight, model_dtype)
+                layouts.amx_gemm = self._prefill_gemm(layer, qweight, model_dtype)
 
     def _keep_prefill_copy(self, layer: nn.Module, qweight: QuantizedWeight, model_dtype: torch.dtype) -> None:
         """``gguf_w8a8``: give the layer its int8 prefill copy (unsmoothed until the runner calibrates it, from the
@@ -367,16 +371,16 @@ class QuantizedLinearMethod(LinearMethod):
         if int8_dot.amx_runs() and qweight.shape[1] % 64:
             return
         source = quant_kernels.dequantize(qweight).to(model_dtype)
-        layer.smoothing_source = source
+        layer.layouts.smoothing_source = source
         self._set_prefill_copy(layer, quant_kernels.quantize(source.float(), 8, None), model_dtype)
 
     def _set_prefill_copy(self, layer: nn.Module, qweight: QuantizedWeight, model_dtype: torch.dtype) -> None:
         """``gguf_w8a8``'s int8 copy ``qweight`` (per output channel), packed for the AMX GEMM where the layer's panels
-        run on tiles (``qgemm``), else as it is for ``torch._int_mm`` (``qint_mm``)."""
+        run on tiles (the layouts' ``amx_gemm``), else as it is for ``torch._int_mm`` (``prefill_int_mm``)."""
         if int8_dot.amx_runs():
-            layer.qgemm = self._prefill_gemm(layer, qweight, model_dtype)
+            layer.layouts.amx_gemm = self._prefill_gemm(layer, qweight, model_dtype)
         else:
-            layer.qint_mm = qweight
+            layer.layouts.prefill_int_mm = qweight
 
     def _prefill_gemm(self, layer: nn.Module, qweight: QuantizedWeight,
                       model_dtype: torch.dtype) -> int8_dot.AmxGemmWeight:
@@ -389,35 +393,36 @@ class QuantizedLinearMethod(LinearMethod):
 
     def _bind(self, layer: nn.Module) -> None:
         """Settle once which kernel a step of each size runs on ``layer`` (as :meth:`apply` would choose; under
-        ``gguf_w8a8`` without AMX, steps from ``int8_dot.INT_MM_MIN_ROWS`` rows on ``qint_mm``; the bf16 copy where
-        the layer keeps one; under ``w8a8``, steps of many rows as one int8 GEMM: on AMX tiles from
-        ``int8_dot.AMX_GEMM_MIN_ROWS`` rows, ``amx_gemm_linear``, where the layer keeps ``qgemm``, else from
-        ``int8_dot.INT_MM_MIN_ROWS``, ``int_mm_linear``), as ``layer.qlinear(x, bias)``. A one-row decode of Gemma 3
-        270M runs 73 linears a step, and choosing per call (attribute probes that miss, the kernels' checks) added
-        Python time to each (benchmarks/results/report-2026-12-03-avx2-epyc-step-overhead.md). The weights are read
-        from the layer at each call: moving them into huge pages
-        replaces them after load. A batch-invariant plan binds every step size to the panels.
+        ``gguf_w8a8`` without AMX, steps from ``int8_dot.INT_MM_MIN_ROWS`` rows on the layouts' ``prefill_int_mm``;
+        the bf16 copy where the layer keeps one; under ``w8a8``, steps of many rows as one int8 GEMM: on AMX tiles from
+        ``int8_dot.AMX_GEMM_MIN_ROWS`` rows, ``amx_gemm_linear``, where the layer keeps ``amx_gemm``, else from
+        ``int8_dot.INT_MM_MIN_ROWS``, ``int_mm_linear``), as the layouts' ``linear(x, bias)`` (and ``argmax``), or
+        neither where the int8 kernels do not run. A one-row decode of Gemma 3 270M runs 73 linears a step, and
+        choosing per call (attribute probes that miss, the kernels' checks) added Python time to each
+        (benchmarks/results/report-2026-12-03-avx2-epyc-step-overhead.md). The weights are read from the layer and
+        its layouts at each call: moving them into huge pages replaces them after load. A batch-invariant plan binds
+        every step size to the panels.
 
         Raises:
             RuntimeError: a batch-invariant plan where the int8 kernels do not run (apply's float kernels sum rows in
                 blocks that depend on the step's size).
         """
-        invariant = self.plan.batch_invariant
+        invariant, layouts = self.plan.batch_invariant, layer.layouts
+        layouts.linear = layouts.argmax = None  # (a smoothed layer's earlier route, or calibration's)
         if not int8_dot.runs(layer.qweight):
             if invariant:
                 raise RuntimeError("batch_invariant runs quantized layers on jido's int8 panel kernels, which need "
                                    "AVX2 and a C++ compiler (see the build log); run without batch_invariant")
             return  # the int8 kernels do not run here: apply's other routes
-        five, per_token, panel_min_rows = hasattr(layer, "qfive"), self.per_token, self.panel_min_rows
-        panels = hasattr(layer, "qpanels")
+        five, per_token, panel_min_rows = layouts.five_bits is not None, self.per_token, self.panel_min_rows
+        panels = layouts.panels is not None
         int_mm = per_token and int8_dot.takes_int_mm(layer.qweight)
-        prefill_int_mm = hasattr(layer, "qint_mm")
-        plain_gemm = hasattr(layer, "qgemm") and not layer.qgemm.gated
+        prefill_int_mm = layouts.prefill_int_mm is not None
+        plain_gemm = layouts.amx_gemm is not None and not layouts.amx_gemm.gated
         gemm_min_rows = self._gemm_min_rows()
-        copy_min_rows = getattr(layer, "qdense_min_rows", None)  # set with the bf16 copy
+        copy_min_rows = layouts.bf16_copy_min_rows  # set with the bf16 copy
         # Set once the layer is smoothed: the GEMMs scale x as they round it; under w8a8 the other routes get x * inv.
-        inv = getattr(layer, "smooth_inv", None)
-        channel_scale = getattr(layer, "gemm_channel_scale", None)
+        inv, channel_scale = layouts.smooth_inv, layouts.gemm_channel_scale
 
         def route(rows: int, dtype: torch.dtype) -> int:
             """The kernel a step of ``rows`` rows in ``dtype`` runs on: one of the ``_ON_*`` codes."""
@@ -439,21 +444,21 @@ class QuantizedLinearMethod(LinearMethod):
         def linear(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
             on = route(x.shape[0], x.dtype)
             if on == _ON_PREFILL_INT_MM:
-                return int8_dot.int_mm_linear(x, layer.qint_mm, bias, channel_scale)
+                return int8_dot.int_mm_linear(x, layouts.prefill_int_mm, bias, channel_scale)
             if on == _ON_BF16_COPY:
-                return packed_linear(x, layer.qdense, bias)
+                return packed_linear(x, layouts.bf16_copy, bias)
             if on == _ON_AMX_GEMM:
-                return int8_dot.amx_gemm_linear(x, layer.qgemm, bias, channel_scale)
+                return int8_dot.amx_gemm_linear(x, layouts.amx_gemm, bias, channel_scale)
             if on == _ON_INT_MM:
                 return int8_dot.int_mm_linear(x, layer.qweight, bias, channel_scale)
             if inv is not None:
                 x = x * inv
             if on == _ON_PANELS:
-                return int8_dot.panel_linear(x, layer.qpanels, bias)
+                return int8_dot.panel_linear(x, layouts.panels, bias)
             if on == _ON_CALL_PANELS:
                 return int8_dot.int8_dot_linear(x, layer.qweight, bias, per_token, panels=True)
             if on == _ON_FIVE_BITS:
-                return int8_dot.five_bit_linear(x, layer.qfive, bias, per_token)
+                return int8_dot.five_bit_linear(x, layouts.five_bits, bias, per_token)
             return int8_dot.int8_dot_linear(x, layer.qweight, bias, per_token)
 
         def argmax(x: torch.Tensor, bias: torch.Tensor | None = None,
@@ -461,11 +466,11 @@ class QuantizedLinearMethod(LinearMethod):
             """Each row's argmax of ``linear(x, bias)`` (over the columns ``allowed``, a grammar bitmask per row,
             permits) where that runs on vector panels (their kernel gives it without the outputs); else None. AMX
             panels have their own (see greedy_token_ids)."""
-            if inv is not None or route(x.shape[0], x.dtype) != _ON_PANELS or layer.qpanels.amx:
+            if inv is not None or route(x.shape[0], x.dtype) != _ON_PANELS or layouts.panels.amx:
                 return None
-            return int8_dot.panel_argmax(x, layer.qpanels, bias, allowed)
+            return int8_dot.panel_argmax(x, layouts.panels, bias, allowed)
 
-        layer.qlinear, layer.qargmax = linear, argmax
+        layouts.linear, layouts.argmax = linear, argmax
 
     def _quantized(self, layer: nn.Module) -> QuantizedWeight | None:
         staged: dict[str | None, QuantizedCodes] = getattr(layer, "staged_codes", {})

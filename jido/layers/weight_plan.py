@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from jido.config.model import parse_weights_memory
+from jido.layers.quantized_layouts import layouts_of
 
 CODES, FIVE_BITS, PANELS, AMX_GEMM, PREFILL_INT8, BF16_COPY = (
     "codes", "five_bits", "panels", "amx_gemm", "prefill_int8", "bf16_copy")
@@ -46,10 +47,11 @@ SERVES = {
 }
 # What the layouts of a batch-invariant plan serve: every step size on the panels.
 SERVES_INVARIANT = {CODES: "every step not served below (panels packed per call)", PANELS: "steps of every size"}
-# Module attributes holding each layout (jido/layers/quantized_linear.py); gguf_w8a8's int8 copy is ``qint_mm`` where
-# it runs on oneDNN rather than AMX tiles.
-_HELD_AS = ((CODES, "qweight"), (FIVE_BITS, "qfive"), (PANELS, "qpanels"), (AMX_GEMM, "qgemm"),
-            (PREFILL_INT8, "qint_mm"), (BF16_COPY, "qdense"))
+# The field of a layer's QuantizedLayouts (jido/layers/quantized_layouts.py) holding each extra; the codes are the
+# layer's ``qweight``. gguf_w8a8's int8 copy is ``prefill_int_mm`` where it runs on oneDNN; on AMX tiles it is
+# ``amx_gemm``, and counts as that.
+_HELD_AS = ((FIVE_BITS, "five_bits"), (PANELS, "panels"), (AMX_GEMM, "amx_gemm"), (PREFILL_INT8, "prefill_int_mm"),
+            (BF16_COPY, "bf16_copy"))
 
 
 @dataclass
@@ -140,8 +142,11 @@ def held_layouts(model: nn.Module) -> dict[str, tuple[int, int]]:
     held: dict[str, tuple[int, int]] = {}
     seen: set[int] = set()
     for module in model.modules():
-        for layout, name in _HELD_AS:
-            value = module.__dict__.get(name)
+        layouts = layouts_of(module)
+        values = [(CODES, module.__dict__.get("qweight"))]
+        if layouts is not None:
+            values += [(layout, getattr(layouts, name)) for layout, name in _HELD_AS]
+        for layout, value in values:
             if value is None or id(value) in seen:
                 continue
             seen.add(id(value))

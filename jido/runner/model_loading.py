@@ -14,6 +14,7 @@ from jido.layers.fp8_linear import MIN_CAPABILITY as MIN_FP8_CAPABILITY
 from jido.layers.parameter import default_device_and_dtype
 from jido.layers.quantization import (GGUF_SCHEMES, get_quantization_config, layout_costs,
                                      process_weights_after_loading)
+from jido.layers.quantized_layouts import QuantizedLayouts, layouts_of
 from jido.layers.weight_plan import WeightPlan, choose_extras, format_table, held_layouts
 from jido.models.config import ModelArchConfig
 from jido.models.loader import iter_quantized_weights, iter_weights
@@ -157,9 +158,9 @@ def _settle_weight_plan(model: torch.nn.Module, plan: WeightPlan, weights_memory
 def weight_bytes(model: torch.nn.Module, prepacked: bool = True) -> int:
     """Bytes of the model's weights as held: parameters, buffers, quantized codes and the packed copies beside them.
 
-    Without ``prepacked``, what a one-row decode step reads: the codes (or their five-bit rows, ``qfive``, where a
-    layer has them), without the panels, int8 prefill copies and bf16 copies beside them (``qpanels``, ``qgemm``,
-    ``qint_mm``, ``qdense``).
+    Without ``prepacked``, what a one-row decode step reads: the codes (or their five-bit rows, where a layer has
+    them), without the panels, int8 prefill copies and bf16 copies beside them (the other fields of a layer's
+    :class:`~jido.layers.quantized_layouts.QuantizedLayouts`).
     """
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     for module in model.modules():
@@ -171,23 +172,29 @@ def _held_beside(module: torch.nn.Module, prepacked: bool) -> list[torch.Tensor]
     """Weight tensors a layer keeps outside its parameters (see jido/layers/quantized_linear.py)."""
     held = [getattr(module, name, None) for name in (
         "packed_logits_weight", "weight_scale", "logits_codes", "logits_scale")]  # (the last three: fp8_linear)
-    qweight, five = getattr(module, "qweight", None), getattr(module, "qfive", None)
+    qweight, layouts = getattr(module, "qweight", None), layouts_of(module)
+    five = None if layouts is None else layouts.five_bits
     if qweight is not None:  # one-row decode reads the five-bit rows where a layer has them, else the codes
         held += [qweight.scales, qweight.mins] + ([qweight.data] if prepacked or five is None else [])
     if five is not None:
         held.append(five.data)
-    panels = getattr(module, "qpanels", None)
-    if panels is not None and prepacked:
-        held += [panels.codes, panels.scales, panels.mins, panels.meta]
-    gemm = getattr(module, "qgemm", None)
-    if gemm is not None and prepacked:
-        held += [gemm.packed, gemm.scales]
-    int_mm = getattr(module, "qint_mm", None)  # gguf_w8a8's int8 prefill copy without AMX
-    if int_mm is not None and prepacked:
-        held += [int_mm.data, int_mm.scales]
-    if prepacked:
-        held.append(getattr(module, "qdense", None))
+    if layouts is not None and prepacked:
+        held += _prepacked(layouts)
     return [t for t in held if isinstance(t, torch.Tensor)]
+
+
+def _prepacked(layouts: QuantizedLayouts) -> list[torch.Tensor | None]:
+    """The tensors of a layer's layouts that no one-row decode step reads: its panels, int8 prefill copies (for the
+    AMX GEMM, or ``torch._int_mm`` without AMX) and bf16 copy."""
+    panels, gemm, int_mm = layouts.panels, layouts.amx_gemm, layouts.prefill_int_mm
+    held = []
+    if panels is not None:
+        held += [panels.codes, panels.scales, panels.mins, panels.meta]
+    if gemm is not None:
+        held += [gemm.packed, gemm.scales]
+    if int_mm is not None:
+        held += [int_mm.data, int_mm.scales]
+    return held + [layouts.bf16_copy]
 
 
 def mib_text(num_bytes: int) -> str:

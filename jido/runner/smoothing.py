@@ -45,7 +45,8 @@ def calibration_chunks(tokenizer: Tokenizer, vocab_size: int, max_tokens: int) -
 def pending_layers(model: nn.Module) -> list[nn.Module]:
     """The layers that hold a float source to smooth from (w8a8 layers quantized from float weights)."""
     return [m for m in model.modules()
-            if isinstance(getattr(m, "linear_method", None), QuantizedLinearMethod) and hasattr(m, "smoothing_source")]
+            if isinstance(getattr(m, "linear_method", None), QuantizedLinearMethod)
+            and m.layouts.smoothing_source is not None]
 
 
 def calibrate(model: nn.Module, forward: Callable[[list[int]], None], chunks: list[list[int]],
@@ -63,7 +64,7 @@ def discard(model: nn.Module) -> int:
     """Drop the float sources unsmoothed (where the runner cannot run a calibration forward); returns how many."""
     layers = pending_layers(model)
     for layer in layers:
-        del layer.smoothing_source
+        layer.layouts.smoothing_source = None
     return len(layers)
 
 

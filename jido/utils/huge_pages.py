@@ -33,11 +33,12 @@ THP_MODE_FILE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 ARENA_BYTES = 256 << 20
 ALIGN = 64
 MIN_BYTES = 4096  # below a page a tensor gains nothing from moving
-# Module attributes holding weights outside parameters: quantized codes, their prepacked panels and five-bit rows
-# (jido/layers/quantized_linear.py). Dataclasses of tensors: each tensor field is moved. Not the AMX GEMM's packing
-# (qgemm): prefill-sized steps alone read it, compute-bound, and w8a8's smoothing replaces it once the KV cache
-# exists, so a copy made at load was left behind in its arena, its size in memory wasted.
-HELD_WEIGHTS = ("qweight", "qpanels", "qfive")
+# Weights held outside parameters, beside a quantized layer's codes (its ``qweight``): of its layouts
+# (jido/layers/quantized_layouts.py), the prepacked panels and five-bit rows. Dataclasses of tensors: each tensor
+# field is moved. Not the AMX GEMM's packing (``amx_gemm``): prefill-sized steps alone read it, compute-bound, and
+# w8a8's smoothing replaces it once the KV cache exists, so a copy made at load was left behind in its arena, its
+# size in memory wasted.
+HELD_LAYOUTS = ("panels", "five_bits")
 
 
 def _thp_on() -> bool:
@@ -135,12 +136,12 @@ def move_weights_to_huge_pages(model: nn.Module) -> int:
             add(param.data, lambda new, param=param: setattr(param, "data", new))
         for name, buf in module.named_buffers(recurse=False):
             add(buf, lambda new, module=module, name=name: module._buffers.__setitem__(name, new))
-        for attr in HELD_WEIGHTS:
-            held = getattr(module, attr, None)
+        for owner, attr in _held_weights(module):
+            held = getattr(owner, attr, None)
             if dataclasses.is_dataclass(held):
                 for f in dataclasses.fields(held):
-                    add(getattr(held, f.name), lambda new, m=module, a=attr, n=f.name:
-                        setattr(m, a, dataclasses.replace(getattr(m, a), **{n: new})))
+                    add(getattr(held, f.name), lambda new, o=owner, a=attr, n=f.name:
+                        setattr(o, a, dataclasses.replace(getattr(o, a), **{n: new})))
     arenas = _arenas(list(found.values()))
     found.clear()
     moved = 0
@@ -150,6 +151,13 @@ def move_weights_to_huge_pages(model: nn.Module) -> int:
     while arenas:
         moved += _move_arena(arenas.pop(0))
     return moved
+
+
+def _held_weights(module: nn.Module) -> list[tuple[object, str]]:
+    """(owner, attribute) of each dataclass of weights ``module`` may hold outside its parameters: its ``qweight``,
+    and :data:`HELD_LAYOUTS` of its layouts."""
+    layouts = getattr(module, "layouts", None)  # by name: jido.utils imports no layer module (tests/test_layering.py)
+    return [(module, "qweight")] + ([] if layouts is None else [(layouts, attr) for attr in HELD_LAYOUTS])
 
 
 def _move_arena(arena: list[tuple[torch.Tensor, list[Callable[[torch.Tensor], None]]]]) -> int:

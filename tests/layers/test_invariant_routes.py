@@ -69,8 +69,8 @@ def test_panels_give_each_row_the_bits_of_any_step_one_row_included(bits, with_m
 @pytest.mark.parametrize("held", [None, frozenset(), frozenset({PANELS})], ids=["unsettled", "lean", "panels"])
 def test_a_batch_invariant_quantized_layer_runs_every_step_size_on_the_panels(held) -> None:
     layer = q5_layer(batch_invariant=True, weights_memory_extras=held)
-    assert not hasattr(layer, "qfive")  # five-bit rows serve one-row steps only, in the rows kernel's order
-    assert hasattr(layer, "qpanels") == (held is None or PANELS in held)
+    assert layer.layouts.five_bits is None  # five-bit rows serve one-row steps only, in the rows kernel's order
+    assert (layer.layouts.panels is not None) == (held is None or PANELS in held)
     assert_rows_invariant(layer, 96, seed=1)
 
 

@@ -51,10 +51,11 @@ def test_an_int8_drafts_one_row_steps_take_the_amx_panels_where_a_models_take_th
     x = torch.randn(1, 96, generator=gen)
     with torch.inference_mode():
         out = layer(x)
-        assert torch.equal(out, int8_dot.panel_linear(x, layer.qpanels))
+        assert torch.equal(out, int8_dot.panel_linear(x, layer.layouts.panels))
         assert torch.equal(layer.argmax_columns(x), out.argmax(dim=-1))
         bf16 = x.to(torch.bfloat16)  # the argmax reads float32 sums where the layer's outputs round to bf16
-        assert torch.equal(layer.argmax_columns(bf16), int8_dot.panel_linear(bf16.float(), layer.qpanels).argmax(-1))
+        panels = layer.layouts.panels
+        assert torch.equal(layer.argmax_columns(bf16), int8_dot.panel_linear(bf16.float(), panels).argmax(-1))
     # A model's layer keeps one row on the rows kernel; its argmax (a greedy head's) comes from the panels alike.
     model_layer = DraftLinear(96, 4099, bias=False)
     with torch.no_grad():
@@ -63,4 +64,5 @@ def test_an_int8_drafts_one_row_steps_take_the_amx_panels_where_a_models_take_th
     model_layer.linear_method.process_weights_after_loading(model_layer)
     with torch.inference_mode():
         assert torch.equal(model_layer(x), int8_dot.int8_dot_linear(x, model_layer.qweight, None, False))
-        assert torch.equal(model_layer.argmax_columns(x), int8_dot.panel_linear(x, model_layer.qpanels).argmax(-1))
+        panels = model_layer.layouts.panels
+        assert torch.equal(model_layer.argmax_columns(x), int8_dot.panel_linear(x, panels).argmax(-1))

@@ -21,16 +21,23 @@ from jido.core.sampling_params import SamplingParams
 from jido.layers import int8_dot, quant_kernels, quantized_linear
 from jido.layers.quantization import QUANTIZATIONS, get_quantization_config, process_weights_after_loading
 from jido.layers.quant_kernels import QuantizedWeight
+from jido.layers.quantized_layouts import layouts_of
 from jido.layers.quantized_linear import QuantizedCodes, merge_codes
 from jido.models.loader import iter_gguf_weights
 from jido.models.named import CACHE_DIR_ENV
 from jido.runner.model_loading import resolve_quantization, weight_bytes
+from jido.utils import huge_pages
 from jido.utils.cpu import CpuInfo
 
 # A prefill of 20 rows; the layers run every step of two rows or more on their prepacked panels, and a decode
 # step of one row on the rows kernel.
 TOKENS = {"a": [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], "b": [2, 7, 1, 8, 2, 8, 1, 8]}
 SCHEMES = [("int8", None), ("int8", 16), ("int4", None), ("int4", 64), ("w8a8", None)]
+
+
+def _holding(model: torch.nn.Module, layout: str) -> list[torch.nn.Module]:
+    """The model's quantized layers that hold ``layout`` (a field of their QuantizedLayouts)."""
+    return [m for m in model.modules() if layouts_of(m) is not None and getattr(m.layouts, layout) is not None]
 
 
 @pytest.fixture
@@ -76,7 +83,7 @@ def test_quantized_steps_run_the_int8_dot_kernels_and_stay_near_the_dense_model(
     # logits; a wrong group, nibble or sign would be far off).
     steps = (TOKENS, {"a": [7], "b": [4]}, {"a": [1]})  # a prefill, then decode steps of two rows and of one
     quantized, dense = _quantized_and_reference(arch, scheme, group_size)
-    weights = {id(m.qpanels): m.qweight for m in quantized.modules() if hasattr(m, "qpanels")}
+    weights = {id(m.layouts.panels): m.qweight for m in _holding(quantized, "panels")}
     rows_kernel, panel_kernel, calls = int8_dot.int8_dot_linear, int8_dot.panel_linear, []
 
     def check(kernel: str, x: torch.Tensor, out: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None,
@@ -111,7 +118,7 @@ def test_w8a8_steps_of_many_rows_run_one_int8_gemm_a_layer_and_stay_near_the_den
     # (Where AMX runs, jido's own int8 GEMM takes these steps instead: the next test.)
     monkeypatch.setattr(int8_dot, "takes_amx_gemm", lambda w: False)
     quantized, dense = _quantized_and_reference(arch, "w8a8", None)
-    weights, calls = [m.qweight for m in quantized.modules() if hasattr(m, "qpanels")], []
+    weights, calls = [m.qweight for m in _holding(quantized, "panels")], []
     int_mm = int8_dot.int_mm_linear
 
     def recorded(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | None = None,
@@ -146,7 +153,7 @@ def test_w8a8_on_amx_tiles_gives_the_logits_of_the_int_mm_route(arch, dtype, mon
         return _w8a8_model(arch, dtype)
 
     on_tiles, on_int_mm = build(True), build(False)
-    gemms = [m.qgemm for m in on_tiles.modules() if hasattr(m, "qgemm")]
+    gemms = [m.layouts.amx_gemm for m in _holding(on_tiles, "amx_gemm")]
     assert any(g.gated for g in gemms) == (dtype == torch.bfloat16) and any(not g.gated for g in gemms)
     gen = torch.Generator().manual_seed(6)
     prompt = {"a": torch.randint(3, 128, (int8_dot.INT_MM_MIN_ROWS + 6,), generator=gen).tolist()}
@@ -213,8 +220,10 @@ def test_an_untied_lm_head_is_held_by_the_logits_method_at_8_bits_with_no_copy_f
     head = quantized.lm_head
     assert head is not quantized.model.embed_tokens and head.linear_method is quantized.logits_method
     assert not hasattr(head, "weight") and head.qweight.bits == 8
-    assert not any(hasattr(head, name) for name in ("qdense", "qint_mm", "qgemm", "smoothing_source"))
-    assert hasattr(quantized.model.layers[0].mlp.down_proj, "qdense") == (scheme != "w8a8")  # the layers keep theirs
+    assert all(getattr(head.layouts, name) is None
+               for name in ("bf16_copy", "prefill_int_mm", "amx_gemm", "smoothing_source"))
+    down_proj = quantized.model.layers[0].mlp.down_proj
+    assert (down_proj.layouts.bf16_copy is not None) == (scheme != "w8a8")  # the layers keep theirs
     # The logits stay near the model holding the dequantized codes, the head's included (see the test above).
     ours, expected = TinyPagedRunner(quantized).step(TOKENS)["a"], TinyPagedRunner(reference).step(TOKENS)["a"]
     assert (ours - expected).abs().max() <= 0.06 * expected.abs().max()
@@ -233,8 +242,8 @@ def test_an_untied_lm_head_gets_no_amx_gemm_packing_under_w8a8_where_the_layers_
     monkeypatch.setattr(int8_dot, "pack_amx_gemm", pack)
     quantized, _ = _quantized_and_reference("llama", "w8a8", None)
     head = quantized.lm_head
-    assert not hasattr(head, "qgemm") and all(qweight is not head.qweight for qweight in packed)
-    assert hasattr(quantized.model.layers[0].mlp.down_proj, "qgemm")
+    assert head.layouts.amx_gemm is None and all(qweight is not head.qweight for qweight in packed)
+    assert quantized.model.layers[0].mlp.down_proj.layouts.amx_gemm is not None
 
 
 def _codes(rows: int, cols: int, group_size: int, offsets: bool, seed: int) -> QuantizedCodes:
@@ -400,11 +409,11 @@ def _gguf_layer(dtype: torch.dtype, scheme: str = "gguf"):
 def test_with_a_bf16_copy_steps_from_its_row_threshold_multiply_it_and_fewer_rows_the_codes(monkeypatch):
     monkeypatch.setattr(quantized_linear, "keeps_bf16_copy", lambda dtype, device: dtype == torch.bfloat16)
     layer = _gguf_layer(torch.bfloat16)
-    assert layer.qdense.is_mkldnn and not hasattr(layer, "weight")
+    assert layer.layouts.bf16_copy.is_mkldnn and not hasattr(layer, "weight")
     # 40 rows where the panels run on AMX tiles (faster than the copy below it); on vector units 16, or up to 32 while
     # x's rows fit 20 KiB (this layer's 64 columns do)
-    amx = hasattr(layer, "qpanels") and layer.qpanels.amx
-    threshold = layer.qdense_min_rows
+    amx = layer.layouts.panels is not None and layer.layouts.panels.amx
+    threshold = layer.layouts.bf16_copy_min_rows
     assert threshold == (quantized_linear.BF16_COPY_MIN_ROWS_AMX if amx else 33)
     bf16_weight = quant_kernels.dequantize(layer.qweight).bfloat16().double()
     for rows in (1, threshold - 1, threshold, 48):
@@ -430,9 +439,9 @@ def test_vector_panels_keep_steps_past_16_rows_while_x_fits_20_kib_and_amx_ones_
 
 def test_a_bf16_copy_is_kept_only_where_asked_and_never_under_w8a8(monkeypatch):
     monkeypatch.setattr(quantized_linear, "keeps_bf16_copy", lambda dtype, device: False)
-    assert not hasattr(_gguf_layer(torch.bfloat16), "qdense")
+    assert _gguf_layer(torch.bfloat16).layouts.bf16_copy is None
     monkeypatch.setattr(quantized_linear, "keeps_bf16_copy", lambda dtype, device: True)
-    assert not hasattr(_gguf_layer(torch.bfloat16, "w8a8"), "qdense")
+    assert _gguf_layer(torch.bfloat16, "w8a8").layouts.bf16_copy is None
     monkeypatch.undo()
     avx512 = {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"}
     for flags, kept in ((avx512 | {"avx512_bf16"}, True), (avx512 | {"amx_bf16", "amx_tile"}, True),
@@ -455,7 +464,7 @@ def test_q5_codes_decode_one_row_from_five_bits_with_the_same_outputs(monkeypatc
         layer = Linear(64, 48, quant_config=get_quantization_config("gguf"))
     layer.weight.weight_loader(layer.weight, codes, None)
     layer.linear_method.process_weights_after_loading(layer)
-    assert layer.qfive.data.numel() == 48 * 2 * 20  # 20 bytes a block of 32 codes
+    assert layer.layouts.five_bits.data.numel() == 48 * 2 * 20  # 20 bytes a block of 32 codes
     x = torch.randn(1, 64, generator=gen)
     expected = int8_dot.int8_dot_linear(x, layer.qweight)
     calls = []
@@ -467,35 +476,57 @@ def test_q5_codes_decode_one_row_from_five_bits_with_the_same_outputs(monkeypatc
     assert calls == [1]
     model = torch.nn.Sequential(layer)
     read = weight_bytes(model, prepacked=False)
-    assert read == layer.qfive.data.numel() + layer.qweight.scales.numel() * 4  # the codes' bytes are not read
-    assert weight_bytes(model) - read == layer.qweight.data.numel() + layer.qpanels.nbytes
+    # the codes' bytes are not read
+    assert read == layer.layouts.five_bits.data.numel() + layer.qweight.scales.numel() * 4
+    assert weight_bytes(model) - read == layer.qweight.data.numel() + layer.layouts.panels.nbytes
+
+
+def _q5_layer(seed: int) -> torch.nn.Module:
+    """A float32 Linear on random Q5_0 codes under ``gguf``: it holds panels and five-bit rows where the kernels run."""
+    from jido.layers.linear import Linear
+    from jido.layers.parameter import default_device_and_dtype
+
+    gen = torch.Generator().manual_seed(seed)
+    codes = QuantizedCodes(torch.randint(-16, 16, (40, 96), generator=gen, dtype=torch.int8),
+                           torch.rand(40, 3, generator=gen), None, 32, "Q5_0")
+    with default_device_and_dtype(torch.device("cpu"), torch.float32):
+        layer = Linear(96, 40, quant_config=get_quantization_config("gguf"))
+    layer.weight.weight_loader(layer.weight, codes, None)
+    layer.linear_method.process_weights_after_loading(layer)
+    return layer
 
 
 @pytest.mark.skipif(int8_dot.load_int8_dot_ops() is None, reason="no int8 dot kernel for this CPU")
 def test_the_route_settled_at_load_reads_the_weights_the_layer_holds_at_each_call():
     """Moving weights into huge pages replaces a layer's codes, panels and five-bit rows after load: the kernels'
     route bound at load must multiply by what the layer holds then, and give what choosing per call gives."""
-    from jido.layers.linear import Linear
-    from jido.layers.parameter import default_device_and_dtype
-
-    def q5_layer(seed: int) -> Linear:
-        gen = torch.Generator().manual_seed(seed)
-        codes = QuantizedCodes(torch.randint(-16, 16, (40, 96), generator=gen, dtype=torch.int8),
-                               torch.rand(40, 3, generator=gen), None, 32, "Q5_0")
-        with default_device_and_dtype(torch.device("cpu"), torch.float32):
-            layer = Linear(96, 40, quant_config=get_quantization_config("gguf"))
-        layer.weight.weight_loader(layer.weight, codes, None)
-        layer.linear_method.process_weights_after_loading(layer)
-        return layer
-
-    layer, other = q5_layer(1), q5_layer(2)
+    layer, other = _q5_layer(1), _q5_layer(2)
     xs = [torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)) for rows in (1, 3, 9)]
-    layer.qweight, layer.qpanels, layer.qfive = other.qweight, other.qpanels, other.qfive
+    layer.qweight, layer.layouts.panels, layer.layouts.five_bits = (other.qweight, other.layouts.panels,
+                                                                    other.layouts.five_bits)
     for x in xs:
         torch.testing.assert_close(layer(x), other(x), atol=0, rtol=0)
-    del other.qlinear  # apply's own choice, per call
+    other.layouts.linear = None  # apply's own choice, per call
     for x in xs:
         torch.testing.assert_close(layer(x), other(x), atol=0, rtol=0)
+
+
+@pytest.mark.skipif(int8_dot.load_int8_dot_ops() is None, reason="no int8 dot kernel for this CPU")
+@pytest.mark.skipif(huge_pages.thp_mode() not in ("always", "madvise"), reason="transparent huge pages are off")
+def test_moving_weights_into_huge_pages_moves_the_panels_and_five_bit_rows_the_bound_route_reads(monkeypatch):
+    monkeypatch.setattr(huge_pages, "MIN_BYTES", 1)
+    layer = _q5_layer(3)
+    xs = [torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)) for rows in (1, 3)]  # five bits, panels
+    before, held = [layer(x) for x in xs], (layer.layouts.panels, layer.layouts.five_bits)
+    moved = huge_pages.move_weights_to_huge_pages(torch.nn.Sequential(layer))
+    panels, five = layer.layouts.panels, layer.layouts.five_bits
+    assert panels is not held[0] and five is not held[1] and moved >= panels.nbytes + five.data.numel()
+    read = []
+    five_bit_linear, panel_linear = int8_dot.five_bit_linear, int8_dot.panel_linear
+    monkeypatch.setattr(int8_dot, "five_bit_linear", lambda x, w, *a: read.append(w) or five_bit_linear(x, w, *a))
+    monkeypatch.setattr(int8_dot, "panel_linear", lambda x, w, *a: read.append(w) or panel_linear(x, w, *a))
+    assert all(torch.equal(layer(x), out) for x, out in zip(xs, before))
+    assert len(read) == 2 and read[0] is five and read[1] is panels
 
 
 def test_gguf_codes_are_read_from_the_file_at_each_load_and_nothing_derived_is_written(tmp_path):
@@ -528,8 +559,8 @@ def test_gguf_codes_need_the_source_gguf(tmp_path):
 
 def test_prepacked_panels_count_as_held_weights_but_not_as_what_a_decode_step_reads():
     quantized, _ = _quantized_and_reference("gemma3", "int8", None)
-    panels = [m.qpanels for m in quantized.modules() if hasattr(m, "qpanels")]
+    panels = [m.layouts.panels for m in _holding(quantized, "panels")]
     assert len(panels) == quantized.config.num_layers * 4 + 1  # every projection and the tied head
-    codes = sum(m.qweight.data.numel() for m in quantized.modules() if hasattr(m, "qpanels"))
+    codes = sum(m.qweight.data.numel() for m in _holding(quantized, "panels"))
     assert sum(p.codes.numel() for p in panels) >= codes  # a byte a code, rows padded to panels of 8
     assert weight_bytes(quantized) - weight_bytes(quantized, prepacked=False) == sum(p.nbytes for p in panels)

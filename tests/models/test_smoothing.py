@@ -11,6 +11,7 @@ from jido.layers import int8_dot
 from jido.layers.linear import Linear
 from jido.layers.parameter import default_device_and_dtype
 from jido.layers.quantization import get_quantization_config
+from jido.layers.quantized_layouts import layouts_of
 from jido.layers.quantized_linear import smoothing_factors
 from jido.runner import smoothing
 from jido.utils.text_domains import DOMAINS, domain_text
@@ -43,15 +44,16 @@ def test_a_smoothed_layer_rounds_an_outlier_channels_input_far_better_than_per_t
     maxima = smoothed.linear_method.observe_inputs(smoothed)
     torch.testing.assert_close(smoothed(x), x @ weight.t())  # observing runs the float weight
     smoothed.linear_method.smooth(smoothed, maxima, alpha)
-    assert not hasattr(smoothed, "smoothing_source")
+    assert smoothed.layouts.smoothing_source is None
     error_plain = (plain(x).double() - exact).abs().max()
     error_smoothed = (smoothed(x).double() - exact).abs().max()
     assert error_smoothed < error_plain / 3, (error_smoothed, error_plain)
     # A prefill (40 rows: panels or the int8 GEMM) and a decode row (the rows kernel) multiply x / s, rounded per
     # token, by the stored codes of W s: float64 of the same rounding.
     if int8_dot.runs(smoothed.qweight):
+        inv = smoothed.layouts.smooth_inv
         for rows in (x, x[:1]):
-            expected = int8_dot.int8_dot_linear_reference(rows * smoothed.smooth_inv, smoothed.qweight, per_token=True)
+            expected = int8_dot.int8_dot_linear_reference(rows * inv, smoothed.qweight, per_token=True)
             torch.testing.assert_close(smoothed(rows).double(), expected, atol=1e-4, rtol=1e-5)
 
 
@@ -63,8 +65,8 @@ def test_the_engine_smooths_every_w8a8_linear_at_load_and_serves_the_same_tokens
     assert "w8a8: smoothed 4 of 4 linears (SmoothQuant, alpha 0.75)" in caplog.text
 
     def state(worker) -> dict[str, tuple[bool, bool]]:
-        return {name: (getattr(m, "smooth_inv", None) is not None, hasattr(m, "smoothing_source"))
-                for name, m in worker.runner.model.named_modules() if hasattr(m, "qweight")}
+        return {name: (m.layouts.smooth_inv is not None, m.layouts.smoothing_source is not None)
+                for name, m in worker.runner.model.named_modules() if layouts_of(m) is not None}
 
     # The layer's q/k/v, o, gate/up and down; the untied LM head, which the calibration's forward does not run, is
     # quantized once, as the LM head, and never offered for calibration. No float source is left.
@@ -141,10 +143,11 @@ def test_gguf_w8a8_keeps_the_codes_for_decode_and_rounds_prefill_rows_per_token_
     min_rows = _prefill_route(monkeypatch, route)
     hybrid, gguf = _gguf_layer(torch.bfloat16, "gguf_w8a8"), _gguf_layer(torch.bfloat16)
     if route == "amx":  # the int8 copy takes every step the bf16 copy would
-        assert not hasattr(hybrid, "qdense") and hybrid.qgemm.shape == (48, 64)
+        assert hybrid.layouts.bf16_copy is None and hybrid.layouts.amx_gemm.shape == (48, 64)
     else:  # the bf16 copy (where gguf keeps one) still takes the steps below int_mm's
-        assert hybrid.qint_mm.shape == (48, 64) and hasattr(hybrid, "qdense") == hasattr(gguf, "qdense")
-    source = hybrid.smoothing_source.float()  # the codes dequantized: what the int8 copy is made from
+        assert hybrid.layouts.prefill_int_mm.shape == (48, 64)
+        assert (hybrid.layouts.bf16_copy is None) == (gguf.layouts.bf16_copy is None)
+    source = hybrid.layouts.smoothing_source.float()  # the codes dequantized: what the int8 copy is made from
     torch.testing.assert_close(source, quant_kernels.dequantize(hybrid.qweight).bfloat16().float(), atol=0, rtol=0)
     gen = torch.Generator().manual_seed(9)
     x = torch.randn(min_rows + 8, 64, generator=gen)
@@ -169,7 +172,7 @@ def test_gguf_w8a8_keeps_the_codes_for_decode_and_rounds_prefill_rows_per_token_
     maxima = hybrid.linear_method.observe_inputs(hybrid)
     torch.testing.assert_close(hybrid(x), x @ source.bfloat16().t())  # observing runs the dequantized weight
     assert hybrid.linear_method.smooth(hybrid, maxima, smoothing.ALPHA)
-    assert not hasattr(hybrid, "smoothing_source") and getattr(hybrid, "smooth_inv", None) is None
+    assert hybrid.layouts.smoothing_source is None and hybrid.layouts.smooth_inv is None
     check_decode_rows_match_gguf()
     s = smoothing_factors(maxima[0], source, smoothing.ALPHA)
     inv = (1 / s).bfloat16()
@@ -192,7 +195,7 @@ def test_gguf_w8a8_in_the_engine_serves_short_prompts_as_gguf_does_and_smooths_i
               "model.layers.0.self_attn.qkv_proj"]
     if route == "int_mm":
         copies.insert(0, "model.layers.0.mlp.down_proj")
-    copy_attr = "qgemm" if route == "amx" else "qint_mm"
+    copy_field = "amx_gemm" if route == "amx" else "prefill_int_mm"
     runs = {}
     for scheme in ("gguf", "gguf_w8a8"):
         caplog.clear()
@@ -205,8 +208,9 @@ def test_gguf_w8a8_in_the_engine_serves_short_prompts_as_gguf_does_and_smooths_i
         if scheme == "gguf_w8a8":
             count = len(copies)
             assert f"w8a8: smoothed {count} of {count} linears" in caplog.text, caplog.text  # not the untied LM head
-            held = llm.collective_rpc(lambda w: sorted(n for n, m in w.runner.model.named_modules()
-                                                       if hasattr(m, copy_attr) and not hasattr(m, "smoothing_source")))
+            held = llm.collective_rpc(lambda w: sorted(
+                n for n, m in w.runner.model.named_modules() if layouts_of(m) is not None
+                and getattr(m.layouts, copy_field) is not None and m.layouts.smoothing_source is None))
             assert held[0] == copies
             others = [{"prompt_token_ids": [1, 259 + i, 263, 260] * 18} for i in range(3)]
             llm.generate(others + [long], params)
@@ -219,6 +223,6 @@ def test_gguf_w8a8_in_a_float32_model_is_gguf():
     from test_quantized_linear import _gguf_layer
 
     layer = _gguf_layer(torch.float32, "gguf_w8a8")
-    assert not any(hasattr(layer, a) for a in ("qgemm", "qint_mm", "smoothing_source"))
+    assert all(getattr(layer.layouts, a) is None for a in ("amx_gemm", "prefill_int_mm", "smoothing_source"))
     x = torch.randn(80, 64, generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(layer(x), _gguf_layer(torch.float32)(x), atol=0, rtol=0)

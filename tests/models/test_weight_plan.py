@@ -9,6 +9,7 @@ from jido.config.model import ModelConfig
 from jido.core.sampling_params import SamplingParams
 from jido.engine.llm import LLM
 from jido.layers import int8_dot
+from jido.layers.quantized_layouts import QuantizedLayouts
 from jido.layers.weight_plan import (BF16_COPY, CODES, FIVE_BITS, PANELS, LayoutCosts, WeightPlan, choose_extras,
                                      format_table, held_layouts)
 
@@ -83,8 +84,8 @@ def test_the_start_up_table_names_each_layout_its_bytes_and_what_it_serves():
 
 def test_held_layouts_counts_a_shared_tensor_once():
     module = torch.nn.Module()
-    module.qdense = torch.zeros(4, 8)
+    module.layouts = QuantizedLayouts(bf16_copy=torch.zeros(4, 8))
     other = torch.nn.Module()
-    other.qdense = module.qdense
+    other.layouts = QuantizedLayouts(bf16_copy=module.layouts.bf16_copy)
     parent = torch.nn.Sequential(module, other)
     assert held_layouts(parent) == {BF16_COPY: (128, 1)}

@@ -7,6 +7,7 @@ from parallel_prompts import greedy_tokens
 from jido import LLM
 from jido.core.sampling_params import SamplingParams
 from jido.layers import int8_dot
+from jido.layers.quantized_layouts import layouts_of
 from tiny_families import FAMILIES
 
 
@@ -57,9 +58,9 @@ def _attention_heads(worker) -> tuple[int, int, int]:
 
 def _smoothing_state(worker) -> tuple[int, int]:
     """(linears smoothed, float copies still held) on this rank."""
-    modules = list(worker.runner.model.modules())
-    return (sum(getattr(m, "gemm_channel_scale", None) is not None for m in modules),
-            sum(hasattr(m, "smoothing_source") for m in modules))
+    held = [layouts for layouts in map(layouts_of, worker.runner.model.modules()) if layouts is not None]
+    return (sum(layouts.gemm_channel_scale is not None for layouts in held),
+            sum(layouts.smoothing_source is not None for layouts in held))
 
 
 def test_w8a8_is_smoothed_on_every_tensor_parallel_rank_and_left_unsmoothed_under_pipeline_parallelism(
