@@ -454,16 +454,8 @@ def test_a_bf16_copy_is_kept_only_where_asked_and_never_under_w8a8(monkeypatch):
 
 @pytest.mark.skipif(int8_dot.load_int8_dot_ops() is None, reason="no int8 dot kernel for this CPU")
 def test_q5_codes_decode_one_row_from_five_bits_with_the_same_outputs(monkeypatch):
-    from jido.layers.linear import Linear
-    from jido.layers.parameter import default_device_and_dtype
-
     gen = torch.Generator().manual_seed(6)
-    codes = QuantizedCodes(torch.randint(-16, 16, (48, 64), generator=gen, dtype=torch.int8),
-                           torch.rand(48, 2, generator=gen), None, 32, "Q5_0")
-    with default_device_and_dtype(torch.device("cpu"), torch.float32):
-        layer = Linear(64, 48, quant_config=get_quantization_config("gguf"))
-    layer.weight.weight_loader(layer.weight, codes, None)
-    layer.linear_method.process_weights_after_loading(layer)
+    layer = _q5_layer(gen, 48, 64)
     assert layer.layouts.five_bits.data.numel() == 48 * 2 * 20  # 20 bytes a block of 32 codes
     x = torch.randn(1, 64, generator=gen)
     expected = int8_dot.int8_dot_linear(x, layer.qweight)
@@ -481,16 +473,16 @@ def test_q5_codes_decode_one_row_from_five_bits_with_the_same_outputs(monkeypatc
     assert weight_bytes(model) - read == layer.qweight.data.numel() + layer.layouts.panels.nbytes
 
 
-def _q5_layer(seed: int) -> torch.nn.Module:
-    """A float32 Linear on random Q5_0 codes under ``gguf``: it holds panels and five-bit rows where the kernels run."""
+def _q5_layer(gen: torch.Generator, rows: int = 40, cols: int = 96) -> torch.nn.Module:
+    """A float32 ``rows`` x ``cols`` Linear on random Q5_0 codes drawn from ``gen`` under ``gguf``: it holds panels and
+    five-bit rows where the kernels run."""
     from jido.layers.linear import Linear
     from jido.layers.parameter import default_device_and_dtype
 
-    gen = torch.Generator().manual_seed(seed)
-    codes = QuantizedCodes(torch.randint(-16, 16, (40, 96), generator=gen, dtype=torch.int8),
-                           torch.rand(40, 3, generator=gen), None, 32, "Q5_0")
+    codes = QuantizedCodes(torch.randint(-16, 16, (rows, cols), generator=gen, dtype=torch.int8),
+                           torch.rand(rows, cols // 32, generator=gen), None, 32, "Q5_0")
     with default_device_and_dtype(torch.device("cpu"), torch.float32):
-        layer = Linear(96, 40, quant_config=get_quantization_config("gguf"))
+        layer = Linear(cols, rows, quant_config=get_quantization_config("gguf"))
     layer.weight.weight_loader(layer.weight, codes, None)
     layer.linear_method.process_weights_after_loading(layer)
     return layer
@@ -500,7 +492,7 @@ def _q5_layer(seed: int) -> torch.nn.Module:
 def test_the_route_settled_at_load_reads_the_weights_the_layer_holds_at_each_call():
     """Moving weights into huge pages replaces a layer's codes, panels and five-bit rows after load: the kernels'
     route bound at load must multiply by what the layer holds then, and give what choosing per call gives."""
-    layer, other = _q5_layer(1), _q5_layer(2)
+    layer, other = _q5_layer(torch.Generator().manual_seed(1)), _q5_layer(torch.Generator().manual_seed(2))
     xs = [torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)) for rows in (1, 3, 9)]
     layer.qweight, layer.layouts.panels, layer.layouts.five_bits = (other.qweight, other.layouts.panels,
                                                                     other.layouts.five_bits)
@@ -515,7 +507,7 @@ def test_the_route_settled_at_load_reads_the_weights_the_layer_holds_at_each_cal
 @pytest.mark.skipif(huge_pages.thp_mode() not in ("always", "madvise"), reason="transparent huge pages are off")
 def test_moving_weights_into_huge_pages_moves_the_panels_and_five_bit_rows_the_bound_route_reads(monkeypatch):
     monkeypatch.setattr(huge_pages, "MIN_BYTES", 1)
-    layer = _q5_layer(3)
+    layer = _q5_layer(torch.Generator().manual_seed(3))
     xs = [torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)) for rows in (1, 3)]  # five bits, panels
     before, held = [layer(x) for x in xs], (layer.layouts.panels, layer.layouts.five_bits)
     moved = huge_pages.move_weights_to_huge_pages(torch.nn.Sequential(layer))
