@@ -61,7 +61,7 @@ def dot_isa(cpu: CpuInfo) -> str | None:
     None; for planning before the library is built (the loaded library's own answer is :func:`cpu_isas`)."""
     if {"avx512_vnni", "avx512vl"} <= cpu.flags:
         return "avx512_vnni"
-    if {"avx2", "fma"} <= cpu.flags:
+    if {"avx2", "fma", "f16c"} <= cpu.flags:
         return "avx2"
     return None
 

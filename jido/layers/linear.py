@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from jido.layers.parameter import copy_weight, default_weight_loader, empty_parameter
-from jido.layers.quant_kernels import QuantizedWeight, quant_embedding
+from jido.layers.quant_kernels import QuantizedWeight, compact_scales, quant_embedding
 from jido.layers.quantization import QuantizationConfig, get_quantization_config
 from jido.layers.quantized_linear import QuantizedCodes
 
@@ -97,7 +97,7 @@ class Embedding(nn.Module):
         """Pack codes still staged (an untied table; a tied head's method has packed them already)."""
         codes = self.staged_codes.pop(None, None)
         if codes is not None:
-            self.qweight = codes.pack()
+            self.qweight = compact_scales(codes.pack())  # a gather widens its rows' scales (quant_embedding)
             del self.weight
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

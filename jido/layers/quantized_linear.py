@@ -270,7 +270,8 @@ class QuantizedLinearMethod(LinearMethod):
 
     def layout_costs(self, layer: nn.Module, head: bool = False) -> LayoutCosts:
         # Estimates from the staged codes' shape and types (or the float weight's shape), before any packing: panels
-        # hold a byte a code plus float32 scales (and mins) per 32; five-bit rows 20 bytes per 32 codes.
+        # hold a byte a code plus float32 scales (and mins) per 32; five-bit rows 20 bytes per 32 codes. A file's
+        # codes keep float16 scales where the int8 kernels run (_quantized).
         staged: dict[str | None, QuantizedCodes] = getattr(layer, "staged_codes", {})
         if not staged and self.bits is None:
             return LayoutCosts()  # gguf: a float tensor stays dense
@@ -279,9 +280,11 @@ class QuantizedLinearMethod(LinearMethod):
         bits = self.bits or (4 if all(c.source.startswith("Q4") for c in staged.values()) else 8)
         offsets = any(c.offsets is not None for c in staged.values()) or bits == 4
         group = min((c.group_size for c in staged.values()), default=self.group_size or cols)
-        scale_bytes = -(-cols // group) * rows * 4 * (2 if offsets else 1)
+        int8_runs = int8_dot.takes_groups(group, cols) and int8_dot.load_int8_dot_ops() is not None
+        scale_size = 2 if staged and int8_runs else 4
+        scale_bytes = -(-cols // group) * rows * scale_size * (2 if offsets else 1)
         codes = LayoutCosts(weights * bits // 8 + scale_bytes)
-        if not int8_dot.takes_groups(group, cols) or int8_dot.load_int8_dot_ops() is None:
+        if not int8_runs:
             return codes
         extras = {PANELS: weights + weights // 8 * (2 if offsets else 1)}
         if staged and all(c.source == "Q5_0" for c in staged.values()):
@@ -476,7 +479,10 @@ class QuantizedLinearMethod(LinearMethod):
         staged: dict[str | None, QuantizedCodes] = getattr(layer, "staged_codes", {})
         layer.staged_codes = {}
         if staged:
-            return _codes_of(layer, staged).pack(self.bits)
+            qweight = _codes_of(layer, staged).pack(self.bits)
+            # The file's codes keep their scales in float16 where the int8 kernels read them (see compact_scales);
+            # codes quantized here from a float weight keep float32 ones.
+            return quant_kernels.compact_scales(qweight) if int8_dot.runs(qweight) else qweight
         if self.bits is None:
             return None  # gguf: a tensor the file stores in float stays a dense float weight
         return quant_kernels.quantize(layer.weight.detach().float(), self.bits, self.group_size)

@@ -38,9 +38,9 @@ BUILD_ISA_ENV = "JIDO_BUILD_ISA"
 
 # Vector flags per ISA. Zen 4 runs 512-bit vectors at full rate, but GCC prefers 256-bit unless told.
 ISA_FLAGS = {
-    "amx": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mprefer-vector-width=512"],
-    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mprefer-vector-width=512"],
-    "avx2": ["-mavx2", "-mfma"],
+    "amx": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c", "-mprefer-vector-width=512"],
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c", "-mprefer-vector-width=512"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c"],
     "scalar": [],
 }
 # -fopenmp, not only -fopenmp-simd: ATen's at::parallel_for is inline code that forks threads only where the

@@ -160,6 +160,44 @@ def test_every_isa_this_cpu_runs_gives_the_float64_result_and_the_same_bits(kern
                 assert torch.equal(y, out[isas[0]]), (int8_dot.ISAS[isa], i, rows)
 
 
+def _with_scales_in(w: qk.QuantizedWeight, dtype: torch.dtype) -> qk.QuantizedWeight:
+    mins = None if w.mins is None else w.mins.to(dtype)
+    return qk.QuantizedWeight(w.data, w.scales.to(dtype), mins, w.group_size, w.bits, w.shape)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_float16_scales_give_every_kernel_the_bits_of_the_same_scales_in_float32(bits) -> None:
+    # compact_scales keeps a file's scales and mins in float16; every kernel widens them exactly as it reads them, so
+    # the rows kernel (decode's two-row path and row blocks), the panels packed per call and prepacked, on each ISA,
+    # give the bits they give on those values stored in float32.
+    ops = int8_dot.load_int8_dot_ops()
+    isas = [i for i, _ in enumerate(int8_dot.ISAS) if ops.supported(i)]
+    gen = torch.Generator().manual_seed(61 + bits)
+    for i, (num_rows, num_cols, group_size) in enumerate(SHAPES):
+        half = _with_scales_in(random_weight(num_rows, num_cols, group_size, bits, with_mins=i % 2 == 0, gen=gen),
+                               torch.float16)
+        wide = _with_scales_in(half, torch.float32)
+        per_token = i % 4 == 1
+        x_block = 0 if per_token else int8_dot.BLOCK
+        for rows in (1, 2, 5):
+            x = random_x(rows, num_cols, torch.float32, gen)
+            for isa in isas:
+                for panels in (False, True):
+                    got = ops.linear(x, half.data, half.scales, half.mins, half.group_size, bits, num_cols, None, isa,
+                                     x_block, panels)
+                    want = ops.linear(x, wide.data, wide.scales, wide.mins, wide.group_size, bits, num_cols, None,
+                                      isa, x_block, panels)
+                    assert torch.equal(got, want), (i, rows, isa, panels)
+            packed = int8_dot.panel_linear(x, int8_dot.pack_panels(half, per_token, amx=False))
+            assert torch.equal(packed, int8_dot.panel_linear(x, int8_dot.pack_panels(wide, per_token, amx=False))), i
+
+
+def test_mins_in_another_dtype_than_the_scales_are_refused() -> None:
+    w = random_weight(4, 64, 32, 4, with_mins=True, gen=torch.Generator().manual_seed(3))
+    with pytest.raises(RuntimeError, match="mins must be"):
+        int8_dot.int8_dot_linear(torch.randn(1, 64), qk.QuantizedWeight(w.data, w.scales.half(), w.mins, 32, 4, w.shape))
+
+
 def test_the_decode_path_gives_each_output_bit_for_bit_what_the_one_row_kernel_gives() -> None:
     # At one row of x, rows n and n + N/2 go together (two_rows_dot); in a step of two rows each row runs the
     # row-at-a-time kernel. Both do the same float operations per output in the same order.
@@ -224,8 +262,9 @@ def test_dot_isa_picks_vnni_where_the_cpu_has_it_and_avx2_otherwise() -> None:
         return CpuInfo("x", 2, frozenset(flags))
 
     assert int8_dot.dot_isa(cpu("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")) == "avx512_vnni"
-    assert int8_dot.dot_isa(cpu("avx2", "fma", "avx512f", "avx512bw", "avx512vl")) == "avx2"  # Skylake-X
-    assert int8_dot.dot_isa(cpu("avx2", "fma")) == "avx2"
+    assert int8_dot.dot_isa(cpu("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl")) == "avx2"  # Skylake-X
+    assert int8_dot.dot_isa(cpu("avx2", "fma", "f16c")) == "avx2"
+    assert int8_dot.dot_isa(cpu("avx2", "fma")) is None  # the kernels widen float16 scales by F16C
     assert int8_dot.dot_isa(cpu("avx", "sse4_2")) is None
 
 
@@ -481,6 +520,7 @@ def test_five_bit_rows_give_bit_for_bit_what_the_rows_kernel_gives_on_the_same_c
             assert five.data.shape == (num_rows, num_cols // 32 * 20)
             x = random_x(1, num_cols, dtype, gen)
             x_block = 0 if per_token else 32
+            half = int8_dot.pack_five_bits(_with_scales_in(w, torch.float16))  # scales compact_scales kept in float16
             for isa in isas:
                 expected = ops.linear(x, w.data, w.scales, w.mins, w.group_size, 8, num_cols, None, isa, x_block, False)
                 ours = ops.five_bit_linear(x, five.data, five.scales, five.mins, w.group_size, num_cols, None, isa,
@@ -488,6 +528,12 @@ def test_five_bit_rows_give_bit_for_bit_what_the_rows_kernel_gives_on_the_same_c
                 assert ours.dtype == dtype
                 torch.testing.assert_close(ours, expected, atol=0, rtol=0,
                                            msg=lambda m: f"{(num_rows, num_cols, group_size, with_mins, isa)}: {m}")
+                wide = _with_scales_in(_with_scales_in(w, torch.float16), torch.float32)
+                expected = ops.linear(x, wide.data, wide.scales, wide.mins, w.group_size, 8, num_cols, None, isa,
+                                      x_block, False)
+                ours = ops.five_bit_linear(x, half.data, half.scales, half.mins, w.group_size, num_cols, None, isa,
+                                           x_block)
+                assert torch.equal(ours, expected), (num_rows, num_cols, group_size, with_mins, isa)
 
 
 def test_only_int8_codes_within_five_bits_and_whole_blocks_fit_five_bits() -> None:

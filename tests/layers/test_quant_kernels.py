@@ -148,6 +148,33 @@ def test_quantize_keeps_a_constant_group_exact() -> None:
         torch.testing.assert_close(qk.dequantize_reference(qk.quantize(weight, bits, 8)), weight, rtol=0, atol=0)
 
 
+def test_compact_scales_holds_float16_values_in_float16_with_the_same_outputs() -> None:
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randint(0, 16, (6, 64), generator=gen)
+    d = (torch.rand(6, 1, generator=gen) * 0.01 + 0.001).half().float()  # a file's float16 d per row
+    legacy = qk.pack(q, d.expand(6, 2), -8 * d.expand(6, 2), 32, 4)  # Q4_0: d and -8 d, float16 values
+    compact = qk.compact_scales(legacy)
+    assert compact.scales.dtype == compact.mins.dtype == torch.float16
+    assert torch.equal(compact.float_scales, legacy.scales) and torch.equal(compact.float_mins, legacy.mins)
+    assert torch.equal(qk.dequantize(compact), qk.dequantize(legacy))
+    x = torch.randn(3, 64, generator=gen)
+    assert torch.equal(qk.quant_linear(x, compact), qk.quant_linear(x, legacy))
+    assert torch.equal(qk.quant_embedding(torch.tensor([4, 1]), compact, torch.float32),
+                       qk.quant_embedding(torch.tensor([4, 1]), legacy, torch.float32))
+
+
+def test_compact_scales_keeps_float32_where_a_scale_or_min_is_no_float16_value() -> None:
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randint(0, 16, (6, 64), generator=gen)
+    d = (torch.rand(6, 1, generator=gen) * 0.01 + 0.001).half().float()
+    sc = torch.randint(1, 64, (6, 2), generator=gen).float()  # Q4_K's 6-bit sub-scales: d * sc needs up to 17 bits
+    k_quant = qk.pack(q, d * sc, None, 32, 4)
+    assert not torch.equal((d * sc).half().float(), d * sc)
+    assert qk.compact_scales(k_quant) is k_quant
+    with_mins = qk.pack(q, d.expand(6, 2), -d * sc, 32, 4)  # float16 scales, K-quant mins
+    assert qk.compact_scales(with_mins) is with_mins
+
+
 def test_quant_linear_rejects_x_of_the_wrong_width() -> None:
     w = qk.quantize(torch.randn(3, 8), 8, None)
     with pytest.raises(ValueError, match=r"x must be float32 or bfloat16 \[M, 8\], got torch.float32 \(2, 9\)"):

@@ -469,7 +469,7 @@ def test_q5_codes_decode_one_row_from_five_bits_with_the_same_outputs(monkeypatc
     model = torch.nn.Sequential(layer)
     read = weight_bytes(model, prepacked=False)
     # the codes' bytes are not read
-    assert read == layer.layouts.five_bits.data.numel() + layer.qweight.scales.numel() * 4
+    assert read == layer.layouts.five_bits.data.numel() + layer.qweight.scales.numel() * layer.qweight.scales.element_size()
     assert weight_bytes(model) - read == layer.qweight.data.numel() + layer.layouts.panels.nbytes
 
 

@@ -52,7 +52,7 @@ bool cpu_runs(int64_t isa) {
 #if defined(__AVX2__)
   static const std::array<bool, kNumIsas> runs = [] {
     std::array<bool, kNumIsas> r{};
-    r[kAvx2] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    r[kAvx2] = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     r[kAvx512Vnni] = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
     r[kAvx512Bf16] = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
                      __builtin_cpu_supports("avx512vl");
@@ -341,16 +341,28 @@ void pack_panel(const Weight& w, int64_t n0, int64_t chunk, int64_t num_chunks, 
   *with_mins = w.mins != nullptr || shift != 0;
   for (int64_t i = 0; i < kPanel; ++i) {
     const bool real = n0 + i < w.N;
-    const float* rs = w.scales + (n0 + i) * w.num_groups;
-    for (int64_t c = 0; c < num_chunks; ++c) scales[c * kPanel + i] = real ? rs[c * chunk / w.group_size] : 0.f;
+    const int64_t row = (n0 + i) * w.num_groups;
+    const auto scale = [&](int64_t g) { return group_value(w.scales, w.half, row + g); };
+    for (int64_t c = 0; c < num_chunks; ++c) scales[c * kPanel + i] = real ? scale(c * chunk / w.group_size) : 0.f;
     for (int64_t g = 0; *with_mins && g < w.num_groups; ++g) {
-      const float m = real && w.mins ? w.mins[(n0 + i) * w.num_groups + g] : 0.f;
+      const float m = real && w.mins ? group_value(w.mins, w.half, row + g) : 0.f;
       // w = s * q + m = s * (q - shift) + (m + s * shift)
-      mins[g * kPanel + i] = real ? m + rs[g] * static_cast<float>(shift) : 0.f;
+      mins[g * kPanel + i] = real ? m + scale(g) * static_cast<float>(shift) : 0.f;
     }
   }
 }
 #endif  // __AVX2__
+
+// Scales [rows, num_groups] in float32 or float16, and mins (if any) in the same dtype and shape.
+void check_groups(const at::Tensor& scales, const c10::optional<at::Tensor>& mins, int64_t rows,
+                  int64_t num_groups) {
+  TORCH_CHECK(scales.is_contiguous() && (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kHalf) &&
+                  scales.dim() == 2 && scales.size(0) == rows && scales.size(1) == num_groups,
+              "scales must be contiguous float32 or float16 [N, ceil(K / group_size)]");
+  TORCH_CHECK(!mins.has_value() || (mins->is_contiguous() && mins->sizes() == scales.sizes() &&
+                                    mins->scalar_type() == scales.scalar_type()),
+              "mins must be contiguous, shaped like scales and of their dtype");
+}
 
 void check_weight(const at::Tensor& data, const at::Tensor& scales, const c10::optional<at::Tensor>& mins,
                   int64_t group_size, int64_t bits, int64_t K) {
@@ -361,12 +373,7 @@ void check_weight(const at::Tensor& data, const at::Tensor& scales, const c10::o
   TORCH_CHECK(group_size == 16 || group_size % kBlock == 0 || group_size >= K,
               "int8 dot products need groups of 16, of a multiple of 32 or of a whole row; got ", group_size);
   const int64_t num_groups = (K + group_size - 1) / group_size;
-  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == at::kFloat && scales.dim() == 2 &&
-                  scales.size(0) == data.size(0) && scales.size(1) == num_groups,
-              "scales must be contiguous float32 [N, ceil(K / group_size)]");
-  TORCH_CHECK(!mins.has_value() || (mins->is_contiguous() && mins->sizes() == scales.sizes() &&
-                                    mins->scalar_type() == at::kFloat),
-              "mins must be contiguous float32 shaped like scales");
+  check_groups(scales, mins, data.size(0), num_groups);
 }
 
 
@@ -374,9 +381,10 @@ void check_weight(const at::Tensor& data, const at::Tensor& scales, const c10::o
 Weight make_weight(const at::Tensor& data, const at::Tensor& scales, const c10::optional<at::Tensor>& mins,
                    int64_t group_size, int64_t bits, int64_t K) {
   const int64_t nb = (K + kBlock - 1) / kBlock, num_groups = scales.size(1);
-  return Weight{static_cast<const uint8_t*>(data.data_ptr()), scales.data_ptr<float>(),
-                mins.has_value() ? mins->data_ptr<float>() : nullptr, data.size(0), K,
-                std::min(group_size, K), bits, data.size(1), num_groups, nb, group_size == 16 && K > 16};
+  return Weight{static_cast<const uint8_t*>(data.data_ptr()), scales.data_ptr(),
+                mins.has_value() ? mins->data_ptr() : nullptr, data.size(0), K,
+                std::min(group_size, K), bits, data.size(1), num_groups, nb, group_size == 16 && K > 16,
+                scales.scalar_type() == at::kHalf};
 }
 
 // The shape of a weight whose codes come as packed panels (no codes or scales of its own here).
@@ -941,12 +949,10 @@ at::Tensor int8_dot_five_bit_linear(const at::Tensor& x, const at::Tensor& data,
   TORCH_CHECK(data.dim() == 2 && data.is_contiguous() && data.scalar_type() == at::kByte &&
                   data.size(1) == nb * kFiveBitBlockBytes, "data must be contiguous uint8 [N, K / 32 * 20]");
   const int64_t N = data.size(0);
-  TORCH_CHECK(scales.is_contiguous() && scales.scalar_type() == at::kFloat && scales.numel() == N * num_groups,
-              "scales must be contiguous float32 [N, groups]");
-  TORCH_CHECK(!mins.has_value() || (mins->is_contiguous() && mins->scalar_type() == at::kFloat &&
-                                    mins->numel() == N * num_groups), "mins must be shaped like scales");
-  const FiveBitWeight w{data.data_ptr<uint8_t>(), scales.data_ptr<float>(),
-                        mins.has_value() ? mins->data_ptr<float>() : nullptr, N, K, gs, num_groups, nb};
+  check_groups(scales, mins, N, num_groups);
+  const bool half = scales.scalar_type() == at::kHalf;
+  const FiveBitWeight w{data.data_ptr<uint8_t>(), scales.data_ptr(), mins.has_value() ? mins->data_ptr() : nullptr,
+                        N, K, gs, num_groups, nb, half};
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   const RoundedX rx = round_x(xf, gs, x_block == 0, false);
   // Each int32 lane's start: -16 times the sum of x's codes over the lane's four columns.

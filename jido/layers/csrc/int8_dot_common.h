@@ -63,13 +63,68 @@ struct QuantizedX {
   const int8_t* q8 = nullptr;  // q interleaved as qu8 is (pairs of unsigned codes, which take x as it is)
 };
 
+// A weight's scales and mins are float32, or float16 (`half`: quant_kernels.py, compact_scales), widened to float32
+// as they are read; either way the kernels then run the same float operations on the same values.
 struct Weight {
   const uint8_t* data;
-  const float* scales;
-  const float* mins;  // nullptr: no mins
+  const void* scales;  // float32 or float16 (half) [N, num_groups]
+  const void* mins;  // as scales; nullptr: no mins
   int64_t N, K, group_size, bits, row_bytes, num_groups, nb;
   bool groups16;  // else each group holds whole blocks: group_size a multiple of 32, or one group per row
+  bool half = false;
 };
+
+#if defined(__AVX2__)
+// Element i of scales or mins stored as `half` says, as float32 (float16 widens exactly: F16C, which every CPU with
+// AVX2 that jido builds for has): for the packers, which read them one at a time.
+JIDO_INLINE float group_value(const void* values, bool half, int64_t i) {
+  return half ? _cvtsh_ss(static_cast<const uint16_t*>(values)[i]) : static_cast<const float*>(values)[i];
+}
+
+// One weight row's scales and mins (nullptr: none) as float32, for the dot loops.
+struct RowGroups {
+  const float* scales;
+  const float* mins;
+};
+
+// The rows of a weight's scales and mins as float32: in place where they are stored so; float16 ones widened per row
+// into one of two slots (the two rows decode runs together), so the dot loops are the same whatever the storage.
+// Widening per group inside those loops instead (a conversion and broadcast a group) slowed a one-row step on cached
+// weights by a tenth; per row it is num_groups / 8 conversions, the loops then read float32 from L1.
+class GroupRows {
+ public:
+  GroupRows(const void* scales, const void* mins, bool half, int64_t num_groups)
+      : scales_(scales), mins_(mins), half_(half), num_groups_(num_groups) {
+    if (half) widened_.resize(4 * num_groups);
+  }
+
+  RowGroups row(int64_t n, int slot) {
+    if (!half_) {
+      return {static_cast<const float*>(scales_) + n * num_groups_,
+              mins_ ? static_cast<const float*>(mins_) + n * num_groups_ : nullptr};
+    }
+    float* s = widened_.data() + 2 * slot * num_groups_;
+    widen(static_cast<const uint16_t*>(scales_) + n * num_groups_, s);
+    if (!mins_) return {s, nullptr};
+    widen(static_cast<const uint16_t*>(mins_) + n * num_groups_, s + num_groups_);
+    return {s, s + num_groups_};
+  }
+
+ private:
+  void widen(const uint16_t* src, float* dst) const {
+    int64_t g = 0;
+    for (; g + 8 <= num_groups_; g += 8)
+      _mm256_storeu_ps(dst + g, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + g))));
+    for (; g < num_groups_; ++g) dst[g] = _cvtsh_ss(src[g]);
+  }
+
+  const void* scales_;
+  const void* mins_;
+  bool half_;
+  int64_t num_groups_;
+  std::vector<float> widened_;
+};
+#endif
 
 // A weight of codes in -16..15 (Q5_0's) stored in five bits (int8_dot.py, FiveBitRows), u = q + 16: per pair of
 // blocks of 32 codes, 32 bytes of low nibbles (column j of the first block in byte j's low half, of the second in
@@ -81,9 +136,10 @@ struct Weight {
 constexpr int64_t kFiveBitBlockBytes = 20;
 struct FiveBitWeight {
   const uint8_t* data;
-  const float* scales;
-  const float* mins;  // nullptr: no mins
+  const void* scales;  // as Weight's
+  const void* mins;  // nullptr: no mins
   int64_t N, K, group_size, num_groups, nb;
+  bool half = false;
 };
 
 // A panel of kPanel weight rows, repacked: codes [quads][kPanel][4] (column quad j of row n at
@@ -104,8 +160,9 @@ inline void prefetch_row(const Weight& w, int64_t n) {
   if (n >= w.N) return;
   const char* bytes = reinterpret_cast<const char*>(w.data + n * w.row_bytes);
   for (int64_t i = 0; i < w.row_bytes; i += 64) __builtin_prefetch(bytes + i);
-  const char* scales = reinterpret_cast<const char*>(w.scales + n * w.num_groups);
-  for (int64_t i = 0; i < w.num_groups * 4; i += 64) __builtin_prefetch(scales + i);
+  const int64_t scale_bytes = w.half ? 2 : 4;
+  const char* scales = static_cast<const char*>(w.scales) + n * w.num_groups * scale_bytes;
+  for (int64_t i = 0; i < w.num_groups * scale_bytes; i += 64) __builtin_prefetch(scales + i);
 }
 
 using RowsFn = void (*)(const Weight&, const QuantizedX&, int64_t, int64_t, float*);

@@ -58,14 +58,14 @@ JIDO_INLINE void block_dot(const uint8_t* codes, int64_t b, __m256 ws, const Qua
   }
 }
 
-// out[r] = row n of w . row m0 + r of x, for R rows of x.
+// out[r] = row n of w (its scales rs and mins rm, float32: row_groups) . row m0 + r of x, for R rows of x.
 template <int R, int Bits, bool Groups16>
-JIDO_INLINE void row_dot(const Weight& w, int64_t n, const QuantizedX& x, int64_t m0, float* out) {
+JIDO_INLINE void row_dot(const Weight& w, int64_t n, const float* rs, const float* rm, const QuantizedX& x,
+                         int64_t m0, float* out) {
   constexpr int64_t kBlockBytes = Bits == 8 ? kBlock : kBlock / 2;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const uint8_t* row = w.data + n * w.row_bytes;
-  const float* rs = w.scales + n * w.num_groups;
   const int64_t full = w.K / kBlock;  // blocks read in place; a partial last one goes through a padded copy
   if (Groups16) {
     for (int64_t b = 0; b < full; ++b) block_dot<R, Bits>(row + b * kBlockBytes, b, pair_scales<Bits>(rs + 2 * b), x, m0, acc);
@@ -92,7 +92,7 @@ JIDO_INLINE void row_dot(const Weight& w, int64_t n, const QuantizedX& x, int64_
   }
   for (int r = 0; r < R; ++r) {
     float sum = lane_sum(acc[r]);
-    if (w.mins) sum += mins_term(w.mins + n * w.num_groups, x.sums + (m0 + r) * x.num_groups, w.num_groups);
+    if (rm) sum += mins_term(rm, x.sums + (m0 + r) * x.num_groups, w.num_groups);
     out[r] = sum;
   }
 }
@@ -105,13 +105,13 @@ JIDO_INLINE __m256 block_fma(const uint8_t* q, __m256i xv, __m256 scale, __m256 
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc);
 }
 
-// out[a], out[b]: the lane sums of rows a and b's accumulators, plus their mins' terms on x's group sums.
-JIDO_INLINE void store_two_rows(const float* mins, int64_t num_groups, int64_t a, int64_t b, const QuantizedX& x,
-                                __m256 acc_a, __m256 acc_b, float* out) {
+// out[a], out[b]: the lane sums of rows a and b's accumulators, plus their mins' terms (mins ma, mb) on x's group sums.
+JIDO_INLINE void store_two_rows(const float* ma, const float* mb, int64_t num_groups, int64_t a, int64_t b,
+                                const QuantizedX& x, __m256 acc_a, __m256 acc_b, float* out) {
   float sum_a = lane_sum(acc_a), sum_b = lane_sum(acc_b);
-  if (mins) {
-    sum_a += mins_term(mins + a * num_groups, x.sums, num_groups);
-    sum_b += mins_term(mins + b * num_groups, x.sums, num_groups);
+  if (ma) {
+    sum_a += mins_term(ma, x.sums, num_groups);
+    sum_b += mins_term(mb, x.sums, num_groups);
   }
   out[a] = sum_a, out[b] = sum_b;
 }
@@ -122,12 +122,13 @@ JIDO_INLINE void store_two_rows(const float* mins, int64_t num_groups, int64_t a
 // blocks alternate in memory and the stream from memory slowed, where two monotonic streams sped it up
 // (benchmarks/results/report-2026-12-01-avx2-epyc-decode-kernel.md).
 template <int Bits, bool Groups16>
-JIDO_INLINE void two_rows_dot(const Weight& w, int64_t a, int64_t b, const QuantizedX& x, float* out) {
+JIDO_INLINE void two_rows_dot(const Weight& w, int64_t a, int64_t b, const RowGroups& ga, const RowGroups& gb,
+                              const QuantizedX& x, float* out) {
   constexpr int64_t kBlockBytes = Bits == 8 ? kBlock : kBlock / 2;
   const uint8_t* qa = w.data + a * w.row_bytes;
   const uint8_t* qb = w.data + b * w.row_bytes;
-  const float* sa = w.scales + a * w.num_groups;
-  const float* sb = w.scales + b * w.num_groups;
+  const float* sa = ga.scales;
+  const float* sb = gb.scales;
   const int64_t full = w.K / kBlock;
   __m256 acc_a = _mm256_setzero_ps(), acc_b = _mm256_setzero_ps();
   if (Groups16) {
@@ -149,7 +150,7 @@ JIDO_INLINE void two_rows_dot(const Weight& w, int64_t a, int64_t b, const Quant
       }
     }
   }
-  store_two_rows(w.mins, w.num_groups, a, b, x, acc_a, acc_b, out);
+  store_two_rows(ga.mins, gb.mins, w.num_groups, a, b, x, acc_a, acc_b, out);
 }
 
 // 16 in byte 4 * i + b where the fifth bit of that column is set (bit 8 * b + i of `bits`, see FiveBitWeight):
@@ -183,13 +184,13 @@ JIDO_INLINE __m256i load_five_bit_block(const uint8_t* p) {
 // Decode on five-bit rows a and b, in one pass over x's blocks as two_rows_dot. Each block's u . xq, started
 // from -16 times the sums of xq over each int32 lane's four columns (`lanes`, [nb][8]), is q . xq in every lane
 // exactly, so each output is the same float operations as two_rows_dot's on the same codes stored in bytes.
-JIDO_INLINE void five_bit_two_rows(const FiveBitWeight& w, int64_t a, int64_t b, const QuantizedX& x,
-                                   const int32_t* lanes, float* out) {
+JIDO_INLINE void five_bit_two_rows(const FiveBitWeight& w, int64_t a, int64_t b, const RowGroups& ga,
+                                   const RowGroups& gb, const QuantizedX& x, const int32_t* lanes, float* out) {
   const int64_t row_bytes = w.nb * kFiveBitBlockBytes;
   const uint8_t* qa = w.data + a * row_bytes;
   const uint8_t* qb = w.data + b * row_bytes;
-  const float* sa = w.scales + a * w.num_groups;
-  const float* sb = w.scales + b * w.num_groups;
+  const float* sa = ga.scales;
+  const float* sb = gb.scales;
   const int64_t per_group = w.group_size >= w.K ? w.nb : w.group_size / kBlock;
   __m256 acc_a = _mm256_setzero_ps(), acc_b = _mm256_setzero_ps();
   int64_t g = 0, left_in_group = per_group;
@@ -215,7 +216,7 @@ JIDO_INLINE void five_bit_two_rows(const FiveBitWeight& w, int64_t a, int64_t b,
   }
   if (k < w.nb)
     block(k, load_five_bit_block(qa + k * kFiveBitBlockBytes), load_five_bit_block(qb + k * kFiveBitBlockBytes));
-  store_two_rows(w.mins, w.num_groups, a, b, x, acc_a, acc_b, out);
+  store_two_rows(ga.mins, gb.mins, w.num_groups, a, b, x, acc_a, acc_b, out);
 }
 
 // Output columns [n0, n1) of one row of x on five-bit rows: rows n and n + half together (two monotonic streams,
@@ -223,15 +224,19 @@ JIDO_INLINE void five_bit_two_rows(const FiveBitWeight& w, int64_t a, int64_t b,
 void five_bit_rows(const FiveBitWeight& w, const QuantizedX& x, const int32_t* lanes, int64_t n0, int64_t n1,
                    float* out) {
   const int64_t half = (n1 - n0) / 2, row_bytes = w.nb * kFiveBitBlockBytes;
+  GroupRows groups(w.scales, w.mins, w.half, w.num_groups);
   for (int64_t n = n0; n < n0 + half; ++n) {
     for (const int64_t r : {n + kPrefetchRows, n + half + kPrefetchRows}) {
       if (r >= w.N) continue;
       const char* bytes = reinterpret_cast<const char*>(w.data + r * row_bytes);
       for (int64_t i = 0; i < row_bytes; i += 64) __builtin_prefetch(bytes + i);
     }
-    five_bit_two_rows(w, n, n + half, x, lanes, out);
+    five_bit_two_rows(w, n, n + half, groups.row(n, 0), groups.row(n + half, 1), x, lanes, out);
   }
-  if ((n1 - n0) % 2) five_bit_two_rows(w, n1 - 1, n1 - 1, x, lanes, out);
+  if ((n1 - n0) % 2) {
+    const RowGroups last = groups.row(n1 - 1, 0);
+    five_bit_two_rows(w, n1 - 1, n1 - 1, last, last, x, lanes, out);
+  }
 }
 
 // Output columns [n0, n1) of out [M, N], x's rows in blocks of 4, 2 and 1 for each weight row (read from L1
@@ -240,20 +245,22 @@ template <int Bits, bool Groups16>
 void rows_dot(const Weight& w, const QuantizedX& x, int64_t n0, int64_t n1, float* out) {
   // Decode: rows n and n + half together, as two monotonic streams (see two_rows_dot).
   const int64_t half = x.M == 1 && w.K % kBlock == 0 ? (n1 - n0) / 2 : 0;
+  GroupRows groups(w.scales, w.mins, w.half, w.num_groups);
   for (int64_t n = n0; n < n0 + half; ++n) {
     prefetch_row(w, n + kPrefetchRows);
     prefetch_row(w, n + half + kPrefetchRows);
-    two_rows_dot<Bits, Groups16>(w, n, n + half, x, out);
+    two_rows_dot<Bits, Groups16>(w, n, n + half, groups.row(n, 0), groups.row(n + half, 1), x, out);
   }
   float part[4];
   for (int64_t n = n0 + 2 * half; n < n1; ++n) {
     prefetch_row(w, n + kPrefetchRows);
+    const RowGroups g = groups.row(n, 0);
     for (int64_t m = 0; m < x.M;) {
       const int64_t left = x.M - m;
       const int R = left >= 4 ? 4 : left >= 2 ? 2 : 1;
-      if (R == 4) row_dot<4, Bits, Groups16>(w, n, x, m, part);
-      else if (R == 2) row_dot<2, Bits, Groups16>(w, n, x, m, part);
-      else row_dot<1, Bits, Groups16>(w, n, x, m, part);
+      if (R == 4) row_dot<4, Bits, Groups16>(w, n, g.scales, g.mins, x, m, part);
+      else if (R == 2) row_dot<2, Bits, Groups16>(w, n, g.scales, g.mins, x, m, part);
+      else row_dot<1, Bits, Groups16>(w, n, g.scales, g.mins, x, m, part);
       for (int r = 0; r < R; ++r) out[(m + r) * w.N + n] = part[r];
       m += R;
     }
