@@ -118,7 +118,7 @@ def int8_dot_linear(x: torch.Tensor, w: QuantizedWeight, bias: torch.Tensor | No
     if panels is None:
         panels = x.shape[0] >= PANEL_MIN_ROWS
     return ops.linear(x, w.data, w.scales, w.mins, w.group_size, w.bits, w.shape[1], bias,
-                      _isa_index(), 0 if per_token else BLOCK, panels)
+                      _isa_index(), 0 if per_token else BLOCK, panels, w.scale_supers, w.min_supers)
 
 
 @dataclass(frozen=True)
@@ -174,9 +174,11 @@ def pack_panels(w: QuantizedWeight, per_token: bool = False, amx: bool | None = 
     x_block = 0 if per_token else BLOCK
     amx = amx_runs() if amx is None else amx
     if amx:
-        tensors = ops.pack_amx_panels(w.data, w.scales, w.mins, w.group_size, w.bits, w.shape[1], x_block, narrow)
+        tensors = ops.pack_amx_panels(w.data, w.scales, w.mins, w.group_size, w.bits, w.shape[1], x_block, narrow,
+                                      w.scale_supers, w.min_supers)
     else:
-        tensors = ops.pack_panels(w.data, w.scales, w.mins, w.group_size, w.bits, w.shape[1], _isa_index(), x_block)
+        tensors = ops.pack_panels(w.data, w.scales, w.mins, w.group_size, w.bits, w.shape[1], _isa_index(), x_block,
+                                  w.scale_supers, w.min_supers)
     return PackedPanels(*tensors, w.group_size, w.shape, per_token, amx)
 
 
@@ -355,6 +357,8 @@ def fits_five_bits(w: QuantizedWeight) -> bool:
     """Whether ``w`` can be held as :class:`FiveBitRows`: int8 codes in -16..15, K a multiple of 32, groups of whole
     blocks of 32."""
     if w.bits != 8 or w.shape[1] % BLOCK or not (w.group_size % BLOCK == 0 or w.group_size >= w.shape[1]):
+        return False
+    if w.scale_supers is not None:  # (five-bit rows read float scales)
         return False
     return w.data.numel() > 0 and int(w.data.min()) >= -16 and int(w.data.max()) <= 15
 

@@ -33,15 +33,17 @@ def narrow(loaded: Loaded, dim: int, start: int, length: int) -> Loaded:
     if isinstance(loaded, torch.Tensor):
         return loaded.narrow(dim, start, length)
     if dim == 0:
-        offsets = None if loaded.offsets is None else loaded.offsets[start:start + length]
-        return QuantizedCodes(loaded.q[start:start + length], loaded.scales[start:start + length], offsets,
-                              loaded.group_size, loaded.source)
+        rows = slice(start, start + length)
+        offsets = None if loaded.offsets is None else loaded.offsets[rows]
+        supers = [None if s is None else s[rows] for s in (loaded.scale_supers, loaded.offset_supers)]
+        return QuantizedCodes(loaded.q[rows], loaded.scales[rows], offsets, loaded.group_size, loaded.source, *supers)
     group = loaded.group_size
     if start % group or length % group:
         raise ValueError(f"input columns [{start}, {start + length}) cut through {loaded.source}'s groups of "
                          f"{group}: this tensor-parallel size cannot split it")
     cols = slice(start // group, (start + length) // group)
     offsets = None if loaded.offsets is None else loaded.offsets[:, cols]
+    # (without its super-blocks' factors: the scales stay float32, the same values)
     return QuantizedCodes(loaded.q[:, start:start + length], loaded.scales[:, cols], offsets, group, loaded.source)
 
 

@@ -33,23 +33,55 @@ TILE_ROWS = 4096
 class QuantizedWeight:
     """w[n, k] = scales[n, k // group_size] * q[n, k] + (mins[n, k // group_size] if mins is not None else 0).
 
-    Scales and mins are float32, or float16 after :func:`compact_scales`: the int8 dot kernels read either, and the
-    float kernels here take them widened (:attr:`float_scales`, :attr:`float_mins`)."""
+    Scales and mins are float32; or float16 after :func:`compact_scales`; or, with ``scale_supers`` (a K-quant's, see
+    :func:`pack`), int8 integers times a float32 factor per super-block of :data:`SUPER_BLOCK` columns:
+    ``scales[n, g] = scale_supers[n, g // (SUPER_BLOCK / group_size)] * scales[n, g]``, and ``mins`` likewise with
+    ``min_supers``. The int8 dot kernels read each form; the float kernels here take them widened (:attr:`float_scales`,
+    :attr:`float_mins`), the same float32 values in every form."""
 
     data: torch.Tensor  # bits=8: int8 [N, K]; bits=4: uint8 [N, ceil(K/2)], q[n, 2j] in the low nibble, q[n, 2j+1] in the high nibble, values 0..15
-    scales: torch.Tensor  # float32, or float16 (compact_scales) [N, ceil(K / group_size)]
+    scales: torch.Tensor  # float32, float16 or (with scale_supers) int8 [N, ceil(K / group_size)]
     mins: torch.Tensor | None  # the dtype and shape of scales, or None
     group_size: int
     bits: int  # 8 or 4
     shape: tuple[int, int]  # (N, K)
+    scale_supers: torch.Tensor | None = None  # float32 [N, K / SUPER_BLOCK]
+    min_supers: torch.Tensor | None = None  # as scale_supers, where mins are set
 
     @property
     def float_scales(self) -> torch.Tensor:
-        return self.scales.float()
+        return _widened(self.scales, self.scale_supers)
 
     @property
     def float_mins(self) -> torch.Tensor | None:
-        return None if self.mins is None else self.mins.float()
+        return None if self.mins is None else _widened(self.mins, self.min_supers)
+
+
+# Columns per K-quant super-block (GGML's QK_K), over which one factor scales a row's group scales.
+SUPER_BLOCK = 256
+
+
+def _widened(values: torch.Tensor, supers: torch.Tensor | None) -> torch.Tensor:
+    """Scales or mins as float32: each integer times its super-block's factor (one float32 product, exact), or the
+    stored floats."""
+    if supers is None:
+        return values.float()
+    rows, groups = values.shape
+    return (supers.unsqueeze(-1) * values.float().view(rows, supers.shape[1], -1)).view(rows, groups)
+
+
+def _factored(values: torch.Tensor, supers: torch.Tensor | None, group_size: int) -> torch.Tensor | None:
+    """int8 ``c`` with ``supers[n, s] * c[n, g] == values[n, g]`` bit for bit for every group g of super-block s, or
+    None where some value is no such product (or the groups do not tile the super-blocks)."""
+    rows, groups = values.shape
+    if supers is None or SUPER_BLOCK % group_size or supers.shape != (rows, groups * group_size // SUPER_BLOCK):
+        return None
+    grouped = values.view(rows, supers.shape[1], -1)
+    factor = supers.unsqueeze(-1)
+    codes = torch.where(factor == 0, torch.zeros_like(grouped), grouped / factor).round()
+    if not bool(((codes >= -128) & (codes <= 127)).all()) or not torch.equal(factor * codes, grouped):
+        return None
+    return codes.to(torch.int8).view(rows, groups).contiguous()
 
 
 def compact_scales(w: QuantizedWeight) -> QuantizedWeight:
@@ -58,9 +90,9 @@ def compact_scales(w: QuantizedWeight) -> QuantizedWeight:
 
     A GGUF file's Q8_0, Q4_0, Q5_0, Q4_1 and Q5_1 groups are scaled by the file's float16 ``d`` (and ``m``), so their
     codes compact. A K-quant's group scale is ``d * sc`` (a float16 ``d`` times a 6- or 8-bit integer), which float16
-    does not hold: rounded to float16 (half an ulp, at most 2^-11 of it) Gemma 3 270M's float32 perplexity moved by up
-    to 1% on a 256-token chunk of one held-out domain, so those keep float32."""
-    if w.scales.dtype == torch.float16:
+    does not hold (rounded to float16, half an ulp, Gemma 3 270M's float32 perplexity moved by up to 1% on a 256-token
+    chunk of one held-out domain): :func:`pack` holds those as the integers under their factors instead, exactly."""
+    if w.scales.dtype == torch.float16 or w.scale_supers is not None:  # compact already
         return w
     scales = w.scales.half()
     if not torch.equal(scales.float(), w.scales):
@@ -69,6 +101,13 @@ def compact_scales(w: QuantizedWeight) -> QuantizedWeight:
     if mins is not None and not torch.equal(mins.float(), w.mins):
         return w
     return QuantizedWeight(w.data, scales, mins, w.group_size, w.bits, w.shape)
+
+
+def with_float_scales(w: QuantizedWeight) -> QuantizedWeight:
+    """``w`` with float32 scales and mins, for kernels that read them so on every call (the float kernels here)."""
+    if w.scales.dtype == torch.float32:
+        return w
+    return QuantizedWeight(w.data, w.float_scales, w.float_mins, w.group_size, w.bits, w.shape)
 
 
 @functools.cache
@@ -87,9 +126,14 @@ def has_bf16_dots() -> bool:
 
 
 def pack(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, group_size: int,
-         bits: int) -> QuantizedWeight:
+         bits: int, scale_supers: torch.Tensor | None = None, min_supers: torch.Tensor | None = None) -> QuantizedWeight:
     """A :class:`QuantizedWeight` from integer values ``q`` ``[N, K]`` (bits 8: -128..127, bits 4: 0..15), their
     ``scales`` and optional ``mins`` ``[N, ceil(K / group_size)]``; int4 values are packed two to a byte.
+
+    ``scale_supers`` (and ``min_supers``, with mins): a factor per super-block of :data:`SUPER_BLOCK` columns (a
+    K-quant's ``d`` and ``-dmin``, float32 ``[N, K / 256]``). Where every scale (and min) is that factor times an
+    int8 integer, bit for bit, they are held so: a byte a group plus 4 bytes a super-block, against 4 bytes a group.
+    Else they stay float32.
 
     Raises ValueError naming the argument whose shape, dtype or range is wrong.
     """
@@ -107,6 +151,12 @@ def pack(q: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor | None, group
     scales = _group_tensor("scales", scales, groups_shape)
     mins = None if mins is None else _group_tensor("mins", mins, groups_shape)
     data = q.to(torch.int8).contiguous() if bits == 8 else _pack_nibbles(q)
+    scale_codes = _factored(scales, scale_supers, group_size)
+    min_codes = None if mins is None else _factored(mins, min_supers, group_size)
+    if scale_codes is not None and (mins is None or min_codes is not None):
+        return QuantizedWeight(data, scale_codes, min_codes, group_size, bits, (num_rows, num_cols),
+                               scale_supers.float().contiguous(),
+                               None if mins is None else min_supers.float().contiguous())
     return QuantizedWeight(data, scales, mins, group_size, bits, (num_rows, num_cols))
 
 
@@ -225,9 +275,10 @@ def _rows(w: QuantizedWeight, rows: slice | torch.Tensor) -> QuantizedWeight:
     def take(t: torch.Tensor) -> torch.Tensor:
         return t[rows] if isinstance(rows, slice) else t.index_select(0, rows)
 
-    mins = None if w.mins is None else take(w.mins)
+    mins, min_supers, scale_supers = (None if t is None else take(t) for t in (w.mins, w.min_supers, w.scale_supers))
     data = take(w.data)
-    return QuantizedWeight(data, take(w.scales), mins, w.group_size, w.bits, (data.shape[0], w.shape[1]))
+    return QuantizedWeight(data, take(w.scales), mins, w.group_size, w.bits, (data.shape[0], w.shape[1]),
+                           scale_supers, min_supers)
 
 
 def _dequantize_rows(w: QuantizedWeight, dtype: torch.dtype, ops: object | None) -> torch.Tensor:

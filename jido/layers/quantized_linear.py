@@ -77,6 +77,10 @@ class QuantizedCodes:
     offsets: torch.Tensor | None  # float32 like scales, or None
     group_size: int
     source: str  # the stored type, e.g. "Q5_0" (for logs)
+    # K-quants: each super-block's factor of the scales (d) and of the offsets (-dmin), float32 [rows, cols / 256]
+    # (gguf_blocks.GroupCodes), for pack to hold the group scales as small integers; None: none known
+    scale_supers: torch.Tensor | None = None
+    offset_supers: torch.Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -88,7 +92,8 @@ class QuantizedCodes:
         if repeat == 1:
             return self
         offsets = None if self.offsets is None else self.offsets.repeat_interleave(repeat, dim=1)
-        return QuantizedCodes(self.q, self.scales.repeat_interleave(repeat, dim=1), offsets, group_size, self.source)
+        return QuantizedCodes(self.q, self.scales.repeat_interleave(repeat, dim=1), offsets, group_size, self.source,
+                              self.scale_supers, self.offset_supers)  # (per super-block of columns: the same)
 
     def dequantize(self) -> torch.Tensor:
         """float32 ``[rows, cols]``."""
@@ -98,7 +103,8 @@ class QuantizedCodes:
         """The kernel's weight: 4-bit when every code fits 0..15 (or ``bits=4`` is forced), else 8-bit."""
         if bits is None:
             bits = 4 if int(self.q.min()) >= 0 and int(self.q.max()) <= 15 else 8
-        return quant_kernels.pack(self.q, self.scales, self.offsets, self.group_size, bits)
+        return quant_kernels.pack(self.q, self.scales, self.offsets, self.group_size, bits, self.scale_supers,
+                                  self.offset_supers)
 
 
 def merge_codes(parts: list[QuantizedCodes]) -> QuantizedCodes:
@@ -111,7 +117,19 @@ def merge_codes(parts: list[QuantizedCodes]) -> QuantizedCodes:
         offsets = None
     sources = "+".join(dict.fromkeys(part.source for part in parts))
     return QuantizedCodes(torch.cat([p.q for p in parts]), torch.cat([p.scales for p in parts]), offsets,
-                          group_size, sources)
+                          group_size, sources, *_merged_supers(parts, offsets is not None))
+
+
+def _merged_supers(parts: list[QuantizedCodes], offsets: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The merged codes' super-block factors: every part's (a part without offsets gets zeros, its offsets being
+    zeros), or none where a part has none."""
+    if any(p.scale_supers is None or (p.offsets is not None and p.offset_supers is None) for p in parts):
+        return None, None
+    scale_supers = torch.cat([p.scale_supers for p in parts])
+    if not offsets:
+        return scale_supers, None
+    return scale_supers, torch.cat([torch.zeros_like(p.scale_supers) if p.offset_supers is None else p.offset_supers
+                                    for p in parts])
 
 
 class QuantizedLinearMethod(LinearMethod):
@@ -281,8 +299,7 @@ class QuantizedLinearMethod(LinearMethod):
         offsets = any(c.offsets is not None for c in staged.values()) or bits == 4
         group = min((c.group_size for c in staged.values()), default=self.group_size or cols)
         int8_runs = int8_dot.takes_groups(group, cols) and int8_dot.load_int8_dot_ops() is not None
-        scale_size = 2 if staged and int8_runs else 4
-        scale_bytes = -(-cols // group) * rows * scale_size * (2 if offsets else 1)
+        scale_bytes = -(-cols // group) * rows * _scale_size(staged, int8_runs) * (2 if offsets else 1)
         codes = LayoutCosts(weights * bits // 8 + scale_bytes)
         if not int8_runs:
             return codes
@@ -480,12 +497,28 @@ class QuantizedLinearMethod(LinearMethod):
         layer.staged_codes = {}
         if staged:
             qweight = _codes_of(layer, staged).pack(self.bits)
-            # The file's codes keep their scales in float16 where the int8 kernels read them (see compact_scales);
-            # codes quantized here from a float weight keep float32 ones.
-            return quant_kernels.compact_scales(qweight) if int8_dot.runs(qweight) else qweight
+            # The file's scales stay compact (K-quants' as integers under a factor per super-block, float16 where every
+            # one is a float16 value) where the int8 kernels read them; the float kernels take float32 on every call.
+            if int8_dot.runs(qweight):
+                return quant_kernels.compact_scales(qweight)
+            return quant_kernels.with_float_scales(qweight)
         if self.bits is None:
             return None  # gguf: a tensor the file stores in float stays a dense float weight
         return quant_kernels.quantize(layer.weight.detach().float(), self.bits, self.group_size)
+
+
+# GGML types whose group scales (and offsets) are the file's float16 d (and m), and the K-quants, whose are integers
+# under a factor per super-block: held in 2 and about 1 byte a group where the int8 kernels read them (_quantized).
+_FLOAT16_SCALED = frozenset({"Q8_0", "Q4_0", "Q5_0", "Q4_1", "Q5_1"})
+_K_QUANTS = frozenset({"Q4_K", "Q5_K", "Q6_K"})
+
+
+def _scale_size(staged: dict[str | None, QuantizedCodes], int8_runs: bool) -> int:
+    """Bytes a group scale (or min) of these codes takes as held, for the weight plan's estimates."""
+    sources = {codes.source for codes in staged.values()}
+    if not int8_runs or not sources:
+        return 4
+    return 1 if sources <= _K_QUANTS else 2 if sources <= _FLOAT16_SCALED else 4
 
 
 def smoothing_factors(input_max: torch.Tensor, weight: torch.Tensor, alpha: float) -> torch.Tensor:

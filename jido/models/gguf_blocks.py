@@ -26,12 +26,18 @@ SOURCE = Path(__file__).parent / "csrc" / "gguf_decode.cpp"
 
 
 class GroupCodes(NamedTuple):
-    """A quantized matrix as ``w[r, k] = scales[r, k // group_size] * q[r, k] + offsets[r, k // group_size]``."""
+    """A quantized matrix as ``w[r, k] = scales[r, k // group_size] * q[r, k] + offsets[r, k // group_size]``.
+
+    A K-quant's scales are ``d * sc`` and its offsets ``-dmin * m`` per super-block of :data:`QK_K` columns:
+    ``scale_supers`` holds each super-block's ``d`` and ``offset_supers`` its ``-dmin`` (float32 [rows, cols / 256]),
+    so the group scales can be held as the small integers ``sc`` and ``m`` (quant_kernels.pack)."""
 
     q: np.ndarray  # int8 [rows, cols]
     scales: np.ndarray  # float32 [rows, cols // group_size]
     offsets: np.ndarray | None  # float32 like scales, or None where the type has no offset
     group_size: int
+    scale_supers: np.ndarray | None = None
+    offset_supers: np.ndarray | None = None
 
 
 def supported(tensor_type: GGMLQuantizationType) -> bool:
@@ -70,11 +76,15 @@ def decode(data: np.ndarray, tensor_type: GGMLQuantizationType, shape: tuple[int
     decoder = _DECODERS[tensor_type] if ops is None else functools.partial(native, ops)
     q, scales, offsets, group_size = decoder(blocks)
     groups = cols // group_size
+    supers = _SUPERS.get(tensor_type)
+    scale_supers, offset_supers = (None, None) if supers is None else supers(blocks)
     return GroupCodes(
         q.reshape(rows, cols).astype(np.int8, copy=False),
         scales.reshape(rows, groups).astype(np.float32, copy=False),
         None if offsets is None else offsets.reshape(rows, groups).astype(np.float32, copy=False),
         group_size,
+        None if scale_supers is None else scale_supers.reshape(rows, cols // QK_K),
+        None if offset_supers is None else offset_supers.reshape(rows, cols // QK_K),
     )
 
 
@@ -199,7 +209,18 @@ def _native_q6_k(ops: object, blocks: np.ndarray) -> _Decoded:
     return q.numpy(), scales.numpy(), None, 16
 
 
+def _k_supers(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K / Q5_K: each super-block's ``d`` and ``-dmin``."""
+    return _f16(blocks[:, :2]).reshape(-1), -_f16(blocks[:, 2:4]).reshape(-1)
+
+
+def _q6_k_supers(blocks: np.ndarray) -> tuple[np.ndarray, None]:
+    return _f16(blocks[:, 208:210]).reshape(-1), None
+
+
 _NATIVE = {GGMLQuantizationType.Q4_K: _native_q4_k, GGMLQuantizationType.Q6_K: _native_q6_k}
+_SUPERS = {GGMLQuantizationType.Q4_K: _k_supers, GGMLQuantizationType.Q5_K: _k_supers,
+           GGMLQuantizationType.Q6_K: _q6_k_supers}
 _DECODERS: dict[GGMLQuantizationType, Callable[[np.ndarray], _Decoded]] = {
     GGMLQuantizationType.Q8_0: _q8_0,
     GGMLQuantizationType.Q4_0: _q4_0,

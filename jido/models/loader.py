@@ -110,8 +110,9 @@ def iter_gguf_weights(gguf_path: Path, config: dict[str, Any] | None = None
         if len(raw.shape) == 2 and gguf_blocks.supported(raw.tensor_type):
             codes = gguf_blocks.decode(raw.data, raw.tensor_type, raw.shape)
             offsets = None if codes.offsets is None else torch.from_numpy(codes.offsets)
+            supers = [None if s is None else torch.from_numpy(s) for s in (codes.scale_supers, codes.offset_supers)]
             yield raw.name, QuantizedCodes(torch.from_numpy(codes.q), torch.from_numpy(codes.scales), offsets,
-                                           codes.group_size, raw.tensor_type.name)
+                                           codes.group_size, raw.tensor_type.name, *supers)
             continue
         if raw.tensor_type.name not in _FLOAT_TYPES:
             dequantized.add(raw.tensor_type.name)

@@ -175,7 +175,8 @@ def _held_beside(module: torch.nn.Module, prepacked: bool) -> list[torch.Tensor]
     qweight, layouts = getattr(module, "qweight", None), layouts_of(module)
     five = None if layouts is None else layouts.five_bits
     if qweight is not None:  # one-row decode reads the five-bit rows where a layer has them, else the codes
-        held += [qweight.scales, qweight.mins] + ([qweight.data] if prepacked or five is None else [])
+        held += [qweight.scales, qweight.mins, qweight.scale_supers, qweight.min_supers]
+        held += [qweight.data] if prepacked or five is None else []
     if five is not None:
         held.append(five.data)
     if layouts is not None and prepacked:

@@ -192,6 +192,62 @@ def test_float16_scales_give_every_kernel_the_bits_of_the_same_scales_in_float32
             assert torch.equal(packed, int8_dot.panel_linear(x, int8_dot.pack_panels(wide, per_token, amx=False))), i
 
 
+def k_quant_weight(num_rows: int, num_cols: int, group_size: int, bits: int, with_mins: bool,
+                   gen: torch.Generator) -> tuple[qk.QuantizedWeight, qk.QuantizedWeight]:
+    """A weight scaled as K-quants are (``d * sc`` and ``-dmin * m`` per group, d and dmin float16 values per 256
+    columns), packed with those factors (int8 scales under them) and without (the same values in float32)."""
+    supers = (num_rows, num_cols // qk.SUPER_BLOCK)
+    per_super = qk.SUPER_BLOCK // group_size
+    d = (torch.rand(supers, generator=gen) * 0.01 + 1e-3).half().float()
+    dmin = -(torch.rand(supers, generator=gen) * 0.01).half().float()
+    sc = torch.randint(-128, 128, (num_rows, num_cols // group_size), generator=gen).float()
+    m = torch.randint(0, 64, sc.shape, generator=gen).float()
+    scales = d.repeat_interleave(per_super, dim=1) * sc
+    mins = dmin.repeat_interleave(per_super, dim=1) * m if with_mins else None
+    q = torch.randint(*((0, 16) if bits == 4 else (-32, 32)), (num_rows, num_cols), generator=gen)
+    factored = qk.pack(q, scales, mins, group_size, bits, d, dmin if with_mins else None)
+    return factored, qk.pack(q, scales, mins, group_size, bits)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_k_quant_scales_held_as_integers_give_every_kernel_the_bits_of_their_float32_values(bits) -> None:
+    # pack holds a K-quant's group scales as int8 integers under a float32 factor per 256 columns (a byte a group, not
+    # 4); the kernels widen each to the one float32 product the decoder made, so every route gives the same bits.
+    ops = int8_dot.load_int8_dot_ops()
+    isas = [i for i, _ in enumerate(int8_dot.ISAS) if ops.supported(i)]
+    gen = torch.Generator().manual_seed(71 + bits)
+    for i, (num_rows, num_cols, group_size) in enumerate([(5, 256, 32), (7, 512, 16), (70, 768, 32), (3, 256, 16),
+                                                          (9, 512, 32), (16, 256, 16)]):
+        factored, wide = k_quant_weight(num_rows, num_cols, group_size, bits, with_mins=i % 2 == 0, gen=gen)
+        assert factored.scales.dtype == torch.int8 and factored.scale_supers is not None
+        assert torch.equal(factored.float_scales, wide.scales)
+        assert torch.equal(qk.dequantize(factored), qk.dequantize(wide))
+        for rows in (1, 2, 5):
+            x = random_x(rows, num_cols, torch.float32, gen)
+            for isa in isas:
+                for panels in (False, True):
+                    got = ops.linear(x, factored.data, factored.scales, factored.mins, group_size, bits, num_cols, None,
+                                     isa, 32, panels, factored.scale_supers, factored.min_supers)
+                    want = ops.linear(x, wide.data, wide.scales, wide.mins, group_size, bits, num_cols, None, isa, 32,
+                                      panels)
+                    assert torch.equal(got, want), (i, rows, isa, panels)
+            packed = int8_dot.panel_linear(x, int8_dot.pack_panels(factored, amx=False))
+            assert torch.equal(packed, int8_dot.panel_linear(x, int8_dot.pack_panels(wide, amx=False))), i
+
+
+def test_scales_that_are_no_integer_times_their_factor_stay_float32() -> None:
+    gen = torch.Generator().manual_seed(9)
+    factored, wide = k_quant_weight(4, 256, 32, 4, with_mins=True, gen=gen)
+    scales = wide.scales.clone()
+    scales[2, 3] = scales[2, 3] * 1.5 + 1e-7
+    held = qk.pack(torch.randint(0, 16, (4, 256), generator=gen), scales, wide.mins, 32, 4, factored.scale_supers,
+                   factored.min_supers)
+    assert held.scales.dtype == torch.float32 and held.scale_supers is None
+    five = qk.QuantizedWeight(torch.zeros(4, 256, dtype=torch.int8), factored.scales, None, 32, 8, (4, 256),
+                              factored.scale_supers)
+    assert not int8_dot.fits_five_bits(five)  # five-bit rows read float scales
+
+
 def test_mins_in_another_dtype_than_the_scales_are_refused() -> None:
     w = random_weight(4, 64, 32, 4, with_mins=True, gen=torch.Generator().manual_seed(3))
     with pytest.raises(RuntimeError, match="mins must be"):

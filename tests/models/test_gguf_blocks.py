@@ -86,3 +86,46 @@ def test_dequantize_gives_the_gguf_packages_float32_bits_for_every_type_it_claim
     else:  # Q4_0: d * q - 8 * d rounds twice where the package's d * (q - 8) rounds once
         assert tensor_type == T.Q4_0
         np.testing.assert_allclose(ours, reference, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("tensor_type", [T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("reference", [False, True], ids=["cpp", "numpy"])
+def test_k_quant_scales_pack_as_integers_under_their_super_blocks_factors_with_the_same_values(tensor_type, reference):
+    # decode hands over each super-block's d (and -dmin); pack then holds the group scales (and offsets) as the int8
+    # sc (and m) under them, and widens them back to the decoder's float32 values bit for bit.
+    import torch
+
+    from jido.layers import quant_kernels as qk
+
+    rows, cols = 3, 512
+    codes = gguf_blocks.decode(_random_blocks(tensor_type, rows, cols, seed=7), tensor_type, (rows, cols), reference)
+    assert codes.scale_supers.shape == (rows, cols // gguf_blocks.QK_K)
+    assert (codes.offset_supers is None) == (codes.offsets is None)
+    q = torch.from_numpy(codes.q).clamp(-128, 127)
+    offsets = None if codes.offsets is None else torch.from_numpy(codes.offsets)
+    supers = [None if s is None else torch.from_numpy(s) for s in (codes.scale_supers, codes.offset_supers)]
+    w = qk.pack(q, torch.from_numpy(codes.scales), offsets, codes.group_size, 8, *supers)
+    assert w.scales.dtype == torch.int8 and w.scale_supers is not None
+    assert torch.equal(w.float_scales, torch.from_numpy(codes.scales))
+    if offsets is not None:
+        assert w.mins.dtype == torch.int8 and torch.equal(w.float_mins, offsets)
+
+
+def test_a_merged_projection_of_k_quant_shards_keeps_integer_scales_with_the_same_values():
+    # Qwen's qkv: Q4_K shards (groups of 32, offsets) beside a Q6_K one (groups of 16, none): merged in groups of 16,
+    # the Q6_K shard's offsets zeros under zero factors.
+    import torch
+
+    from jido.layers.quantized_linear import QuantizedCodes, merge_codes
+
+    def shard(tensor_type, rows, seed):
+        c = gguf_blocks.decode(_random_blocks(tensor_type, rows, 256, seed), tensor_type, (rows, 256))
+        t = lambda a: None if a is None else torch.from_numpy(a)  # noqa: E731
+        return QuantizedCodes(t(c.q), t(c.scales), t(c.offsets), c.group_size, tensor_type.name, t(c.scale_supers),
+                              t(c.offset_supers))
+
+    merged = merge_codes([shard(T.Q4_K, 4, 1), shard(T.Q4_K, 2, 2), shard(T.Q6_K, 2, 3)])
+    assert merged.group_size == 16 and merged.scale_supers.shape == (8, 1)
+    packed = merged.pack()
+    assert packed.scales.dtype == torch.int8
+    assert torch.equal(packed.float_scales, merged.scales) and torch.equal(packed.float_mins, merged.offsets)

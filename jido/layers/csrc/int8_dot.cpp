@@ -341,11 +341,17 @@ void pack_panel(const Weight& w, int64_t n0, int64_t chunk, int64_t num_chunks, 
   *with_mins = w.mins != nullptr || shift != 0;
   for (int64_t i = 0; i < kPanel; ++i) {
     const bool real = n0 + i < w.N;
-    const int64_t row = (n0 + i) * w.num_groups;
-    const auto scale = [&](int64_t g) { return group_value(w.scales, w.half, row + g); };
+    // the row's scales and mins as float32 (GroupValues::widen), then laid out per chunk and group
+    thread_local std::vector<float> row_values;
+    row_values.resize(2 * w.num_groups);
+    float* rs = row_values.data();
+    float* rm = rs + w.num_groups;
+    if (real) scales_of(w).widen(n0 + i, rs);
+    if (real && w.mins) mins_of(w).widen(n0 + i, rm);
+    const auto scale = [&](int64_t g) { return rs[g]; };
     for (int64_t c = 0; c < num_chunks; ++c) scales[c * kPanel + i] = real ? scale(c * chunk / w.group_size) : 0.f;
     for (int64_t g = 0; *with_mins && g < w.num_groups; ++g) {
-      const float m = real && w.mins ? group_value(w.mins, w.half, row + g) : 0.f;
+      const float m = real && w.mins ? rm[g] : 0.f;
       // w = s * q + m = s * (q - shift) + (m + s * shift)
       mins[g * kPanel + i] = real ? m + scale(g) * static_cast<float>(shift) : 0.f;
     }
@@ -353,19 +359,40 @@ void pack_panel(const Weight& w, int64_t n0, int64_t chunk, int64_t num_chunks, 
 }
 #endif  // __AVX2__
 
-// Scales [rows, num_groups] in float32 or float16, and mins (if any) in the same dtype and shape.
-void check_groups(const at::Tensor& scales, const c10::optional<at::Tensor>& mins, int64_t rows,
-                  int64_t num_groups) {
-  TORCH_CHECK(scales.is_contiguous() && (scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kHalf) &&
-                  scales.dim() == 2 && scales.size(0) == rows && scales.size(1) == num_groups,
-              "scales must be contiguous float32 or float16 [N, ceil(K / group_size)]");
+// Scales [rows, num_groups] in float32 or float16, and mins (if any) in the same dtype and shape; or, with
+// scale_supers (float32 [rows, num_groups / groups_per_super]), int8 scales and mins (with min_supers) times them.
+void check_groups(const at::Tensor& scales, const c10::optional<at::Tensor>& mins, int64_t rows, int64_t num_groups,
+                  const c10::optional<at::Tensor>& scale_supers = c10::nullopt,
+                  const c10::optional<at::Tensor>& min_supers = c10::nullopt, int64_t groups_per_super = 0) {
+  const bool factored = scale_supers.has_value();
+  TORCH_CHECK(scales.is_contiguous() && scales.dim() == 2 && scales.size(0) == rows && scales.size(1) == num_groups &&
+                  (factored ? scales.scalar_type() == at::kChar
+                            : scales.scalar_type() == at::kFloat || scales.scalar_type() == at::kHalf),
+              "scales must be contiguous float32 or float16 [N, ceil(K / group_size)], or int8 with scale_supers");
   TORCH_CHECK(!mins.has_value() || (mins->is_contiguous() && mins->sizes() == scales.sizes() &&
                                     mins->scalar_type() == scales.scalar_type()),
               "mins must be contiguous, shaped like scales and of their dtype");
+  TORCH_CHECK(min_supers.has_value() == (factored && mins.has_value()), "min_supers go with int8 mins, and only then");
+  if (!factored) return;
+  TORCH_CHECK(groups_per_super > 0 && num_groups % groups_per_super == 0,
+              "scale_supers need groups that tile super-blocks of 256 columns");
+  for (const auto* supers : {&scale_supers, &min_supers}) {
+    TORCH_CHECK(!supers->has_value() || ((*supers)->is_contiguous() && (*supers)->scalar_type() == at::kFloat &&
+                                         (*supers)->dim() == 2 && (*supers)->size(0) == rows &&
+                                         (*supers)->size(1) == num_groups / groups_per_super),
+                "scale_supers and min_supers must be contiguous float32 [N, K / 256]");
+  }
+}
+
+// Groups per K-quant super-block of 256 columns (quant_kernels.SUPER_BLOCK), 0 where groups do not tile them.
+inline int64_t groups_per_super(int64_t group_size) {
+  return group_size > 0 && group_size <= 256 && 256 % group_size == 0 ? 256 / group_size : 0;
 }
 
 void check_weight(const at::Tensor& data, const at::Tensor& scales, const c10::optional<at::Tensor>& mins,
-                  int64_t group_size, int64_t bits, int64_t K) {
+                  int64_t group_size, int64_t bits, int64_t K,
+                  const c10::optional<at::Tensor>& scale_supers = c10::nullopt,
+                  const c10::optional<at::Tensor>& min_supers = c10::nullopt) {
   TORCH_CHECK(bits == 8 || bits == 4, "bits must be 8 or 4, got ", bits);
   TORCH_CHECK(data.dim() == 2 && data.is_contiguous() && data.scalar_type() == (bits == 8 ? at::kChar : at::kByte),
               "data must be a contiguous 2-D ", bits == 8 ? "int8" : "uint8", " tensor");
@@ -373,18 +400,22 @@ void check_weight(const at::Tensor& data, const at::Tensor& scales, const c10::o
   TORCH_CHECK(group_size == 16 || group_size % kBlock == 0 || group_size >= K,
               "int8 dot products need groups of 16, of a multiple of 32 or of a whole row; got ", group_size);
   const int64_t num_groups = (K + group_size - 1) / group_size;
-  check_groups(scales, mins, data.size(0), num_groups);
+  check_groups(scales, mins, data.size(0), num_groups, scale_supers, min_supers, groups_per_super(group_size));
 }
 
 
 #if defined(__AVX2__)
 Weight make_weight(const at::Tensor& data, const at::Tensor& scales, const c10::optional<at::Tensor>& mins,
-                   int64_t group_size, int64_t bits, int64_t K) {
+                   int64_t group_size, int64_t bits, int64_t K,
+                   const c10::optional<at::Tensor>& scale_supers = c10::nullopt,
+                   const c10::optional<at::Tensor>& min_supers = c10::nullopt) {
   const int64_t nb = (K + kBlock - 1) / kBlock, num_groups = scales.size(1);
   return Weight{static_cast<const uint8_t*>(data.data_ptr()), scales.data_ptr(),
                 mins.has_value() ? mins->data_ptr() : nullptr, data.size(0), K,
                 std::min(group_size, K), bits, data.size(1), num_groups, nb, group_size == 16 && K > 16,
-                scales.scalar_type() == at::kHalf};
+                scales.scalar_type() == at::kHalf,
+                scale_supers.has_value() ? scale_supers->data_ptr<float>() : nullptr,
+                min_supers.has_value() ? min_supers->data_ptr<float>() : nullptr, groups_per_super(group_size)};
 }
 
 // The shape of a weight whose codes come as packed panels (no codes or scales of its own here).
@@ -742,14 +773,15 @@ std::vector<at::Tensor> pack_all_amx_panels(const Weight& w, int64_t x_block, bo
 // kernel or (panels) the panel kernel; see the top of this file.
 at::Tensor int8_dot_linear(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scales,
                            const c10::optional<at::Tensor>& mins, int64_t group_size, int64_t bits, int64_t K,
-                           const c10::optional<at::Tensor>& bias, int64_t isa, int64_t x_block, bool use_panels) {
+                           const c10::optional<at::Tensor>& bias, int64_t isa, int64_t x_block, bool use_panels,
+                           const c10::optional<at::Tensor>& scale_supers, const c10::optional<at::Tensor>& min_supers) {
 #if defined(__AVX2__)
-  check_weight(data, scales, mins, group_size, bits, K);
+  check_weight(data, scales, mins, group_size, bits, K, scale_supers, min_supers);
   TORCH_CHECK(x.dim() == 2 && x.size(1) == K, "x must be [M, ", K, "]");
   TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
   const Kernels& k = vector_kernels(isa);
   const at::Tensor xf = x.to(at::kFloat).contiguous();
-  const Weight w = make_weight(data, scales, mins, group_size, bits, K);
+  const Weight w = make_weight(data, scales, mins, group_size, bits, K, scale_supers, min_supers);
   const RoundedX rx = round_x(xf, w.group_size, x_block == 0, bits == 4 && !use_panels,
                               use_panels && k.pair_dot != nullptr);
   at::Tensor out = at::empty({xf.size(0), w.N}, xf.options());
@@ -770,12 +802,12 @@ at::Tensor int8_dot_linear(const at::Tensor& x, const at::Tensor& data, const at
 // w's panels packed once (see pack_all_panels), for panel_linear with the same x_block and isa.
 std::vector<at::Tensor> int8_dot_pack_panels(const at::Tensor& data, const at::Tensor& scales,
                                              const c10::optional<at::Tensor>& mins, int64_t group_size, int64_t bits,
-                                             int64_t K, int64_t isa, int64_t x_block) {
+                                             int64_t K, int64_t isa, int64_t x_block, const c10::optional<at::Tensor>& scale_supers, const c10::optional<at::Tensor>& min_supers) {
 #if defined(__AVX2__)
-  check_weight(data, scales, mins, group_size, bits, K);
+  check_weight(data, scales, mins, group_size, bits, K, scale_supers, min_supers);
   TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
   vector_kernels(isa);  // the panels are the same for every ISA; the check is the op's contract
-  return pack_all_panels(make_weight(data, scales, mins, group_size, bits, K), x_block);
+  return pack_all_panels(make_weight(data, scales, mins, group_size, bits, K, scale_supers, min_supers), x_block);
 #else
   TORCH_CHECK(false, "the int8 dot kernels need an AVX2 build");
 #endif
@@ -835,12 +867,14 @@ at::Tensor int8_dot_panel_argmax(const at::Tensor& x, const at::Tensor& codes, c
 // w's 16-row AMX panels packed once (pack_all_amx_panels), for amx_panel_linear with the same x_block.
 std::vector<at::Tensor> int8_dot_pack_amx_panels(const at::Tensor& data, const at::Tensor& scales,
                                                  const c10::optional<at::Tensor>& mins, int64_t group_size,
-                                                 int64_t bits, int64_t K, int64_t x_block, bool narrow) {
+                                                 int64_t bits, int64_t K, int64_t x_block, bool narrow,
+                                                 const c10::optional<at::Tensor>& scale_supers, const c10::optional<at::Tensor>& min_supers) {
 #if defined(__AVX2__)
-  check_weight(data, scales, mins, group_size, bits, K);
+  check_weight(data, scales, mins, group_size, bits, K, scale_supers, min_supers);
   TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
   amx_kernels();  // where the tiles run
-  return pack_all_amx_panels(make_weight(data, scales, mins, group_size, bits, K), x_block, narrow);
+  return pack_all_amx_panels(make_weight(data, scales, mins, group_size, bits, K, scale_supers, min_supers), x_block,
+                             narrow);
 #else
   TORCH_CHECK(false, "the int8 dot kernels need an AVX2 build");
 #endif
@@ -1269,9 +1303,9 @@ bool int8_dot_supported(int64_t isa) { return cpu_runs(isa); }
 
 TORCH_LIBRARY(jido_int8_dot, m) {
   m.def("linear(Tensor x, Tensor data, Tensor scales, Tensor? mins, int group_size, int bits, int K, Tensor? bias, "
-        "int isa, int x_block, bool panels) -> Tensor");
+        "int isa, int x_block, bool panels, Tensor? scale_supers=None, Tensor? min_supers=None) -> Tensor");
   m.def("pack_panels(Tensor data, Tensor scales, Tensor? mins, int group_size, int bits, int K, int isa, "
-        "int x_block) -> Tensor[]");
+        "int x_block, Tensor? scale_supers=None, Tensor? min_supers=None) -> Tensor[]");
   m.def("panel_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, Tensor meta, int N, int K, int group_size, "
         "Tensor? bias, int isa, int x_block) -> Tensor");
   m.def("panel_argmax(Tensor x, Tensor codes, Tensor scales, Tensor mins, Tensor meta, int N, int K, int group_size, "
@@ -1282,7 +1316,7 @@ TORCH_LIBRARY(jido_int8_dot, m) {
   m.def("scale_sums(Tensor acc, Tensor x_scales, Tensor w_scales, Tensor? bias, bool bf16_out=False, int act=-1) "
         "-> Tensor");
   m.def("pack_amx_panels(Tensor data, Tensor scales, Tensor? mins, int group_size, int bits, int K, int x_block, "
-        "bool narrow) -> Tensor[]");
+        "bool narrow, Tensor? scale_supers=None, Tensor? min_supers=None) -> Tensor[]");
   m.def("amx_panel_linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, Tensor meta, int N, int K, "
         "int group_size, Tensor? bias, int x_block) -> Tensor");
   m.def("amx_panel_argmax(Tensor x, Tensor codes, Tensor scales, Tensor mins, Tensor meta, int N, int K, "

@@ -63,23 +63,62 @@ struct QuantizedX {
   const int8_t* q8 = nullptr;  // q interleaved as qu8 is (pairs of unsigned codes, which take x as it is)
 };
 
-// A weight's scales and mins are float32, or float16 (`half`: quant_kernels.py, compact_scales), widened to float32
-// as they are read; either way the kernels then run the same float operations on the same values.
+// A weight's scales and mins are float32; float16 (`half`: quant_kernels.py, compact_scales); or int8 integers times
+// a float32 factor per super-block of a row (`scale_supers`, `min_supers`: a K-quant's d and -dmin, quant_kernels.pack).
+// Each is widened to the same float32 values as it is read, so the kernels run the same float operations either way.
 struct Weight {
   const uint8_t* data;
-  const void* scales;  // float32 or float16 (half) [N, num_groups]
+  const void* scales;  // float32, float16 (half) or int8 (scale_supers) [N, num_groups]
   const void* mins;  // as scales; nullptr: no mins
   int64_t N, K, group_size, bits, row_bytes, num_groups, nb;
   bool groups16;  // else each group holds whole blocks: group_size a multiple of 32, or one group per row
   bool half = false;
+  const float* scale_supers = nullptr;  // [N, num_groups / groups_per_super]; nullptr: scales are floats
+  const float* min_supers = nullptr;  // as scale_supers, for the mins
+  int64_t groups_per_super = 0;
 };
 
 #if defined(__AVX2__)
-// Element i of scales or mins stored as `half` says, as float32 (float16 widens exactly: F16C, which every CPU with
-// AVX2 that jido builds for has): for the packers, which read them one at a time.
-JIDO_INLINE float group_value(const void* values, bool half, int64_t i) {
-  return half ? _cvtsh_ss(static_cast<const uint16_t*>(values)[i]) : static_cast<const float*>(values)[i];
+// How one weight's scales or mins are stored (see Weight).
+struct GroupValues {
+  const void* values;  // nullptr: none
+  bool half;
+  const float* supers;  // non-null: values are int8 integers times these
+  int64_t num_groups, groups_per_super;
+
+  // Row n's groups as float32 into dst: float16 widens exactly (F16C, which every CPU with AVX2 that jido builds for
+  // has); an integer times its factor is one float32 product, the one the GGUF decoder made.
+  void widen(int64_t n, float* dst) const {
+    if (supers) {
+      const int8_t* codes = static_cast<const int8_t*>(values) + n * num_groups;
+      const float* factor = supers + n * (num_groups / groups_per_super);
+      for (int64_t s = 0, g = 0; g < num_groups; ++s) {  // a loop per super-block: no division per group
+        const float f = factor[s];
+        const int64_t end = g + groups_per_super;
+        for (const __m256 fv = _mm256_set1_ps(f); g + 8 <= end; g += 8) {  // K-quants: 8 or 16 groups a super-block
+          const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + g)));
+          _mm256_storeu_ps(dst + g, _mm256_mul_ps(fv, _mm256_cvtepi32_ps(c)));
+        }
+        for (; g < end; ++g) dst[g] = f * static_cast<float>(codes[g]);
+      }
+      return;
+    }
+    if (!half) {
+      std::memcpy(dst, static_cast<const float*>(values) + n * num_groups, num_groups * sizeof(float));
+      return;
+    }
+    const uint16_t* src = static_cast<const uint16_t*>(values) + n * num_groups;
+    int64_t g = 0;
+    for (; g + 8 <= num_groups; g += 8)
+      _mm256_storeu_ps(dst + g, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + g))));
+    for (; g < num_groups; ++g) dst[g] = _cvtsh_ss(src[g]);
+  }
+};
+
+inline GroupValues scales_of(const Weight& w) {
+  return {w.scales, w.half, w.scale_supers, w.num_groups, w.groups_per_super};
 }
+inline GroupValues mins_of(const Weight& w) { return {w.mins, w.half, w.min_supers, w.num_groups, w.groups_per_super}; }
 
 // One weight row's scales and mins (nullptr: none) as float32, for the dot loops.
 struct RowGroups {
@@ -87,41 +126,33 @@ struct RowGroups {
   const float* mins;
 };
 
-// The rows of a weight's scales and mins as float32: in place where they are stored so; float16 ones widened per row
-// into one of two slots (the two rows decode runs together), so the dot loops are the same whatever the storage.
+// The rows of a weight's scales and mins as float32: in place where they are stored so; others widened per row into
+// one of two slots (the two rows decode runs together), so the dot loops are the same whatever the storage.
 // Widening per group inside those loops instead (a conversion and broadcast a group) slowed a one-row step on cached
-// weights by a tenth; per row it is num_groups / 8 conversions, the loops then read float32 from L1.
+// weights by a tenth; per row it is a pass over num_groups values, the loops then read float32 from L1.
 class GroupRows {
  public:
-  GroupRows(const void* scales, const void* mins, bool half, int64_t num_groups)
-      : scales_(scales), mins_(mins), half_(half), num_groups_(num_groups) {
-    if (half) widened_.resize(4 * num_groups);
+  GroupRows(const GroupValues& scales, const GroupValues& mins) : scales_(scales), mins_(mins) {
+    if (!floats()) widened_.resize(4 * scales.num_groups);
   }
 
   RowGroups row(int64_t n, int slot) {
-    if (!half_) {
-      return {static_cast<const float*>(scales_) + n * num_groups_,
-              mins_ ? static_cast<const float*>(mins_) + n * num_groups_ : nullptr};
+    const int64_t groups = scales_.num_groups;
+    if (floats()) {
+      return {static_cast<const float*>(scales_.values) + n * groups,
+              mins_.values ? static_cast<const float*>(mins_.values) + n * groups : nullptr};
     }
-    float* s = widened_.data() + 2 * slot * num_groups_;
-    widen(static_cast<const uint16_t*>(scales_) + n * num_groups_, s);
-    if (!mins_) return {s, nullptr};
-    widen(static_cast<const uint16_t*>(mins_) + n * num_groups_, s + num_groups_);
-    return {s, s + num_groups_};
+    float* s = widened_.data() + 2 * slot * groups;
+    scales_.widen(n, s);
+    if (!mins_.values) return {s, nullptr};
+    mins_.widen(n, s + groups);
+    return {s, s + groups};
   }
 
  private:
-  void widen(const uint16_t* src, float* dst) const {
-    int64_t g = 0;
-    for (; g + 8 <= num_groups_; g += 8)
-      _mm256_storeu_ps(dst + g, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + g))));
-    for (; g < num_groups_; ++g) dst[g] = _cvtsh_ss(src[g]);
-  }
+  bool floats() const { return !scales_.half && !scales_.supers; }
 
-  const void* scales_;
-  const void* mins_;
-  bool half_;
-  int64_t num_groups_;
+  GroupValues scales_, mins_;
   std::vector<float> widened_;
 };
 #endif
@@ -160,7 +191,7 @@ inline void prefetch_row(const Weight& w, int64_t n) {
   if (n >= w.N) return;
   const char* bytes = reinterpret_cast<const char*>(w.data + n * w.row_bytes);
   for (int64_t i = 0; i < w.row_bytes; i += 64) __builtin_prefetch(bytes + i);
-  const int64_t scale_bytes = w.half ? 2 : 4;
+  const int64_t scale_bytes = w.scale_supers ? 1 : w.half ? 2 : 4;
   const char* scales = static_cast<const char*>(w.scales) + n * w.num_groups * scale_bytes;
   for (int64_t i = 0; i < w.num_groups * scale_bytes; i += 64) __builtin_prefetch(scales + i);
 }

@@ -224,7 +224,7 @@ JIDO_INLINE void five_bit_two_rows(const FiveBitWeight& w, int64_t a, int64_t b,
 void five_bit_rows(const FiveBitWeight& w, const QuantizedX& x, const int32_t* lanes, int64_t n0, int64_t n1,
                    float* out) {
   const int64_t half = (n1 - n0) / 2, row_bytes = w.nb * kFiveBitBlockBytes;
-  GroupRows groups(w.scales, w.mins, w.half, w.num_groups);
+  GroupRows groups({w.scales, w.half, nullptr, w.num_groups, 0}, {w.mins, w.half, nullptr, w.num_groups, 0});
   for (int64_t n = n0; n < n0 + half; ++n) {
     for (const int64_t r : {n + kPrefetchRows, n + half + kPrefetchRows}) {
       if (r >= w.N) continue;
@@ -245,7 +245,7 @@ template <int Bits, bool Groups16>
 void rows_dot(const Weight& w, const QuantizedX& x, int64_t n0, int64_t n1, float* out) {
   // Decode: rows n and n + half together, as two monotonic streams (see two_rows_dot).
   const int64_t half = x.M == 1 && w.K % kBlock == 0 ? (n1 - n0) / 2 : 0;
-  GroupRows groups(w.scales, w.mins, w.half, w.num_groups);
+  GroupRows groups(scales_of(w), mins_of(w));
   for (int64_t n = n0; n < n0 + half; ++n) {
     prefetch_row(w, n + kPrefetchRows);
     prefetch_row(w, n + half + kPrefetchRows);
