@@ -289,7 +289,7 @@ class QuantizedLinearMethod(LinearMethod):
     def layout_costs(self, layer: nn.Module, head: bool = False) -> LayoutCosts:
         # Estimates from the staged codes' shape and types (or the float weight's shape), before any packing: panels
         # hold a byte a code plus float32 scales (and mins) per 32; five-bit rows 20 bytes per 32 codes. A file's
-        # codes keep float16 scales where the int8 kernels run (_quantized).
+        # codes keep compact scales where the int8 kernels run (_quantized, _scale_size).
         staged: dict[str | None, QuantizedCodes] = getattr(layer, "staged_codes", {})
         if not staged and self.bits is None:
             return LayoutCosts()  # gguf: a float tensor stays dense

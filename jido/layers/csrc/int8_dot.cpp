@@ -339,21 +339,17 @@ void pack_panel(const Weight& w, int64_t n0, int64_t chunk, int64_t num_chunks, 
     transpose_quads(r, codes + k * kPanel);
   }
   *with_mins = w.mins != nullptr || shift != 0;
+  thread_local std::vector<float> widened;  // a row's scales and mins where they are not float32 (GroupValues::row)
+  widened.resize(2 * w.num_groups);
   for (int64_t i = 0; i < kPanel; ++i) {
     const bool real = n0 + i < w.N;
-    // the row's scales and mins as float32 (GroupValues::widen), then laid out per chunk and group
-    thread_local std::vector<float> row_values;
-    row_values.resize(2 * w.num_groups);
-    float* rs = row_values.data();
-    float* rm = rs + w.num_groups;
-    if (real) scales_of(w).widen(n0 + i, rs);
-    if (real && w.mins) mins_of(w).widen(n0 + i, rm);
-    const auto scale = [&](int64_t g) { return rs[g]; };
-    for (int64_t c = 0; c < num_chunks; ++c) scales[c * kPanel + i] = real ? scale(c * chunk / w.group_size) : 0.f;
+    const float* rs = real ? scales_of(w).row(n0 + i, widened.data()) : nullptr;
+    const float* rm = real && w.mins ? mins_of(w).row(n0 + i, widened.data() + w.num_groups) : nullptr;
+    for (int64_t c = 0; c < num_chunks; ++c) scales[c * kPanel + i] = real ? rs[c * chunk / w.group_size] : 0.f;
     for (int64_t g = 0; *with_mins && g < w.num_groups; ++g) {
-      const float m = real && w.mins ? rm[g] : 0.f;
+      const float m = rm ? rm[g] : 0.f;
       // w = s * q + m = s * (q - shift) + (m + s * shift)
-      mins[g * kPanel + i] = real ? m + scale(g) * static_cast<float>(shift) : 0.f;
+      mins[g * kPanel + i] = real ? m + rs[g] * static_cast<float>(shift) : 0.f;
     }
   }
 }
@@ -802,7 +798,9 @@ at::Tensor int8_dot_linear(const at::Tensor& x, const at::Tensor& data, const at
 // w's panels packed once (see pack_all_panels), for panel_linear with the same x_block and isa.
 std::vector<at::Tensor> int8_dot_pack_panels(const at::Tensor& data, const at::Tensor& scales,
                                              const c10::optional<at::Tensor>& mins, int64_t group_size, int64_t bits,
-                                             int64_t K, int64_t isa, int64_t x_block, const c10::optional<at::Tensor>& scale_supers, const c10::optional<at::Tensor>& min_supers) {
+                                             int64_t K, int64_t isa, int64_t x_block,
+                                             const c10::optional<at::Tensor>& scale_supers,
+                                             const c10::optional<at::Tensor>& min_supers) {
 #if defined(__AVX2__)
   check_weight(data, scales, mins, group_size, bits, K, scale_supers, min_supers);
   TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);
@@ -868,7 +866,8 @@ at::Tensor int8_dot_panel_argmax(const at::Tensor& x, const at::Tensor& codes, c
 std::vector<at::Tensor> int8_dot_pack_amx_panels(const at::Tensor& data, const at::Tensor& scales,
                                                  const c10::optional<at::Tensor>& mins, int64_t group_size,
                                                  int64_t bits, int64_t K, int64_t x_block, bool narrow,
-                                                 const c10::optional<at::Tensor>& scale_supers, const c10::optional<at::Tensor>& min_supers) {
+                                                 const c10::optional<at::Tensor>& scale_supers,
+                                                 const c10::optional<at::Tensor>& min_supers) {
 #if defined(__AVX2__)
   check_weight(data, scales, mins, group_size, bits, K, scale_supers, min_supers);
   TORCH_CHECK(x_block == kBlock || x_block == 0, "x_block must be 32 or 0 (per token), got ", x_block);

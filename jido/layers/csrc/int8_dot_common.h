@@ -86,6 +86,17 @@ struct GroupValues {
   const float* supers;  // non-null: values are int8 integers times these
   int64_t num_groups, groups_per_super;
 
+  // Stored as float32: a row is read in place.
+  bool in_place() const { return !half && !supers; }
+
+  // Row n's groups as float32: in place where stored so, else widened into `slot` (num_groups floats).
+  const float* row(int64_t n, float* slot) const {
+    if (in_place()) return static_cast<const float*>(values) + n * num_groups;
+    widen(n, slot);
+    return slot;
+  }
+
+ private:
   // Row n's groups as float32 into dst: float16 widens exactly (F16C, which every CPU with AVX2 that jido builds for
   // has); an integer times its factor is one float32 product, the one the GGUF decoder made.
   void widen(int64_t n, float* dst) const {
@@ -101,10 +112,6 @@ struct GroupValues {
         }
         for (; g < end; ++g) dst[g] = f * static_cast<float>(codes[g]);
       }
-      return;
-    }
-    if (!half) {
-      std::memcpy(dst, static_cast<const float*>(values) + n * num_groups, num_groups * sizeof(float));
       return;
     }
     const uint16_t* src = static_cast<const uint16_t*>(values) + n * num_groups;
@@ -126,32 +133,23 @@ struct RowGroups {
   const float* mins;
 };
 
-// The rows of a weight's scales and mins as float32: in place where they are stored so; others widened per row into
-// one of two slots (the two rows decode runs together), so the dot loops are the same whatever the storage.
-// Widening per group inside those loops instead (a conversion and broadcast a group) slowed a one-row step on cached
-// weights by a tenth; per row it is a pass over num_groups values, the loops then read float32 from L1.
+// The rows of a weight's scales and mins as float32 (GroupValues::row), widened rows into one of two slots (the two
+// rows decode runs together), so the dot loops are the same whatever the storage. Widening per group inside those
+// loops instead (a conversion and broadcast a group) slowed a one-row step on cached weights by a tenth; per row it is
+// a pass over num_groups values, the loops then read float32 from L1.
 class GroupRows {
  public:
   GroupRows(const GroupValues& scales, const GroupValues& mins) : scales_(scales), mins_(mins) {
-    if (!floats()) widened_.resize(4 * scales.num_groups);
+    if (!scales.in_place()) widened_.resize(4 * scales.num_groups);
   }
 
   RowGroups row(int64_t n, int slot) {
     const int64_t groups = scales_.num_groups;
-    if (floats()) {
-      return {static_cast<const float*>(scales_.values) + n * groups,
-              mins_.values ? static_cast<const float*>(mins_.values) + n * groups : nullptr};
-    }
-    float* s = widened_.data() + 2 * slot * groups;
-    scales_.widen(n, s);
-    if (!mins_.values) return {s, nullptr};
-    mins_.widen(n, s + groups);
-    return {s, s + groups};
+    float* s = widened_.empty() ? nullptr : widened_.data() + 2 * slot * groups;  // (unused in place)
+    return {scales_.row(n, s), mins_.values ? mins_.row(n, s ? s + groups : nullptr) : nullptr};
   }
 
  private:
-  bool floats() const { return !scales_.half && !scales_.supers; }
-
   GroupValues scales_, mins_;
   std::vector<float> widened_;
 };
@@ -172,6 +170,11 @@ struct FiveBitWeight {
   int64_t N, K, group_size, num_groups, nb;
   bool half = false;
 };
+
+#if defined(__AVX2__)
+inline GroupValues scales_of(const FiveBitWeight& w) { return {w.scales, w.half, nullptr, w.num_groups, 0}; }
+inline GroupValues mins_of(const FiveBitWeight& w) { return {w.mins, w.half, nullptr, w.num_groups, 0}; }
+#endif
 
 // A panel of kPanel weight rows, repacked: codes [quads][kPanel][4] (column quad j of row n at
 // codes[(j * kPanel + n) * 4]), the scales per chunk of columns [chunks][kPanel] (a chunk shares one scale of

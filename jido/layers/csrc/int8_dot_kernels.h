@@ -58,7 +58,7 @@ JIDO_INLINE void block_dot(const uint8_t* codes, int64_t b, __m256 ws, const Qua
   }
 }
 
-// out[r] = row n of w (its scales rs and mins rm, float32: row_groups) . row m0 + r of x, for R rows of x.
+// out[r] = row n of w (its scales rs and mins rm as float32: GroupRows) . row m0 + r of x, for R rows of x.
 template <int R, int Bits, bool Groups16>
 JIDO_INLINE void row_dot(const Weight& w, int64_t n, const float* rs, const float* rm, const QuantizedX& x,
                          int64_t m0, float* out) {
@@ -224,7 +224,7 @@ JIDO_INLINE void five_bit_two_rows(const FiveBitWeight& w, int64_t a, int64_t b,
 void five_bit_rows(const FiveBitWeight& w, const QuantizedX& x, const int32_t* lanes, int64_t n0, int64_t n1,
                    float* out) {
   const int64_t half = (n1 - n0) / 2, row_bytes = w.nb * kFiveBitBlockBytes;
-  GroupRows groups({w.scales, w.half, nullptr, w.num_groups, 0}, {w.mins, w.half, nullptr, w.num_groups, 0});
+  GroupRows groups(scales_of(w), mins_of(w));
   for (int64_t n = n0; n < n0 + half; ++n) {
     for (const int64_t r : {n + kPrefetchRows, n + half + kPrefetchRows}) {
       if (r >= w.N) continue;
